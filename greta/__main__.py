@@ -1,0 +1,5 @@
+import sys
+
+from greta.cli import main
+
+sys.exit(main())

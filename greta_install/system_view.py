@@ -1,0 +1,195 @@
+"""One read-only view of a machine: the live system or a snapshot directory.
+
+Every probe reads through a `SystemView`, so detection and the doctor run the same
+code on this machine and on a snapshot a user attached to a bug report.
+
+Snapshot layout (see DESIGN.md): `<tool>.txt` for each command's output
+(`rocminfo.txt`, `rocm-smi.txt`, `amd-smi.txt`, `lspci.txt`, `nvidia-smi.txt`, ...),
+and a `sys/`, `proc/`, `dev/`, `opt/`, `etc/` tree mirroring the absolute paths read.
+`env.json` (optional) holds the relevant environment variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+# Commands a view can answer; the snapshot file for each is `<name>.txt`.
+TOOL_COMMANDS: dict[str, tuple[str, ...]] = {
+    "rocminfo": ("rocminfo",),
+    "rocm-smi": ("rocm-smi", "--showproductname", "--showhw", "--showdriverversion"),
+    "amd-smi": ("amd-smi", "static"),
+    "lspci": ("lspci", "-nn", "-D"),
+    "nvidia-smi": (
+        "nvidia-smi",
+        "--query-gpu=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version,memory.total",
+        "--format=csv,noheader",
+    ),
+    "nvidia-smi-plain": ("nvidia-smi",),
+    "hipconfig": ("hipconfig", "--version"),
+}
+
+# Environment variables that matter to GPU selection and ROCm behaviour.
+RELEVANT_ENV: tuple[str, ...] = (
+    "HSA_OVERRIDE_GFX_VERSION",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ROCM_PATH",
+    "TORCH_BLAS_PREFER_HIPBLASLT",
+    "PYTORCH_ROCM_ARCH",
+)
+
+MAX_READ_BYTES = 4 * 1024 * 1024  # a /sys or tool output larger than this is garbage anyway
+
+
+class SystemView(Protocol):
+    """Read-only access to a machine. Every method returns None/empty instead of raising."""
+
+    is_live: bool
+
+    def read_text(self, path: str) -> str | None:
+        """Text of an absolute path like "/sys/class/kfd/kfd/topology/nodes/1/properties"."""
+
+    def list_dir(self, path: str) -> list[str]:
+        """Sorted entry names of an absolute directory path; [] when absent."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def run(self, tool: str) -> str | None:
+        """Output of one of TOOL_COMMANDS, or None when the tool is missing or failed."""
+
+    def env(self) -> Mapping[str, str]:
+        """The RELEVANT_ENV variables that are set."""
+
+
+def _decode(data: bytes) -> str:
+    return data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
+
+
+class LiveSystem:
+    """The machine this process runs on."""
+
+    is_live = True
+
+    def __init__(self, root: str = "/", timeout_s: float = 10.0) -> None:
+        self._root = Path(root)
+        self._timeout_s = timeout_s
+
+    def _path(self, path: str) -> Path:
+        return self._root / path.lstrip("/")
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            with open(self._path(path), "rb") as fh:
+                return _decode(fh.read(MAX_READ_BYTES))
+        except (OSError, ValueError):
+            return None
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(path)))
+        except OSError:
+            return []
+
+    def exists(self, path: str) -> bool:
+        try:
+            return self._path(path).exists()
+        except OSError:
+            return False
+
+    def run(self, tool: str) -> str | None:
+        argv = TOOL_COMMANDS.get(tool)
+        if not argv or shutil.which(argv[0]) is None:
+            return None
+        try:
+            proc = subprocess.run(
+                list(argv),
+                capture_output=True,
+                timeout=self._timeout_s,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        out = _decode(proc.stdout)
+        # Some tools print useful tables and still exit non-zero (e.g. no permission on
+        # one device); keep the output when there is any.
+        if proc.returncode != 0 and not out.strip():
+            return None
+        return out
+
+    def env(self) -> Mapping[str, str]:
+        return {k: os.environ[k] for k in RELEVANT_ENV if k in os.environ}
+
+
+class SnapshotSystem:
+    """A snapshot directory written by `greta snapshot` (or assembled by hand)."""
+
+    is_live = False
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def _path(self, path: str) -> Path:
+        return self.directory / path.lstrip("/")
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            with open(self._path(path), "rb") as fh:
+                return _decode(fh.read(MAX_READ_BYTES))
+        except (OSError, ValueError):
+            return None
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(path)))
+        except OSError:
+            return []
+
+    def exists(self, path: str) -> bool:
+        try:
+            return self._path(path).exists()
+        except OSError:
+            return False
+
+    def run(self, tool: str) -> str | None:
+        try:
+            return _decode((self.directory / f"{tool}.txt").read_bytes())
+        except OSError:
+            return None
+
+    def env(self) -> Mapping[str, str]:
+        raw = self.read_text("/env.json")
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): str(v) for k, v in data.items() if k in RELEVANT_ENV}
+
+
+def open_view(snapshot: str | os.PathLike[str] | None = None) -> SystemView:
+    """The live machine, or the snapshot directory when one is given."""
+    if snapshot is None:
+        return LiveSystem()
+    if not Path(snapshot).is_dir():
+        raise FileNotFoundError(f"snapshot directory not found: {snapshot}")
+    return SnapshotSystem(snapshot)
+
+
+def first_existing(view: SystemView, paths: Sequence[str]) -> str | None:
+    for path in paths:
+        text = view.read_text(path)
+        if text is not None:
+            return text
+    return None

@@ -1,0 +1,45 @@
+"""Shared test fixtures.
+
+GPU tests carry `@pytest.mark.gpu`; they are skipped with a reason on a machine whose
+torch sees no GPU, and really run on the lent H100 (`pytest -m gpu`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+SNAPSHOTS = DATA / "snapshots"
+
+
+def snapshot_names() -> list[str]:
+    return sorted(p.name for p in SNAPSHOTS.iterdir() if (p / "expected.json").is_file())
+
+
+def load_expected(name: str) -> dict:
+    return json.loads((SNAPSHOTS / name / "expected.json").read_text())
+
+
+def _gpu_available() -> tuple[bool, str]:
+    try:
+        import torch
+    except Exception as exc:  # torch absent or broken: no GPU tests
+        return False, f"torch not importable ({exc.__class__.__name__})"
+    if not torch.cuda.is_available():
+        return False, "no CUDA/ROCm GPU visible to torch"
+    return True, ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    ok, why = _gpu_available()
+    if ok:
+        return
+    skip = pytest.mark.skip(reason=f"GPU test: {why}")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
