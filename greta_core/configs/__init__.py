@@ -1,0 +1,114 @@
+"""Per-arch launch-config tables: data, not run-time autotuning.
+
+A table (``tables/<arch>.json``) maps each op to a ``default`` config and an ordered
+list of ``rules``; the first rule whose ``when`` matches the call's features is merged
+over the default. ``when`` keys are feature names with an optional ``_min``/``_max``
+suffix (inclusive bounds) or an exact value::
+
+    {"op": {"default": {"num_warps": 4},
+            "rules": [{"when": {"N_max": 1024}, "config": {"num_warps": 2}}]}}
+
+An installed GRETA kernel wheel for the arch (``greta_kernels_<arch>``) may carry a
+tuned table that takes precedence over the one shipped here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from greta_core.arch import is_hip
+
+Features = Mapping[str, Any]
+
+# Knobs only Triton's HIP backend accepts; passing them to the CUDA backend is an error.
+HIP_ONLY_OPTIONS: frozenset[str] = frozenset({"waves_per_eu", "matrix_instr_nonkdim", "kpack"})
+LAUNCH_OPTIONS: frozenset[str] = (
+    frozenset({"num_warps", "num_stages", "num_ctas"}) | HIP_ONLY_OPTIONS
+)
+
+
+class ConfigError(LookupError):
+    pass
+
+
+def _wheel_module_name(arch: str) -> str:
+    return "greta_kernels_" + arch.replace("-", "_")
+
+
+def _read_json(text: str, origin: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"config table {origin} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("ops"), dict):
+        raise ConfigError(f"config table {origin} has no 'ops' mapping")
+    return data
+
+
+@functools.lru_cache(maxsize=32)
+def load_table(arch: str) -> dict[str, Any]:
+    """The config table for `arch`: a kernel wheel's, else the shipped one, else default."""
+    try:
+        module = importlib.import_module(_wheel_module_name(arch))
+        wheel_table = resources.files(module).joinpath("configs.json")
+        if wheel_table.is_file():
+            return _read_json(wheel_table.read_text(), f"{module.__name__}/configs.json")
+    except ImportError:
+        pass
+    tables = resources.files(__package__).joinpath("tables")
+    for name in (arch, "default"):
+        candidate = tables.joinpath(f"{name}.json")
+        if candidate.is_file():
+            return _read_json(candidate.read_text(), f"tables/{name}.json")
+    raise ConfigError("no default config table shipped")  # packaging bug
+
+
+def _matches(when: Mapping[str, Any], features: Features) -> bool:
+    for key, bound in when.items():
+        if key.endswith("_max"):
+            value = features.get(key[:-4])
+            if value is None or value > bound:
+                return False
+        elif key.endswith("_min"):
+            value = features.get(key[:-4])
+            if value is None or value < bound:
+                return False
+        elif features.get(key) != bound:
+            return False
+    return True
+
+
+def lookup(op: str, arch: str, features: Features | None = None) -> dict[str, Any]:
+    """Launch config for `op` on `arch` given shape/dtype `features`."""
+    features = features or {}
+    table = load_table(arch)
+    entry = table["ops"].get(op)
+    if entry is None and arch != "default":
+        entry = load_table("default")["ops"].get(op)
+    if entry is None:
+        raise ConfigError(f"no launch config for op {op!r} (arch {arch})")
+    config = dict(entry.get("default", {}))
+    for rule in entry.get("rules", []):
+        if _matches(rule.get("when", {}), features):
+            config.update(rule["config"])
+            break
+    return config
+
+
+def launch_options(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The compiler/launch options of a config that this arch's backend accepts."""
+    opts = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    if not is_hip(arch):
+        for key in HIP_ONLY_OPTIONS:
+            opts.pop(key, None)
+    return opts
+
+
+def meta_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The constexpr block sizes of a config (upper-case keys by convention)."""
+    return {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}

@@ -1,0 +1,47 @@
+"""Element-wise add: the smallest kernel, used by the prototypes and the wheel tests.
+
+Argument order follows the binding convention shared with jax-triton: input pointers,
+then scalars, then output pointers, then constexprs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def vec_add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+def grid(n_elements: int, block: int) -> tuple[int]:
+    return (triton.cdiv(n_elements, block),)
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core import configs
+    from greta_core.kernels._aot import AotSpec
+
+    config = configs.lookup("vec_add", arch, {})
+    options = configs.launch_options(config, arch)
+    return [
+        AotSpec(
+            name=f"vec_add[{dtype}]",
+            kernel=vec_add_kernel,
+            signature={
+                "x_ptr": f"*{dtype}",
+                "y_ptr": f"*{dtype}",
+                "n_elements": "i32",
+                "out_ptr": f"*{dtype}",
+            },
+            constexprs={"BLOCK": config["BLOCK"]},
+            options=options,
+        )
+        for dtype in ("fp32", "fp16", "bf16")
+    ]
