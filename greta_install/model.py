@@ -50,7 +50,9 @@ class Detection:
     env: dict[str, str] = field(default_factory=dict)  # environment fixes this machine needs
     env_seen: dict[str, str] = field(default_factory=dict)  # relevant variables already set
     warnings: list[str] = field(default_factory=list)
-    sources: dict[str, str] = field(default_factory=dict)  # source -> "ok" | "absent" | "garbled: ..."
+    sources: dict[str, str] = field(
+        default_factory=dict
+    )  # source -> "ok" | "absent" | "garbled: ..."
 
     @property
     def primary_gpu(self) -> Gpu | None:
