@@ -500,4 +500,14 @@ def conclude(ev: Evidence) -> Detection:
 
 def detect(view: SystemView, tools: ToolPolicy | None = None) -> Detection:
     """What this machine (or snapshot) is; never raises on bad input."""
-    return conclude(gather(view, tools))
+    try:
+        return conclude(gather(view, tools))
+    except Exception as exc:  # a detection bug must not stop `greta install` or the doctor
+        return Detection(
+            target="cpu",
+            primary=None,
+            warnings=[
+                f"detection failed ({exc.__class__.__name__}: {exc}); using the cpu target. "
+                "Please report it with the output of `greta snapshot`"
+            ],
+        )

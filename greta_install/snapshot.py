@@ -36,14 +36,16 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 # "Serial Number : 1654423001593", "GPU UUID : GPU-...", "ASIC_SERIAL: 0x7E8F...",
 # rocm-smi "Unique ID: 0x8d14...", KFD "unique_id 1801979520617338022".
 _PRIVATE = re.compile(
-    r"^(?P<key>[^\n]*?(?:serial|uuid|unique[ _]id)[^\n:]*?(?::\s*|\s+))(?P<value>\S[^\n]*)$",
+    r"^(?P<key>[^\n]*?(?:serial|uuid|unique[ _]id)[^\n:]*:[ \t]*)(?P<value>\S[^\n]*)$",
     re.IGNORECASE | re.MULTILINE,
 )
+_PRIVATE_KFD = re.compile(r"^(?P<key>unique_id[ \t]+)(?P<value>\S+)$", re.MULTILINE)
 
 
 def redact(text: str) -> str:
     """The text with identifying values (serials, UUIDs, unique ids) replaced."""
-    return _PRIVATE.sub(lambda m: f"{m['key']}REDACTED", text)
+    text = _PRIVATE.sub(lambda m: f"{m['key']}REDACTED", text)
+    return _PRIVATE_KFD.sub(lambda m: f"{m['key']}REDACTED", text)
 
 
 def _copy(view: SystemView, root: Path, path: str, written: list[str]) -> None:

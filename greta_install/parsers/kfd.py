@@ -53,6 +53,8 @@ def parse(
                 out.problems.append(f"kfd node {node} line {lineno}: unexpected {line[:60]!r}")
                 continue
             key, raw = parts
+            if raw == "REDACTED":  # `greta snapshot` hides unique_id
+                continue
             try:
                 values[key] = int(raw)
             except ValueError:
