@@ -124,6 +124,21 @@ _OVERRIDES: dict[str, Override] = {
 }
 
 
+# Radeon archs the ROCm 7 torch wheels do not carry and no override is known to fix.
+_NOT_IN_WHEELS: frozenset[str] = frozenset({"gfx1152", "gfx1153"})
+
+
+def wheel_gap_warning(gfx: str | None) -> str | None:
+    """A warning for a radeon arch that the locked wheels lack and no override covers."""
+    if (gfx or "") not in _NOT_IN_WHEELS:
+        return None
+    return (
+        f"{gfx} is not in the gfx list of the ROCm 7 torch wheels (they carry gfx1150/gfx1151) "
+        "and no HSA_OVERRIDE_GFX_VERSION is known to be safe for it: GPU code may fail with "
+        "'invalid device function'"
+    )
+
+
 def hsa_override(gfx: str | None) -> Override | None:
     """The override an arch needs to run the locked wheels, if any."""
     return _OVERRIDES.get(gfx or "")

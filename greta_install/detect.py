@@ -366,6 +366,9 @@ def _env_fixes(det: Detection, ev: Evidence, amd: list[tuple[int, Gpu]]) -> list
                 f"HSA_OVERRIDE_GFX_VERSION={seen_override} is set but there is no AMD GPU: unset it"
             )
         return warnings
+    gap = archs.wheel_gap_warning(gpu.arch)
+    if gap:
+        warnings.append(gap)
     override = archs.hsa_override(gpu.arch)
     if override:
         det.env["HSA_OVERRIDE_GFX_VERSION"] = override.value

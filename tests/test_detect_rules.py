@@ -138,3 +138,10 @@ def test_unknown_amd_device_is_cpu_with_advice() -> None:
     det = detect(view)
     assert det.target == "cpu" and det.arch is None
     assert any("greta snapshot" in w for w in det.warnings)
+
+
+def test_krackan_warns_that_wheels_lack_it() -> None:
+    view = FakeView(files={f"{NODES}/1/properties": _kfd_node(110502, 0x1114, 0xC400, simd=16)})
+    det = detect(view)
+    assert det.arch == "gfx1152" and det.target == "radeon" and det.env == {}
+    assert any("gfx1152 is not in the gfx list" in w for w in det.warnings)
