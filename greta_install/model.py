@@ -42,7 +42,9 @@ class Detection:
     """What `greta detect` concludes about a machine."""
 
     target: Target
-    primary: int | None  # index into gpus; None on a cpu target
+    # Index into gpus of the GPU detection chose; None when there is none. On a cpu
+    # target it may still name a GPU GRETA has no target for (e.g. gfx906), to show it.
+    primary: int | None
     gpus: list[Gpu] = field(default_factory=list)
     rocm_version: str | None = None
     driver_version: str | None = None  # NVIDIA driver or amdgpu driver version

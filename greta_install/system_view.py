@@ -24,7 +24,8 @@ TOOL_COMMANDS: dict[str, tuple[str, ...]] = {
     "rocminfo": ("rocminfo",),
     "rocm-smi": ("rocm-smi", "--showproductname", "--showhw", "--showdriverversion"),
     "amd-smi": ("amd-smi", "static"),
-    "lspci": ("lspci", "-nn", "-D"),
+    # -k adds the bound kernel driver: an SR-IOV host binds its GPUs to gim or vfio-pci.
+    "lspci": ("lspci", "-nn", "-D", "-k"),
     "nvidia-smi": (
         "nvidia-smi",
         "--query-gpu=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version,memory.total",
