@@ -42,7 +42,8 @@ class Impl:
     library: dict[str, str] = field(default_factory=dict)
 
     def library_on(self, platform: str) -> str:
-        return self.library.get(platform) or self.library.get("any", self.name)
+        lib = self.library
+        return lib.get(platform) or lib.get("any") or lib.get("cuda") or self.name
 
 
 @dataclass
