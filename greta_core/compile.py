@@ -70,7 +70,8 @@ def choose_backend(requested: str | None = None) -> tuple[str, str]:
         if why:
             raise GretaUnavailableError("compile", requested, why)
         return requested, "forced"
-    order = {"rocm": ["migraphx"], "cuda": ["tensorrt"]}.get(platform, []) + [
+    order = [
+        *{"rocm": ["migraphx"], "cuda": ["tensorrt"]}.get(platform, []),
         "inductor",
         "aot_eager",
     ]

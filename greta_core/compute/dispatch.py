@@ -65,26 +65,20 @@ def _compiling() -> bool:
         return False
 
 
-def _make_constant_chooser() -> Any:
-    # Under torch.compile the choice is made once at trace time and baked into the graph
-    # (the probes call into C++ helpers the tracer cannot follow).
-    try:
-        import torch._dynamo
-
-        return torch._dynamo.assume_constant_result(_choose)
-    except Exception:
-        return _choose
+def _choose_constant(op: str, fields: tuple[Any, ...]) -> str:
+    # A plain tuple crosses the tracer's constant boundary intact; a NamedTuple may not.
+    return _choose(op, CallInfo(*fields))
 
 
-_choose_traced: Any = None
+# torch.compile: evaluate the choice once at trace time and bake it in as a constant (the
+# probes call C++ helpers the tracer cannot follow). This is what
+# torch._dynamo.assume_constant_result sets; set directly so importing stays torch-free.
+_choose_constant._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def select(op: str, info: CallInfo) -> Impl:
-    global _choose_traced
     if _compiling():
-        if _choose_traced is None:
-            _choose_traced = _make_constant_chooser()
-        return get(op).impl(_choose_traced(op, info))
+        return get(op).impl(_choose_constant(op, tuple(info)))
     return get(op).impl(_choose(op, info))
 
 
