@@ -1,0 +1,131 @@
+"""Row-wise ops over the last dim: rms_norm, layer_norm, softmax."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from greta_core.compute import _probes as p
+from greta_core.compute.registry import Impl, add, define
+
+
+def _vendor_label(fn: str) -> dict[str, str]:
+    # No cuDNN/MIOpen routine serves these row ops in PyTorch: the framework's own kernel runs.
+    return {"cuda": f"{fn} (PyTorch CUDA kernel)", "rocm": f"{fn} (PyTorch HIP kernel)", "any": fn}
+
+
+def _greta_probe(name: str) -> Any:
+    return lambda i: p.first_reason(
+        p.greta_op(name), p.dtype_in(i, p.HALF_AND_FLOAT, f"the GRETA {name} kernel")
+    )
+
+
+def _vendor_probe(i: p.CallInfo) -> str | None:
+    return p.first_reason(p.needs_gpu(i), p.dtype_in(i, p.FLOATS, "the framework kernel"))
+
+
+def _reference_probe(i: p.CallInfo) -> str | None:
+    return p.dtype_in(i, p.FLOATS, "the reference")
+
+
+def _add_three(op: Any, greta: Any, vendor: Any, reference: Any, vendor_label: dict) -> None:
+    add(
+        op, Impl("greta", "greta", greta, _greta_probe(op.name), {"any": f"GRETA Triton {op.name}"})
+    )
+    add(op, Impl("vendor", "vendor", vendor, _vendor_probe, vendor_label))
+    add(
+        op,
+        Impl("reference", "reference", reference, _reference_probe, {"any": "plain torch math"}),
+    )
+
+
+# --- rms_norm -------------------------------------------------------------------------
+
+
+def _rms_info(x: Any, weight: Any, eps: float = 1e-6) -> p.CallInfo:
+    return p.info_of(x, weight)
+
+
+def _rms_greta(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    import torch
+
+    return p.unwrap(torch.ops.greta.rms_norm(x, weight, eps))
+
+
+def _rms_vendor(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    import torch.nn.functional as F
+
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _rms_reference(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    import torch
+
+    xf = x.to(p.acc_dtype(x.dtype))
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(xf.dtype)
+    return y.to(x.dtype)
+
+
+RMS = define("rms_norm", "RMSNorm over the last dim", _rms_info)
+_add_three(RMS, _rms_greta, _rms_vendor, _rms_reference, _vendor_label("F.rms_norm"))
+
+# --- layer_norm -----------------------------------------------------------------------
+
+
+def _ln_info(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> p.CallInfo:
+    return p.info_of(x, weight, bias)
+
+
+def _ln_greta(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    import torch
+
+    return p.unwrap(torch.ops.greta.layer_norm(x, weight, bias, eps))
+
+
+def _ln_vendor(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _ln_reference(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    import torch
+
+    xf = x.to(p.acc_dtype(x.dtype))
+    mean = xf.mean(-1, keepdim=True)
+    var = (xf - mean).pow(2).mean(-1, keepdim=True)
+    y = (xf - mean) * torch.rsqrt(var + eps) * weight.to(xf.dtype)
+    if bias is not None:
+        y = y + bias.to(xf.dtype)
+    return y.to(x.dtype)
+
+
+LN = define("layer_norm", "LayerNorm over the last dim", _ln_info)
+_add_three(LN, _ln_greta, _ln_vendor, _ln_reference, _vendor_label("F.layer_norm"))
+
+# --- softmax --------------------------------------------------------------------------
+
+
+def _sm_info(x: Any) -> p.CallInfo:
+    return p.info_of(x)
+
+
+def _sm_greta(x: Any) -> Any:
+    import torch
+
+    return p.unwrap(torch.ops.greta.softmax(x))
+
+
+def _sm_vendor(x: Any) -> Any:
+    import torch
+
+    return torch.softmax(x, dim=-1)
+
+
+def _sm_reference(x: Any) -> Any:
+    xf = x.to(p.acc_dtype(x.dtype))
+    e = (xf - xf.amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+
+
+SOFTMAX = define("softmax", "softmax over the last dim", _sm_info)
+_add_three(SOFTMAX, _sm_greta, _sm_vendor, _sm_reference, _vendor_label("torch.softmax"))

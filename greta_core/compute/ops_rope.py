@@ -1,0 +1,106 @@
+"""Rotary embedding (rotate-half) and the in-place KV-cache append."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from greta_core.compute import _probes as p
+from greta_core.compute.registry import Impl, add, define
+
+# --- rope: x [B, S, H, D] token-major, cos/sin [S, D/2] --------------------------------
+
+
+def _rope_info(x: Any, cos: Any, sin: Any) -> p.CallInfo:
+    return p.info_of(x, cos, sin)
+
+
+def _rope_greta(x: Any, cos: Any, sin: Any) -> Any:
+    import torch
+
+    return p.unwrap(torch.ops.greta.rope(x, cos, sin))
+
+
+def _rope_reference(x: Any, cos: Any, sin: Any) -> Any:
+    import torch
+
+    acc = p.acc_dtype(x.dtype)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].to(acc), x[..., half:].to(acc)
+    c = cos.to(acc)[None, :, None, :]
+    s = sin.to(acc)[None, :, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+ROPE = define("rope", "rotary position embedding, rotate-half, x [B,S,H,D]", _rope_info)
+add(
+    ROPE,
+    Impl(
+        "greta",
+        "greta",
+        _rope_greta,
+        lambda i: p.first_reason(
+            p.greta_op("rope"), p.dtype_in(i, p.HALF_AND_FLOAT, "the GRETA rope kernel")
+        ),
+        {"any": "GRETA Triton rope"},
+    ),
+)
+add(
+    ROPE,
+    Impl(
+        "reference",
+        "reference",
+        _rope_reference,
+        lambda i: p.dtype_in(i, p.FLOATS, "the reference"),
+        {"any": "plain torch math (no vendor library has a rope routine)"},
+    ),
+)
+
+# --- kv_cache_append: caches [B, Hkv, max_seq, D], new [B, Hkv, S, D], lens int32 [B] ---
+
+
+def _kv_info(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, cache_lens: Any) -> p.CallInfo:
+    return p.info_of(k_cache, v_cache, k_new, v_new, cache_lens)
+
+
+def _kv_greta(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, cache_lens: Any) -> None:
+    import torch
+
+    # A copy of the lengths: this API leaves advancing them to the caller, whatever the op does.
+    torch.ops.greta.kv_cache_append(k_cache, v_cache, k_new, v_new, cache_lens.clone())
+
+
+def _kv_reference(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, cache_lens: Any) -> None:
+    import torch
+
+    b, h, s, d = k_new.shape
+    # Positions as a tensor (no .item()): stays capturable in a CUDA/HIP graph.
+    pos = cache_lens.to(torch.long)[:, None] + torch.arange(s, device=k_new.device)[None, :]
+    index = pos[:, None, :, None].expand(b, h, s, d)
+    k_cache.scatter_(2, index, k_new.to(k_cache.dtype))
+    v_cache.scatter_(2, index, v_new.to(v_cache.dtype))
+
+
+KV = define("kv_cache_append", "write new K/V at each sequence's cache length", _kv_info)
+add(
+    KV,
+    Impl(
+        "greta",
+        "greta",
+        _kv_greta,
+        lambda i: p.first_reason(
+            p.greta_op("kv_cache_append"),
+            p.dtype_in(i, p.HALF_AND_FLOAT, "the GRETA kv_cache_append kernel"),
+        ),
+        {"any": "GRETA Triton kv_cache_append"},
+    ),
+)
+add(
+    KV,
+    Impl(
+        "reference",
+        "reference",
+        _kv_reference,
+        lambda i: p.dtype_in(i, p.FLOATS, "the reference"),
+        {"any": "torch scatter_ (graph-capturable)"},
+    ),
+)

@@ -1,0 +1,43 @@
+"""examples/llama_block.py end to end on a small config, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_llama_block_matches_reference(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRETA_IMPL")}
+    env["PYTHONPATH"] = str(ROOT)
+    args = ["--batch", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2",
+            "--prefill-len", "7", "--decode-steps", "3", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "llama_block.py"), *args],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reference check passed" in done.stdout
+    (result,) = tmp_path.glob("llama_block_*.json")
+    data = json.loads(result.read_text())
+    assert [r["mode"] for r in data["results"]] == ["eager", "graph", "compile"]
+    assert all(r["match"] and r["rel_err"] <= r["tolerance"] for r in data["results"])
+    assert data["metadata"]["compile_backend"] in ("inductor", "aot_eager", "tensorrt", "migraphx")
+    assert set(data["metadata"]["implementations"]) >= {"compute.matmul", "compute.attention"}
+    assert list(tmp_path.glob("llama_block_*.csv"))
+
+
+def test_llama_block_rejects_bad_arguments() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "llama_block.py"), "--dim", "65"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 2 and "--dim must split" in done.stderr
