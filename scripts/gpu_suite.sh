@@ -21,7 +21,8 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 OUT=${OUT:-$REPO/gpu-suite-out}
 mkdir -p "$OUT"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/greta-suite.XXXXXX")
+WORK=$(mktemp -d -t greta-suite.XXXXXX)
+SITE=$(mktemp -d -t greta-site.XXXXXX) # carried wheels install here
 mkdir -p "$WORK/logs"
 START=$(date +%s)
 TOTAL=${GRETA_SUITE_BUDGET_S:-520}
@@ -36,8 +37,8 @@ note() { SUMMARY+=("$1"); }
 
 if compgen -G ".whl/*.whl" >/dev/null; then
     if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl >"$WORK/logs/wheels.log" 2>&1; then
-        export PYTHONPATH="$PYTHONPATH:/tmp/site"
+        --target "$SITE" .whl/*.whl >"$WORK/logs/wheels.log" 2>&1; then
+        export PYTHONPATH="$PYTHONPATH:$SITE"
         note "$(printf '%-13s %-14s %s' wheels ok "$(cd .whl && ls ./*.whl | tr '\n' ' ')")"
     else
         note "$(printf '%-13s %-14s %s' wheels FAILED "see logs/wheels.log")"
@@ -149,5 +150,5 @@ for f in backends.json doctor.json; do
     [[ -s "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"
 done
 tar -czf "$OUT/suite.tar.gz" -C "$WORK" .
-rm -rf "$WORK"
+rm -rf "$WORK" "$SITE"
 cat "$OUT/summary.txt"
