@@ -1,0 +1,126 @@
+"""Where and with what a bench ran: GPU, driver, library versions, git commit, date.
+
+No host name and no local path is recorded: result files are meant to be shared.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# Distribution names that provide each import package (ROCm builds rename triton).
+_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "triton": ("triton", "triton-rocm", "pytorch-triton-rocm", "pytorch-triton"),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "jax_triton": ("jax-triton", "jax_triton"),
+    "numpy": ("numpy",),
+    "matplotlib": ("matplotlib",),
+}
+
+
+def dist_version(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (importing jax here would be slow)."""
+    return {key: dist_version(names) for key, names in _DISTRIBUTIONS.items()}
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    if not shutil.which(cmd[0]):
+        return None
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_commit(repo: Path | None = None) -> dict[str, Any]:
+    """Commit of the GRETA checkout the code runs from, and whether it had local changes."""
+    repo = repo or Path(__file__).resolve().parents[2]
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def parse_nvidia_driver(text: str) -> str | None:
+    """Driver version from `nvidia-smi --query-gpu=driver_version` or /proc/driver/nvidia/version."""
+    match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text or "")
+    return match.group(1) if match else None
+
+
+def driver_version(is_hip: bool) -> str | None:
+    if is_hip:
+        amdgpu = Path("/sys/module/amdgpu/version")
+        if amdgpu.is_file():
+            return amdgpu.read_text().strip() or None
+        rocm = Path("/opt/rocm/.info/version")
+        return f"rocm {rocm.read_text().strip()}" if rocm.is_file() else None
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if out:
+        return parse_nvidia_driver(out.splitlines()[0])
+    proc = Path("/proc/driver/nvidia/version")
+    return parse_nvidia_driver(proc.read_text()) if proc.is_file() else None
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """GPU name, arch, memory and cache sizes through torch; CPU description otherwise."""
+    import torch
+
+    info: dict[str, Any] = {
+        "device": device,
+        "cuda_version": getattr(torch.version, "cuda", None),
+        "hip_version": getattr(torch.version, "hip", None),
+    }
+    if device == "cpu":
+        info.update(gpu_name=None, cpu=platform.processor() or platform.machine())
+        info["driver"] = None
+        return info
+    props = torch.cuda.get_device_properties(0)
+    is_hip = bool(info["hip_version"])
+    info.update(
+        gpu_name=torch.cuda.get_device_name(0),
+        gpu_count=torch.cuda.device_count(),
+        arch=getattr(props, "gcnArchName", None) if is_hip else f"sm_{props.major}{props.minor}",
+        multiprocessors=props.multi_processor_count,
+        memory_gib=round(props.total_memory / 2**30, 1),
+        l2_cache_mb=round(getattr(props, "L2_cache_size", 0) / 1e6, 1) or None,
+        driver=driver_version(is_hip),
+    )
+    try:
+        info["cudnn_version"] = torch.backends.cudnn.version()
+    except Exception:  # cudnn absent from some builds
+        info["cudnn_version"] = None
+    return info
+
+
+def collect(preset: str, device: str) -> dict[str, Any]:
+    """Every metadata field the result files carry."""
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "preset": preset,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "versions": package_versions(),
+    }
+    meta.update(git_commit())
+    meta.update(device_info(device))
+    return meta

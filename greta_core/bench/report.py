@@ -1,0 +1,204 @@
+"""Derived numbers (bandwidth, FLOP/s, ratios) and the result files: CSV, JSON, PNG."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+FIELDS: tuple[str, ...] = (
+    "op",
+    "shape",
+    "dtype",
+    "impl",
+    "status",
+    "reason",
+    "implementation_ran",
+    "median_ms",
+    "gbps",
+    "tflops",
+    "pct_copy_bw",
+    "pct_matmul_peak",
+    "speedup_vs_vendor",
+    "speedup_vs_compile",
+    "vendor_best",
+    "check_rel_err",
+    "bound",
+    "bytes_moved",
+    "flops",
+    "input_sets",
+    "timing_method",
+    "note",
+)
+OVERHEAD_FIELDS: tuple[str, ...] = (
+    "binding",
+    "op",
+    "input",
+    "status",
+    "reason",
+    "implementation_ran",
+    "host_us_per_call",
+    "calls",
+)
+IMPL_ORDER: tuple[str, ...] = ("greta", "vendor", "torch.compile")
+
+
+def is_vendor(impl: str) -> bool:
+    return impl == "vendor" or impl.startswith("vendor:")
+
+
+def _case_key(row: Row) -> tuple[str, str, str]:
+    return (row["op"], row["shape"], row["dtype"])
+
+
+def derive(rows: list[Row], ceilings: dict[str, Any]) -> list[Row]:
+    """Fill rates, percent of the measured ceilings and speedups into the timed rows.
+
+    Speedups are other / this: above 1 means this implementation is faster. The vendor
+    time of a case is its fastest vendor variant (attention: the best SDPA backend).
+    """
+    copy_gbps = (ceilings.get("copy") or {}).get("gbps")
+    matmul_tflops = (ceilings.get("matmul") or {}).get("tflops")
+    out = [dict(r) for r in rows]
+    cases: dict[tuple[str, str, str], list[Row]] = {}
+    for row in out:
+        cases.setdefault(_case_key(row), []).append(row)
+    for group in cases.values():
+        ok = [r for r in group if r["status"] == "ok" and r.get("median_ms")]
+        vendors = [r for r in ok if is_vendor(r["impl"])]
+        best_vendor = min(vendors, key=lambda r: r["median_ms"]) if vendors else None
+        compiled = next((r for r in ok if r["impl"] == "torch.compile"), None)
+        for row in group:
+            row["vendor_best"] = best_vendor["impl"] if best_vendor else None
+            ms = row.get("median_ms")
+            if row["status"] != "ok" or not ms:
+                continue
+            seconds = ms * 1e-3
+            row["gbps"] = row["bytes_moved"] / seconds / 1e9
+            row["tflops"] = row["flops"] / seconds / 1e12 if row["flops"] else None
+            row["pct_copy_bw"] = 100 * row["gbps"] / copy_gbps if copy_gbps else None
+            if row["bound"] == "compute" and row["tflops"] and matmul_tflops:
+                row["pct_matmul_peak"] = 100 * row["tflops"] / matmul_tflops
+            if best_vendor:
+                row["speedup_vs_vendor"] = best_vendor["median_ms"] / ms
+            if compiled:
+                row["speedup_vs_compile"] = compiled["median_ms"] / ms
+    return out
+
+
+def _csv_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else value
+
+
+def write_csv(path: Path, rows: Iterable[Row], fields: tuple[str, ...]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(fields), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_value(row.get(k)) for k in fields})
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def impl_rank(impl: str) -> tuple[int, str]:
+    base = "vendor" if is_vendor(impl) else impl
+    return (IMPL_ORDER.index(base) if base in IMPL_ORDER else len(IMPL_ORDER), impl)
+
+
+def plot(path: Path, rows: list[Row], ceilings: dict[str, Any], title: str) -> None:
+    """Grouped bars per case and implementation: GB/s for memory-bound ops, TFLOP/s for
+    compute-bound ones, with the measured ceiling drawn as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("memory", "gbps", "achieved GB/s", (ceilings.get("copy") or {}).get("gbps"), "copy"),
+        (
+            "compute",
+            "tflops",
+            "achieved TFLOP/s",
+            (ceilings.get("matmul") or {}).get("tflops"),
+            "matmul",
+        ),
+    ]
+    fig, axes = plt.subplots(2, 1, figsize=(13, 9))
+    # One colour per implementation across both panels.
+    all_impls = sorted({r["impl"] for r in rows}, key=impl_rank)
+    palette = plt.get_cmap("tab10")
+    colours = {impl: palette(i % 10) for i, impl in enumerate(all_impls)}
+    for ax, (bound, metric, label, ceiling, ceiling_name) in zip(axes, panels, strict=True):
+        selected = [r for r in rows if r["bound"] == bound]
+        case_keys = list(dict.fromkeys(_case_key(r) for r in selected))
+        drawn = [r for r in selected if r["status"] == "ok" and r.get(metric)]
+        impls = sorted({r["impl"] for r in drawn}, key=impl_rank)
+        missing = sorted({r["impl"] for r in selected} - set(impls), key=impl_rank)
+        width = 0.8 / max(len(impls), 1)
+        for i, impl in enumerate(impls):
+            xs, heights = [], []
+            for j, key in enumerate(case_keys):
+                row = next((r for r in drawn if _case_key(r) == key and r["impl"] == impl), None)
+                if row:
+                    xs.append(j + (i - (len(impls) - 1) / 2) * width)
+                    heights.append(row[metric])
+            ax.bar(xs, heights, width=width, label=impl, color=colours[impl])
+        if ceiling:
+            ax.axhline(ceiling, color="black", linestyle="--", linewidth=1)
+            ax.annotate(
+                f"{ceiling_name} ceiling {ceiling:.4g}",
+                xy=(0.995, ceiling),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_xticks(range(len(case_keys)))
+        ax.set_xticklabels([f"{op}\n{shape}" for op, shape, _ in case_keys], fontsize=7)
+        ax.set_ylabel(label)
+        if not case_keys:
+            ax.text(0.5, 0.5, "no case", ha="center", va="center", transform=ax.transAxes)
+        if missing:
+            ax.set_title(
+                "no bars for: " + ", ".join(missing) + " (skipped or failed: see CSV 'reason')",
+                fontsize=7,
+                loc="left",
+            )
+        if impls:
+            ax.legend(fontsize=7, ncol=min(len(impls), 6))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_table(rows: list[Row]) -> str:
+    """Compact text table: one line per case and implementation."""
+    lines = [
+        f"{'case':<52} {'impl':<28} {'status':<8} {'ms':>9} {'GB/s':>8} {'TFLOP/s':>8} {'vs vendor':>9}"
+    ]
+    for r in rows:
+        case = f"{r['op']} {r['shape']}"[:52]
+        if r["status"] != "ok":
+            lines.append(
+                f"{case:<52} {r['impl']:<28} {r['status']:<8} {(r.get('reason') or '')[:60]}"
+            )
+            continue
+
+        def fmt(value: Any, spec: str) -> str:
+            return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+        lines.append(
+            f"{case:<52} {r['impl']:<28} {r['status']:<8} {fmt(r['median_ms'], '9.4f')} "
+            f"{fmt(r.get('gbps'), '8.1f')} {fmt(r.get('tflops'), '8.1f')} "
+            f"{fmt(r.get('speedup_vs_vendor'), '9.2f')}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# GRETA's GPU suite: the one command run on the lent NVIDIA machine (no network there).
+#
+#   device run:  command "bash scripts/gpu_suite.sh"   carry [".whl"]   timeout_s 600
+#
+# Before it, once, in the repository root of this machine (jax-triton is not installed there):
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp -d .whl jax-triton==0.3.1
+#
+# Steps (each under its own `timeout`, none stopping the others; all within the suite's
+# budget, GRETA_SUITE_BUDGET_S, 520 s by default): the three compat prototypes,
+# `greta backends --json`, `greta doctor --json`, pytest (not slow; GPU tests included),
+# `greta bench --preset perf`, examples/llama_block.py and bench/first_call.py when present.
+#
+# $OUT brings back at most 8 files, 2 folders deep, so the suite leaves exactly:
+#   summary.txt  pytest.log  bench.csv  bench.json  bench.png  backends.json  doctor.json
+#   suite.tar.gz (everything: every step's log, bench/, llama/, first_call/, ...)
+set -u
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:-$REPO/gpu-suite-out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d -t greta-suite.XXXXXX)
+SITE=$(mktemp -d -t greta-site.XXXXXX) # carried wheels install here
+mkdir -p "$WORK/logs"
+START=$(date +%s)
+TOTAL=${GRETA_SUITE_BUDGET_S:-520}
+
+export PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false # JAX and torch share the GPU in one process
+export MPLBACKEND=Agg
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+SUMMARY=()
+note() { SUMMARY+=("$1"); }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl >"$WORK/logs/wheels.log" 2>&1; then
+        export PYTHONPATH="$PYTHONPATH:$SITE"
+        note "$(printf '%-13s %-14s %s' wheels ok "$(cd .whl && ls ./*.whl | tr '\n' ' ')")"
+    else
+        note "$(printf '%-13s %-14s %s' wheels FAILED "see logs/wheels.log")"
+    fi
+else
+    note "$(printf '%-13s %-14s %s' wheels none "no .whl/ carried: jax-triton may be missing")"
+fi
+
+# step NAME CAP_S [tee] -- COMMAND...: run COMMAND with a timeout of min(CAP, time left).
+step() {
+    local name=$1 cap=$2 mode=$3
+    shift 4
+    local left=$((START + TOTAL - $(date +%s)))
+    local limit=$((cap < left ? cap : left))
+    local log="$WORK/logs/$name.log"
+    if ((limit < 10)); then
+        note "$(printf '%-13s %-14s %s' "$name" SKIPPED "suite budget of ${TOTAL}s used up")"
+        return
+    fi
+    local t0 rc
+    t0=$(date +%s)
+    if [[ $mode == tee ]]; then
+        timeout -k 10 "$limit" "$@" 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+    else
+        timeout -k 10 "$limit" "$@" >"$log" 2>&1
+        rc=$?
+    fi
+    local verdict=ok
+    if ((rc == 124 || rc == 137)); then verdict="TIMEOUT(${limit}s)"; elif ((rc != 0)); then verdict="rc=$rc"; fi
+    local last
+    last=$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-110)
+    note "$(printf '%-13s %-14s %4ss  %s' "$name" "$verdict" "$(($(date +%s) - t0))" "$last")"
+}
+
+step env 30 log -- bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader;
+    python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.is_available())";
+    python3 -c "import jax; print(jax.__version__, jax.devices())";
+    python3 -c "
+try:
+    import jax_triton; print(\"jax_triton\", jax_triton.__version__)
+except Exception as exc:
+    print(\"jax_triton not importable:\", str(exc).splitlines()[0])"'
+step compat_triton 45 log -- python3 compat/triton/vec_add.py
+step compat_torch 45 log -- python3 compat/pytorch/greta_extension_hello.py
+step compat_jax 60 log -- python3 compat/jax/jax_custom_call_hello.py
+step backends 30 log -- bash -c "python3 -m greta backends --json > '$WORK/backends.json'"
+step doctor 45 log -- bash -c "python3 -m greta doctor --json > '$WORK/doctor.json'"
+step pytest 170 tee -- python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/
+step bench 210 log -- python3 -m greta bench --preset perf --out "$WORK/bench" --budget-s 140
+if [[ -f examples/llama_block.py ]]; then
+    step llama 60 log -- python3 examples/llama_block.py --out "$WORK/llama"
+else
+    note "$(printf '%-13s %-14s %s' llama absent "examples/llama_block.py not in this checkout")"
+fi
+if [[ -f bench/first_call.py ]]; then
+    step first_call 60 log -- python3 bench/first_call.py --out "$WORK/first_call"
+else
+    note "$(printf '%-13s %-14s %s' first_call absent "bench/first_call.py not in this checkout")"
+fi
+
+# --- what comes back ------------------------------------------------------------------
+{
+    echo "=== GRETA GPU suite ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(($(date +%s) - START)) s) ==="
+    printf '%s\n' "${SUMMARY[@]}"
+    echo
+    echo "--- compat ---"
+    for f in compat_triton compat_torch compat_jax; do
+        [[ -f "$WORK/logs/$f.log" ]] && printf '%-14s %s\n' "$f" "$(grep '^STATUS=' "$WORK/logs/$f.log" | tail -n 1)"
+    done
+    echo
+    echo "--- pytest ---"
+    [[ -f "$WORK/logs/pytest.log" ]] && grep -E '^(FAILED|ERROR)|passed|failed' "$WORK/logs/pytest.log" | tail -n 25
+    echo
+    echo "--- bench (perf) ---"
+    if [[ -f "$WORK/bench/bench.json" ]]; then
+        python3 - "$WORK/bench/bench.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+m, c = doc["metadata"], doc["ceilings"]
+print(f"{m.get('gpu_name')} driver {m.get('driver')} torch {m['versions'].get('torch')} "
+      f"triton {m['versions'].get('triton')} jax {m['versions'].get('jax')} commit {str(m.get('commit'))[:10]}")
+cp, mm = c.get("copy", {}), c.get("matmul", {})
+print(f"ceilings: copy {cp.get('gbps', 0):.0f} GB/s, matmul {mm.get('tflops', 0):.0f} TFLOP/s")
+f = lambda v, s: format(v, s) if isinstance(v, (int, float)) else "-"
+for r in doc["results"]:
+    head = f"{r['op'][:10]:<10} {r['shape'][:34]:<34} {r['impl'][:26]:<26}"
+    if r["status"] != "ok":
+        print(f"{head} {r['status']}: {(r.get('reason') or '')[:70]}")
+    else:
+        print(f"{head} {f(r['median_ms'], '8.3f')}ms {f(r.get('gbps'), '7.0f')}GB/s "
+              f"{f(r.get('tflops'), '6.1f')}TF x{f(r.get('speedup_vs_vendor'), '.2f')} vs vendor")
+for r in doc["overhead"]:
+    us = f(r.get("host_us_per_call"), "8.1f")
+    print(f"overhead {r['binding'][:40]:<40} {r['status']:<7} {us}us {r.get('implementation_ran') or r.get('reason', '')[:50]}")
+PY
+    else
+        echo "no bench.json (see logs/bench.log in suite.tar.gz)"
+        tail -n 15 "$WORK/logs/bench.log" 2>/dev/null
+    fi
+} >"$WORK/summary.txt" 2>&1
+
+cp "$WORK/summary.txt" "$OUT/summary.txt"
+[[ -f "$WORK/logs/pytest.log" ]] && cp "$WORK/logs/pytest.log" "$OUT/pytest.log"
+for f in bench.csv bench.json bench.png; do
+    [[ -f "$WORK/bench/$f" ]] && cp "$WORK/bench/$f" "$OUT/$f"
+done
+for f in backends.json doctor.json; do
+    [[ -s "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"
+done
+tar -czf "$OUT/suite.tar.gz" -C "$WORK" .
+rm -rf "$WORK" "$SITE"
+cat "$OUT/summary.txt"
