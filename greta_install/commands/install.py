@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--snapshot", help="plan from a `greta snapshot` directory instead of this machine"
     )
+    parser.add_argument(
+        "--lock",
+        help="install this GRETA lock file instead of the packaged one (its target and Python must match)",
+    )
 
 
 def _detect(snapshot: str | None) -> tuple[Any, str | None]:
@@ -69,7 +73,7 @@ def _fail(message: str, as_json: bool, code: int = 2) -> int:
 def run(args: argparse.Namespace) -> int:
     from greta_install import installer as inst
     from greta_install import plan as planning
-    from greta_install.lockfile import LockError, load_lock
+    from greta_install.lockfile import LockError, load_lock, parse_lock
     from greta_install.matrix import MatrixError, load_matrix
     from greta_install.tools import find_uv, has_pip, python_version_of, site_packages_of
 
@@ -93,6 +97,21 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(str(exc), args.json)
 
+    explicit_lock = None
+    if args.lock:
+        try:
+            with open(args.lock, encoding="utf-8") as fh:
+                explicit_lock = parse_lock(fh.read(), origin=args.lock)
+        except (OSError, UnicodeDecodeError) as exc:
+            return _fail(f"cannot read lock file {args.lock}: {exc}", args.json)
+        except LockError as exc:
+            return _fail(str(exc), args.json)
+        if args.target and args.target != explicit_lock.target:
+            return _fail(
+                f"{args.lock} is the lock of {explicit_lock.target}, not {args.target}", args.json
+            )
+        args.target = explicit_lock.target
+
     detection, why_not = _detect(args.snapshot)
     try:
         target = planning.choose_target(args.target, detection, matrix)
@@ -105,10 +124,17 @@ def run(args: argparse.Namespace) -> int:
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
 
-    try:
-        lock = load_lock(target, version)
-    except LockError as exc:
-        return _fail(str(exc), args.json)
+    if explicit_lock is not None:
+        lock = explicit_lock
+        if lock.python != version:
+            return _fail(
+                f"{args.lock} is for Python {lock.python}, the interpreter is {version}", args.json
+            )
+    else:
+        try:
+            lock = load_lock(target, version)
+        except LockError as exc:
+            return _fail(str(exc), args.json)
 
     uv = find_uv()
     installer = args.installer or ("uv" if uv else "pip")
