@@ -162,28 +162,22 @@ def _reason(stderr: str) -> str:
     """The useful part of pip's complaint, classified."""
     text = stderr.strip()
     lowered = text.lower()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "do not match the hashes" in lowered or "hash mismatch" in lowered:
-        kind = "hash mismatch"
-    elif "no matching distribution" in lowered or "could not find a version" in lowered:
+        got = [line for line in lines if line.startswith(("Expected sha256", "Got"))]
+        detail = "; ".join(got[:2]) or "the file differs from the lock"
+        return f"hash mismatch (the download was altered or cut short): {detail}"
+    if "no matching distribution" in lowered or "could not find a version" in lowered:
         kind = "version not found on the index"
     elif any(
         s in lowered
-        for s in (
-            "connection",
-            "timed out",
-            "incompleteread",
-            "read timed out",
-            "status code",
-            "http error",
-            "500",
-            "503",
-        )
+        for s in ("connection", "timed out", "incompleteread", "status code", "http error", " 50")
     ):
         kind = "network error"
     else:
         kind = "download failed"
-    errors = [line.strip() for line in text.splitlines() if line.strip().startswith("ERROR")]
-    detail = " / ".join(errors[-3:]) if errors else (text.splitlines()[-1] if text else "no output")
+    errors = [line for line in lines if line.startswith("ERROR")]
+    detail = " / ".join(errors[-3:]) if errors else (lines[-1] if lines else "no output")
     return f"{kind}: {detail[-600:]}"
 
 
@@ -251,6 +245,11 @@ def stage_plan(
                 f"hash mismatch: downloaded {path.name} has {observed}, the lock expects {', '.join(pkg.hashes)}",
             )
         if not pkg.verified:
+            if path.suffix == ".whl" and not _intact_wheel(path):
+                raise InstallError(
+                    pkg.name,
+                    f"network error: {path.name} is not a complete wheel (download cut short?)",
+                )
             result.observed_unverified[pkg.name] = observed
             log(
                 f"    UNVERIFIED {pkg.requirement}: {path.name} has {observed} (compare it with the vendor's)"
@@ -276,6 +275,17 @@ def stage_plan(
         result.hashes[name] = observed
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _intact_wheel(path: Path) -> bool:
+    """Without a hash to compare, at least reject a truncated or corrupt archive."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False
 
 
 def _stage_kernel_wheel(location: str, directory: Path, name: str) -> Path:
