@@ -1,0 +1,366 @@
+"""`greta lock`: turn matrix rows into complete, hashed lock files.
+
+Default-index packages (and the dependencies recorded for vendor pins) are resolved by
+`uv pip compile --generate-hashes` for the row's Python and platform, with
+`--exclude-newer` from the matrix so a re-run gives the same answer. Vendor pins keep
+their matrix version; their hash comes from the vendor's simple index when it answers,
+else from a local copy of the exact wheel (pip's find-links), else the pin is recorded
+as unverified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import Version
+
+from greta_install.lockfile import (
+    Lock,
+    LockedPackage,
+    LockError,
+    format_lock,
+    lock_filename,
+    parse_lock,
+)
+from greta_install.matrix import Matrix, Pin, Row, TargetSpec
+
+FORMAT_VERSION = "1"
+UV_TIMEOUT_S = 600
+INDEX_TIMEOUT_S = 15
+
+
+class LockGenError(Exception):
+    """A row could not be resolved; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class VendorHash:
+    hashes: tuple[str, ...]
+    how: str  # "vendor index", "local copy", or why it is unverified
+
+
+def kernel_wheel_name(arch: str) -> str:
+    """Distribution name of the GRETA kernel wheel for an arch: sm_90 -> greta-kernels-sm-90."""
+    return str(canonicalize_name(f"greta-kernels-{arch}"))
+
+
+def kernel_wheel_requirement(arch: str, version: str) -> str:
+    return f"{kernel_wheel_name(arch)}=={version}"
+
+
+def greta_version() -> str:
+    from greta import __version__
+
+    return __version__
+
+
+def fingerprint(row: Row, spec: TargetSpec, matrix: Matrix, version: str) -> str:
+    """Digest of everything in the matrix that shapes this row's lock file (not the prose)."""
+    data = {
+        "format": FORMAT_VERSION,
+        "python": row.python,
+        "platform": matrix.platform,
+        "exclude_newer": matrix.exclude_newer,
+        "env": dict(sorted(spec.env.items())),
+        "kernel_wheel": kernel_wheel_requirement(spec.default_arch, version)
+        if spec.kernel_wheel and spec.default_arch
+        else None,
+        "pins": sorted(
+            [
+                {
+                    "name": p.name,
+                    "version": p.version,
+                    "index": p.index,
+                    "extras": list(p.extras),
+                    "requires": list(p.requires),
+                    "provides": list(p.provides),
+                }
+                for p in row.pins
+            ],
+            key=lambda d: str(d["name"]),
+        ),
+    }
+    blob = json.dumps(data, sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def resolver_input(row: Row) -> tuple[list[str], list[str]]:
+    """(requirements for the default-index resolver, names it must not emit)."""
+    vendor = {p.name for p in row.pins if p.index}
+    provided = {prov: p for p in row.pins for prov in p.provides}
+    lines: list[str] = []
+    for pin in row.pins:
+        if pin.index is None:
+            lines.append(pin.requirement)
+            continue
+        for text in pin.requires:
+            req = Requirement(text)
+            name = canonicalize_name(req.name)
+            if name in vendor or name in provided:
+                continue
+            req.marker = None  # the row is resolved for one platform
+            lines.append(str(req))
+    # Dependencies on a distribution a vendor pin stands in for (jax-triton -> triton on
+    # ROCm) resolve against the provider's version and are left out of the lock.
+    no_emit = []
+    for name, pin in sorted(provided.items()):
+        lines.append(f"{name}=={pin.version}")
+        no_emit.append(name)
+    return lines, no_emit
+
+
+def resolve_default_index(
+    requirements: Sequence[str],
+    no_emit: Sequence[str],
+    python: str,
+    matrix: Matrix,
+    uv: str,
+) -> list[LockedPackage]:
+    argv = [
+        uv,
+        "pip",
+        "compile",
+        "-",
+        "--generate-hashes",
+        "--python-version",
+        python,
+        "--python-platform",
+        matrix.platform,
+        "--only-binary",
+        ":all:",
+        "--exclude-newer",
+        matrix.exclude_newer,
+        "--no-header",
+        "--no-annotate",
+        "--no-python-downloads",
+        "--quiet",
+    ]
+    for name in no_emit:
+        argv += ["--no-emit-package", name]
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
+    try:
+        proc = subprocess.run(
+            argv,
+            input="\n".join(requirements) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=UV_TIMEOUT_S,
+            check=False,
+            env=env,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise LockGenError(f"could not run uv: {exc}") from None
+    if proc.returncode != 0:
+        raise LockGenError(f"uv could not resolve the row:\n{proc.stderr.strip()[-2000:]}")
+    header = "# greta-target: x\n# greta-python: x\n"
+    try:
+        parsed = parse_lock(header + proc.stdout, origin="uv output")
+    except LockError as exc:
+        raise LockGenError(f"unexpected uv output: {exc}") from None
+    return list(parsed.packages)
+
+
+# --- vendor hashes ----------------------------------------------------------------------
+
+
+def target_tags(python: str, platform: str) -> set[Tag]:
+    """Wheel tags a CPython `python` on `platform` (e.g. x86_64-manylinux_2_28) accepts."""
+    major, minor = (int(x) for x in python.split("."))
+    arch, _, libc = platform.partition("-")
+    platforms = [f"linux_{arch}"]
+    if libc.startswith("manylinux_"):
+        glibc_minor = int(libc.split("_")[2])
+        platforms = [f"manylinux_2_{m}_{arch}" for m in range(glibc_minor, 16, -1)]
+        platforms += [
+            f"manylinux2014_{arch}",
+            f"manylinux2010_{arch}",
+            f"manylinux1_{arch}",
+            f"linux_{arch}",
+        ]
+    tags = set(cpython_tags((major, minor), platforms=platforms))
+    tags |= set(
+        compatible_tags((major, minor), interpreter=f"cp{major}{minor}", platforms=platforms)
+    )
+    return tags
+
+
+def matching_wheel(filename: str, name: str, version: str, tags: set[Tag]) -> bool:
+    try:
+        dist, wheel_version, _build, wheel_tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return False
+    return (
+        dist == canonicalize_name(name)
+        and wheel_version == Version(version)
+        and bool(wheel_tags & tags)
+    )
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            href = dict(attrs).get("href")
+            if href:
+                self.links.append(href)
+
+
+def hashes_from_simple_index(
+    index: str, pin: Pin, tags: set[Tag], fetch: Callable[[str], str] | None = None
+) -> tuple[str, ...]:
+    """sha256 fragments of the matching wheels on a PEP 503 page; OSError when unreachable."""
+    url = f"{index.rstrip('/')}/{pin.name}/"
+    if fetch is None:
+
+        def fetch(u: str) -> str:
+            with urllib.request.urlopen(u, timeout=INDEX_TIMEOUT_S) as response:
+                return response.read().decode("utf-8", errors="replace")
+
+    parser = _Links()
+    parser.feed(fetch(url))
+    found = []
+    for href in parser.links:
+        parsed = urllib.parse.urlparse(href)
+        filename = urllib.parse.unquote(parsed.path.rsplit("/", 1)[-1])
+        fragment = parsed.fragment
+        if fragment.startswith("sha256=") and matching_wheel(filename, pin.name, pin.version, tags):
+            found.append("sha256:" + fragment.split("=", 1)[1].lower())
+    return tuple(sorted(set(found)))
+
+
+def hashes_from_find_links(dirs: Sequence[str], pin: Pin, tags: set[Tag]) -> tuple[str, ...]:
+    found = []
+    for entry in dirs:
+        path = Path(entry[len("file://") :] if entry.startswith("file://") else entry)
+        if not path.is_dir():
+            continue
+        for wheel in sorted(path.glob("*.whl")):
+            if matching_wheel(wheel.name, pin.name, pin.version, tags):
+                found.append("sha256:" + sha256_file(wheel))
+    return tuple(sorted(set(found)))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def vendor_hash(pin: Pin, python: str, platform: str, find_links: Sequence[str]) -> VendorHash:
+    assert pin.index is not None
+    tags = target_tags(python, platform)
+    try:
+        hashes = hashes_from_simple_index(pin.index, pin, tags)
+        if hashes:
+            return VendorHash(hashes, "hash read from the vendor index")
+        reason = "the vendor index lists no matching wheel"
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        reason = f"vendor index unreachable ({exc.__class__.__name__})"
+    hashes = hashes_from_find_links(find_links, pin, tags)
+    if hashes:
+        return VendorHash(hashes, f"hash of a local copy of the vendor's wheel ({reason})")
+    return VendorHash((), reason)
+
+
+# --- whole rows -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generated:
+    lock: Lock
+    text: str
+    unverified: tuple[str, ...]
+
+
+def generate_row(
+    matrix: Matrix,
+    target: str,
+    python: str,
+    uv: str,
+    find_links: Sequence[str] = (),
+    version: str | None = None,
+) -> Generated:
+    version = version or greta_version()
+    spec = matrix.target(target)
+    row = matrix.row(target, python)
+    requirements, no_emit = resolver_input(row)
+    resolved = resolve_default_index(requirements, no_emit, python, matrix, uv)
+    packages = {p.name: p for p in resolved}
+    notes: dict[str, str] = {}
+    for pin in row.pins:
+        if pin.index is None:
+            continue
+        found = vendor_hash(pin, python, matrix.platform, find_links)
+        packages[pin.name] = LockedPackage(pin.name, pin.version, pin.index, found.hashes, None)
+        notes[pin.name] = f"greta: {found.how}"
+    for pin in row.pins:
+        if pin.name not in packages:
+            raise LockGenError(f"{target}/py{python}: the resolver dropped {pin.name}")
+        if packages[pin.name].version != pin.version:
+            raise LockGenError(
+                f"{target}/py{python}: resolved {pin.name}=={packages[pin.name].version}, matrix pins {pin.version}"
+            )
+    kernel = (
+        kernel_wheel_requirement(spec.default_arch, version)
+        if spec.kernel_wheel and spec.default_arch
+        else None
+    )
+    lock = Lock(
+        target=target,
+        python=python,
+        packages=tuple(sorted(packages.values(), key=lambda p: p.name)),
+        kernel_wheel=kernel,
+        env=dict(spec.env),
+        meta={
+            "target": target,
+            "python": python,
+            "platform": matrix.platform,
+            "exclude-newer": matrix.exclude_newer,
+            "input": fingerprint(row, spec, matrix, version),
+        },
+    )
+    text = format_lock(lock, notes)
+    unverified = tuple(p.name for p in lock.packages if not p.verified)
+    return Generated(lock, text, unverified)
+
+
+def stale_locks(matrix: Matrix, folder: Path, version: str | None = None) -> list[str]:
+    """Lock files that are missing or were made from a different matrix row (offline check)."""
+    version = version or greta_version()
+    problems = []
+    for row in matrix.rows():
+        path = folder / lock_filename(row.target, row.python)
+        if not path.is_file():
+            problems.append(f"{path.name}: missing")
+            continue
+        try:
+            lock = parse_lock(path.read_text(encoding="utf-8"), row.target, row.python, path.name)
+        except LockError as exc:
+            problems.append(str(exc))
+            continue
+        want = fingerprint(row, matrix.target(row.target), matrix, version)
+        if lock.meta.get("input") != want:
+            problems.append(f"{path.name}: made from an older matrix row (re-run `greta lock`)")
+    return problems

@@ -1,0 +1,456 @@
+"""The version matrix (lock/matrix.toml): load, validate, and select one row.
+
+A row is one target on one Python version: the pins that must be installed together.
+Validation enforces the facts a broken environment would otherwise teach the hard way
+(jax/jaxlib/plugin/pjrt equal, one triton distribution, torch's local version matching
+its index, Python limits of jax); every problem is reported at once with its place.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+SCHEMA = 1
+REQUIRED_TARGETS = ("mi300x", "radeon", "cuda", "cpu")
+KNOWN_TARGETS = ("mi300x", "radeon", "instinct", "cuda", "cpu")
+ROLES = (
+    "torch",
+    "triton",
+    "jax",
+    "jaxlib",
+    "jax-plugin",
+    "jax-pjrt",
+    "jax-triton",
+    "numpy",
+    "extra",
+)
+# Distributions that install the `triton` import package: two in one env break it.
+TRITON_DISTRIBUTIONS = ("triton", "triton-rocm", "pytorch-triton-rocm", "pytorch-triton")
+_LOCAL_INDEX = re.compile(r"^(rocm\d+(?:\.\d+)*|cpu|cu\d+)$")
+_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+class MatrixError(ValueError):
+    """matrix.toml is unreadable or violates a rule; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # canonical distribution name
+    version: str
+    role: str
+    pythons: tuple[str, ...]
+    index: str | None = None  # None: the configured default index
+    extras: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # only for vendor-index pins: their Requires-Dist
+    provides: tuple[str, ...] = ()  # distribution names this pin stands in for
+    source: str = ""
+    uncertain: str | None = None
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.name}{extras}=={self.version}"
+
+
+@dataclass(frozen=True)
+class ArchRule:
+    arch: str
+    override: str | None
+    kernel_arch: str
+    warning: str | None
+    source: str
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    hardware: str
+    default_arch: str | None
+    archs: tuple[str, ...]
+    torch_archs: tuple[str, ...]
+    kernel_wheel: bool
+    env: Mapping[str, str]
+    env_why: Mapping[str, str]
+    system: str
+    absent: Mapping[str, str]
+    pins: tuple[Pin, ...]
+    same_as: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    target: str
+    python: str
+    pins: tuple[Pin, ...]
+
+    def by_role(self, role: str) -> list[Pin]:
+        return [p for p in self.pins if p.role == role]
+
+    def one(self, role: str) -> Pin | None:
+        found = self.by_role(role)
+        return found[0] if len(found) == 1 else None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    exclude_newer: str
+    platform: str
+    pythons: tuple[str, ...]
+    archs: Mapping[str, ArchRule]
+    targets: Mapping[str, TargetSpec]
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def target(self, name: str) -> TargetSpec:
+        try:
+            return self.targets[name]
+        except KeyError:
+            raise MatrixError(
+                f"unknown target {name!r}; the matrix has: {', '.join(self.targets)}"
+            ) from None
+
+    def row(self, target: str, python: str) -> Row:
+        spec = self.target(target)
+        if python not in self.pythons:
+            raise MatrixError(
+                f"no row for Python {python}: the matrix covers {', '.join(self.pythons)}"
+            )
+        owner = self.targets[spec.same_as] if spec.same_as else spec
+        return Row(target, python, tuple(p for p in owner.pins if python in p.pythons))
+
+    def rows(self) -> list[Row]:
+        return [self.row(t, py) for t in self.targets for py in self.pythons]
+
+
+def default_matrix_path() -> Path:
+    from greta_install.lockfile import lock_resource_dir
+
+    return Path(str(lock_resource_dir() / "matrix.toml"))
+
+
+def load_matrix(path: str | Path | None = None) -> Matrix:
+    """Read and validate matrix.toml (the packaged one when no path is given)."""
+    if path is None:
+        from greta_install.lockfile import lock_resource_dir
+
+        resource = lock_resource_dir() / "matrix.toml"
+        origin = "matrix.toml (packaged)"
+        try:
+            text = resource.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise MatrixError(f"cannot read {origin}: {exc}") from None
+    else:
+        origin = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MatrixError(f"cannot read {origin}: {exc}") from None
+    return parse_matrix(text, origin)
+
+
+def parse_matrix(text: str, origin: str = "matrix.toml") -> Matrix:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MatrixError(f"{origin} is not valid TOML: {exc}") from None
+    problems: list[str] = []
+    matrix = _build(data, problems)
+    if matrix is not None:
+        problems.extend(validate(matrix))
+    if problems:
+        listed = "\n  - ".join(problems)
+        raise MatrixError(f"{origin} is invalid:\n  - {listed}")
+    assert matrix is not None
+    return matrix
+
+
+# --- building ---------------------------------------------------------------------------
+
+
+def _str(
+    table: Mapping[str, Any], key: str, where: str, problems: list[str], required: bool = True
+) -> str | None:
+    value = table.get(key)
+    if value is None:
+        if required:
+            problems.append(f"{where}: missing `{key}`")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        problems.append(f"{where}: `{key}` must be a non-empty string, got {value!r}")
+        return None
+    return value
+
+
+def _str_list(
+    table: Mapping[str, Any], key: str, where: str, problems: list[str]
+) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}: `{key}` must be a list of strings, got {value!r}")
+        return ()
+    return tuple(value)
+
+
+def _str_map(table: Mapping[str, Any], key: str, where: str, problems: list[str]) -> dict[str, str]:
+    value = table.get(key, {})
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        problems.append(f"{where}: `{key}` must be a table of strings")
+        return {}
+    return dict(value)
+
+
+def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
+    if data.get("schema") != SCHEMA:
+        problems.append(f"`schema` must be {SCHEMA}, got {data.get('schema')!r}")
+        return None
+    lock = data.get("lock")
+    if not isinstance(lock, dict):
+        problems.append("missing [lock] table")
+        return None
+    exclude_newer = _str(lock, "exclude_newer", "[lock]", problems) or ""
+    platform = _str(lock, "platform", "[lock]", problems) or ""
+    pythons = _str_list(lock, "pythons", "[lock]", problems)
+    archs: dict[str, ArchRule] = {}
+    raw_archs = data.get("archs", {})
+    if not isinstance(raw_archs, dict):
+        problems.append("[archs] must be a table")
+        raw_archs = {}
+    for arch, table in raw_archs.items():
+        where = f"[archs.{arch}]"
+        if not isinstance(table, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        archs[arch] = ArchRule(
+            arch=arch,
+            override=_str(table, "override", where, problems, required=False),
+            kernel_arch=_str(table, "kernel_arch", where, problems) or arch,
+            warning=_str(table, "warning", where, problems, required=False),
+            source=_str(table, "source", where, problems) or "",
+        )
+    targets: dict[str, TargetSpec] = {}
+    raw_targets = data.get("targets")
+    if not isinstance(raw_targets, dict):
+        problems.append("missing [targets] table")
+        return None
+    for name, table in raw_targets.items():
+        where = f"[targets.{name}]"
+        if not isinstance(table, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        pins = []
+        raw_pins = table.get("pins", [])
+        if not isinstance(raw_pins, list):
+            problems.append(f"{where}: `pins` must be an array of tables ([[targets.{name}.pins]])")
+            raw_pins = []
+        for i, raw in enumerate(raw_pins):
+            pin = _build_pin(raw, f"{where} pin #{i + 1}", problems)
+            if pin is not None:
+                pins.append(pin)
+        kernel_wheel = table.get("kernel_wheel", False)
+        if not isinstance(kernel_wheel, bool):
+            problems.append(f"{where}: `kernel_wheel` must be true or false")
+            kernel_wheel = False
+        targets[name] = TargetSpec(
+            name=name,
+            hardware=_str(table, "hardware", where, problems) or "",
+            default_arch=_str(table, "default_arch", where, problems, required=kernel_wheel),
+            archs=_str_list(table, "archs", where, problems),
+            torch_archs=_str_list(table, "torch_archs", where, problems),
+            kernel_wheel=kernel_wheel,
+            env=_str_map(table, "env", where, problems),
+            env_why=_str_map(table, "env_why", where, problems),
+            system=_str(table, "system", where, problems, required=False) or "",
+            absent=_str_map(table, "absent", where, problems),
+            pins=tuple(pins),
+            same_as=_str(table, "same_as", where, problems, required=False),
+        )
+    return Matrix(
+        exclude_newer=exclude_newer,
+        platform=platform,
+        pythons=pythons,
+        archs=archs,
+        targets=targets,
+        raw=dict(data),
+    )
+
+
+def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{where} must be a table")
+        return None
+    name = _str(raw, "name", where, problems)
+    version = _str(raw, "version", where, problems)
+    role = _str(raw, "role", where, problems)
+    source = _str(raw, "source", where, problems)
+    if name is None or version is None or role is None:
+        return None
+    where = f"{where} ({name})"
+    try:
+        Version(version)
+    except InvalidVersion:
+        problems.append(f"{where}: `version` {version!r} is not a valid version")
+    if role not in ROLES:
+        problems.append(f"{where}: `role` {role!r} is not one of {', '.join(ROLES)}")
+    for req in _str_list(raw, "requires", where, problems):
+        try:
+            Requirement(req)
+        except InvalidRequirement as exc:
+            problems.append(f"{where}: requirement {req!r} is invalid: {exc}")
+    index = _str(raw, "index", where, problems, required=False)
+    if index is not None and not index.startswith("https://"):
+        problems.append(f"{where}: `index` must be an https:// URL, got {index!r}")
+    return Pin(
+        name=canonicalize_name(name),
+        version=version,
+        role=role,
+        pythons=_str_list(raw, "pythons", where, problems),
+        index=index.rstrip("/") if index else None,
+        extras=_str_list(raw, "extras", where, problems),
+        requires=_str_list(raw, "requires", where, problems),
+        provides=tuple(canonicalize_name(p) for p in _str_list(raw, "provides", where, problems)),
+        source=source or "",
+        uncertain=_str(raw, "uncertain", where, problems, required=False),
+    )
+
+
+# --- rules ------------------------------------------------------------------------------
+
+
+def validate(matrix: Matrix) -> list[str]:
+    """Every rule violation of a built matrix, as readable sentences."""
+    problems: list[str] = []
+    for name in REQUIRED_TARGETS:
+        if name not in matrix.targets:
+            problems.append(f"target {name!r} is missing")
+    for name, spec in matrix.targets.items():
+        if name not in KNOWN_TARGETS:
+            problems.append(f"target {name!r} is not one of {', '.join(KNOWN_TARGETS)}")
+        if spec.same_as is not None:
+            if spec.same_as not in matrix.targets or matrix.targets[spec.same_as].same_as:
+                problems.append(
+                    f"[targets.{name}]: same_as {spec.same_as!r} must name a target with its own pins"
+                )
+            if spec.pins:
+                problems.append(f"[targets.{name}]: a target with same_as has no pins of its own")
+        for key in spec.env:
+            if not _ENV_KEY.match(key):
+                problems.append(
+                    f"[targets.{name}.env]: {key!r} is not an environment variable name"
+                )
+        for pin in spec.pins:
+            for py in pin.pythons:
+                if py not in matrix.pythons:
+                    problems.append(
+                        f"[targets.{name}] {pin.name}: Python {py} is not in [lock] pythons"
+                    )
+            if pin.index is None and pin.requires:
+                problems.append(
+                    f"[targets.{name}] {pin.name}: `requires` is only for vendor-index pins "
+                    "(default-index dependencies are resolved by `greta lock`)"
+                )
+    for python in matrix.pythons:
+        if not re.match(r"^3\.\d+$", python):
+            problems.append(f"[lock] pythons: {python!r} is not a Python version like 3.12")
+    if problems:
+        return problems
+    for row in matrix.rows():
+        problems.extend(validate_row(row, matrix.targets[row.target]))
+    return problems
+
+
+def validate_row(row: Row, spec: TargetSpec) -> list[str]:
+    where = f"row {row.target}/py{row.python}"
+    problems: list[str] = []
+    names = [p.name for p in row.pins]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{where}: {dup} is pinned more than once")
+    gpu = spec.kernel_wheel
+    required = ["torch", "triton", "jax", "jaxlib", "numpy"] + (
+        ["jax-plugin", "jax-pjrt"] if gpu else []
+    )
+    for role in required:
+        count = len(row.by_role(role))
+        if count != 1:
+            problems.append(f"{where}: needs exactly one {role} pin, has {count}")
+    if problems:
+        return problems
+
+    torch, triton, jax = row.one("torch"), row.one("triton"), row.one("jax")
+    assert torch is not None and triton is not None and jax is not None
+    problems.extend(_check_torch_index(torch, where))
+    if triton.name not in TRITON_DISTRIBUTIONS:
+        problems.append(f"{where}: triton pin {triton.name!r} is not a triton distribution")
+    for pin in row.pins:
+        if pin is not triton and (pin.name in TRITON_DISTRIBUTIONS or "triton" in pin.provides):
+            problems.append(f"{where}: {pin.name} is a second distribution providing `triton`")
+
+    jax_version = Version(jax.version)
+    for role in ("jaxlib", "jax-plugin", "jax-pjrt"):
+        pin = row.one(role)
+        if pin is not None and Version(pin.version).release != jax_version.release:
+            problems.append(
+                f"{where}: {pin.name} {pin.version} must equal jax {jax.version} (jax, jaxlib, plugin and pjrt move together)"
+            )
+    if jax_version >= Version("0.11") and Version(row.python) < Version("3.12"):
+        problems.append(f"{where}: jax {jax.version} needs Python >= 3.12")
+
+    pinned = {p.name: p for p in row.pins}
+    provided = {prov: p for p in row.pins for prov in p.provides}
+    for pin in row.pins:
+        for text in pin.requires:
+            req = Requirement(text)
+            name = canonicalize_name(req.name)
+            target_pin = pinned.get(name) or provided.get(name)
+            if target_pin is None:
+                if name in TRITON_DISTRIBUTIONS:
+                    problems.append(
+                        f"{where}: {pin.name} requires {text} but the row pins {triton.name}"
+                    )
+                continue
+            if not req.specifier.contains(Version(target_pin.version), prereleases=True):
+                problems.append(
+                    f"{where}: {pin.name} requires {text} but the row pins {target_pin.name}=={target_pin.version}"
+                )
+    jt = row.one("jax-triton")
+    if (
+        jt is not None
+        and Version(jt.version) >= Version("0.4")
+        and Version(triton.version) < Version("3.7")
+    ):
+        problems.append(
+            f"{where}: jax-triton {jt.version} needs triton >= 3.7, the row pins {triton.version}"
+        )
+    return problems
+
+
+def _check_torch_index(torch: Pin, where: str) -> list[str]:
+    local = Version(torch.version).local
+    if local is None:
+        if torch.index is not None:
+            return [
+                f"{where}: torch {torch.version} has no local version but comes from {torch.index}"
+            ]
+        return []
+    if not _LOCAL_INDEX.match(local):
+        return [
+            f"{where}: torch local version +{local} is not a known build (+rocmX.Y, +cuNNN, +cpu)"
+        ]
+    if torch.index is None or not torch.index.endswith(f"/whl/{local}"):
+        return [
+            f"{where}: torch {torch.version} is a +{local} build and must come from a .../whl/{local} index, not {torch.index or 'the default index'}"
+        ]
+    return []

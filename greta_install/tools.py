@@ -1,0 +1,103 @@
+"""Finding and asking the package tools (uv, pip) this machine has. Side effects only here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def find_uv() -> str | None:
+    """The uv executable: on PATH, beside this interpreter, or from the `uv` package."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    sibling = Path(sys.executable).parent / "uv"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return str(sibling)
+    try:
+        from uv import find_uv_bin  # type: ignore[import-not-found]
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def has_pip(python: str) -> bool:
+    try:
+        proc = subprocess.run(
+            [python, "-m", "pip", "--version"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+def pip_config_find_links(python: str | None = None) -> list[str]:
+    """find-links locations pip is configured with (config files and PIP_FIND_LINKS).
+
+    uv does not read pip's configuration; `greta lock` and the installer pass these on
+    so a local wheel directory the machine relies on is seen by both tools.
+    """
+    found: list[str] = []
+    env_value = os.environ.get("PIP_FIND_LINKS", "")
+    found.extend(env_value.split())
+    try:
+        proc = subprocess.run(
+            [python or sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        output = proc.stdout if proc.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        output = ""
+    for line in output.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().endswith(".find-links"):
+            found.extend(value.strip().strip("'\"").split())
+    unique: list[str] = []
+    for item in found:
+        if item and item not in unique:
+            unique.append(item)
+    return unique
+
+
+def python_version_of(python: str) -> str:
+    """ "3.11" for the interpreter at `python`; ValueError when it cannot be run."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"cannot run Python interpreter {python}: {exc}") from None
+    if proc.returncode != 0:
+        raise ValueError(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-300:]}")
+    return proc.stdout.strip()
+
+
+def site_packages_of(python: str) -> Path:
+    proc = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0:
+        raise ValueError(f"cannot ask {python} for its site-packages: {proc.stderr.strip()[-300:]}")
+    return Path(proc.stdout.strip())

@@ -1,0 +1,501 @@
+"""`greta install` is all or nothing, against a local package index that misbehaves.
+
+A PEP 503 simple index runs on 127.0.0.1 in a thread (bounded in requests and time, it
+stops itself) and serves tiny wheels built here. One file's download breaks mid-way,
+answers 500, or does not match its locked hash; a version is missing; Ctrl-C arrives
+while staging. Each time the real installer runs against a fresh venv, and the venv's
+site-packages must be byte-identical afterwards, with an error naming the package and
+the reason. A success case really installs and verifies, with pip and with uv.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from greta_install.lockfile import Lock, LockedPackage, format_lock
+from greta_install.tools import find_uv
+
+REPO = Path(__file__).resolve().parent.parent
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+MAX_REQUESTS = 400
+SERVER_LIFETIME_S = 300
+pytestmark = pytest.mark.slow
+
+
+# --- tiny wheels ------------------------------------------------------------------------
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(name: str, version: str, payload_kib: int = 1) -> tuple[str, bytes]:
+    module = name.replace("-", "_")
+    info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": (
+            f"VERSION = {version!r}\n# padding so a broken download stops mid-file\n"
+            + "#" * (payload_kib * 1024)
+            + "\n"
+        ).encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: greta-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items())
+    record += f"{info}/RECORD,,\n"
+    files[f"{info}/RECORD"] = record.encode()
+    filename = f"{module}-{version}-py3-none-any.whl"
+    import io
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
+        for path, data in files.items():
+            zf.writestr(zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0)), data)
+    return filename, buffer.getvalue()
+
+
+# --- the misbehaving index --------------------------------------------------------------
+
+
+class Index:
+    """files: filename -> bytes; faults: filename -> drop | 500 | tamper | slow."""
+
+    def __init__(self, files: dict[str, bytes], faults: dict[str, str]) -> None:
+        self.files = files
+        self.faults = faults
+        self.requests = 0
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                index.requests += 1
+                if index.requests > MAX_REQUESTS:
+                    self.send_error(503, "test index request budget spent")
+                    return
+                parts = [p for p in self.path.split("?")[0].split("/") if p]
+                if len(parts) == 2 and parts[0] == "simple":
+                    self._project(parts[1])
+                elif len(parts) == 2 and parts[0] == "files" and parts[1] in index.files:
+                    self._file(parts[1])
+                else:
+                    self.send_error(404)
+
+            def _project(self, project: str) -> None:
+                links = []
+                for filename, data in index.files.items():
+                    if filename.split("-")[0].replace("_", "-") == project:
+                        served = index.served(filename, data)
+                        digest = hashlib.sha256(served).hexdigest()
+                        links.append(f'<a href="/files/{filename}#sha256={digest}">{filename}</a>')
+                if not links:
+                    self.send_error(404)
+                    return
+                body = ("<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _file(self, filename: str) -> None:
+                fault = index.faults.get(filename)
+                data = index.served(filename, index.files[filename])
+                if fault == "500":
+                    self.send_error(500, "index broke")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if fault == "drop":
+                    self.wfile.write(data[: len(data) // 3])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                if fault == "slow":
+                    deadline = time.monotonic() + 30
+                    for i in range(0, len(data), 256):
+                        if time.monotonic() > deadline:
+                            return
+                        self.wfile.write(data[i : i + 256])
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                    return
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.stopper = threading.Timer(SERVER_LIFETIME_S, self.server.shutdown)
+        self.stopper.daemon = True
+
+    def served(self, filename: str, data: bytes) -> bytes:
+        if self.faults.get(filename) == "tamper":
+            return data[:-1] + bytes([data[-1] ^ 0xFF])
+        return data
+
+    def __enter__(self) -> Index:
+        self.thread.start()
+        self.stopper.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopper.cancel()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --- environments -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def template_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "venv"
+    venv.EnvBuilder(with_pip=True, symlinks=True).create(path)
+    return path
+
+
+@pytest.fixture
+def fresh_venv(template_venv: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "venv"
+    shutil.copytree(template_venv, path, symlinks=True)
+    return path
+
+
+def python_of(env_dir: Path) -> str:
+    return str(env_dir / "bin" / "python")
+
+
+def snapshot(env_dir: Path) -> dict[str, str]:
+    """Every file under the venv's lib/ with its sha256: the state a failure must keep."""
+    state = {}
+    for path in sorted((env_dir / "lib").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            state[str(path.relative_to(env_dir))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return state
+
+
+WHEELS = {
+    name: make_wheel(name, "1.0", kib)
+    for name, kib in (("alpha-pkg", 1), ("beta-pkg", 256), ("gamma-pkg", 1))
+}
+
+
+def write_lock(tmp_path: Path, missing_version: bool = False) -> Path:
+    packages = []
+    for name, (_filename, data) in WHEELS.items():
+        version = "9.9" if (missing_version and name == "gamma-pkg") else "1.0"
+        packages.append(
+            LockedPackage(name, version, None, ("sha256:" + hashlib.sha256(data).hexdigest(),))
+        )
+    lock = Lock(
+        target="cpu",
+        python=PY,
+        packages=tuple(packages),
+        kernel_wheel=None,
+        env={"GRETA_TEST_FIX": "from-greta"},
+        meta={"target": "cpu", "python": PY, "platform": "x86_64-manylinux_2_28"},
+    )
+    path = tmp_path / "test-lock.txt"
+    path.write_text(format_lock(lock), encoding="utf-8")
+    return path
+
+
+def pip_env(index: Index, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,  # none of this machine's pip configuration
+        PIP_INDEX_URL=index.url,
+        PIP_NO_CACHE_DIR="1",
+        PIP_RETRIES="0",
+        PIP_TIMEOUT="20",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        UV_CACHE_DIR=str(tmp_path / "uv-cache"),
+        UV_NO_CONFIG="1",
+        PYTHONPATH=str(REPO),
+        GRETA_KERNEL_INDEX="",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def assert_no_stage_left(tmp_path: Path) -> None:
+    assert list((tmp_path / "tmp").glob("greta-stage-*")) == []
+
+
+def greta_install(env_dir: Path, lock: Path, installer: str, env: dict[str, str], **popen: object):
+    argv = [
+        sys.executable,
+        "-m",
+        "greta",
+        "install",
+        "--lock",
+        str(lock),
+        "--python",
+        python_of(env_dir),
+        "--installer",
+        installer,
+    ]
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+INSTALLERS = [
+    "pip",
+    pytest.param("uv", marks=pytest.mark.skipif(find_uv() is None, reason="uv not installed")),
+]
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        # pip accepts a body cut short of its Content-Length; the hash check catches it.
+        ("drop", "hash mismatch (the download was altered or cut short)"),
+        ("500", "network error"),
+        ("tamper", "hash mismatch"),
+    ],
+)
+def test_failure_midway_leaves_the_environment_untouched(
+    fresh_venv: Path, tmp_path: Path, installer: str, fault: str, reason: str
+) -> None:
+    files = dict(WHEELS.values())
+    broken = WHEELS["beta-pkg"][0]
+    with Index(files, {broken: fault}) as index:
+        before = snapshot(fresh_venv)
+        proc = greta_install(fresh_venv, write_lock(tmp_path), installer, pip_env(index, tmp_path))
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out + err
+    assert "beta-pkg: " + reason in err, err
+    assert "environment is unchanged" in err
+    assert "Traceback" not in err
+    assert snapshot(fresh_venv) == before
+    assert_no_stage_left(tmp_path)
+    assert "[2/3] staging beta-pkg==1.0" in out  # it failed mid-way, after alpha was staged
+
+
+def test_missing_version_on_the_index(fresh_venv: Path, tmp_path: Path) -> None:
+    with Index(dict(WHEELS.values()), {}) as index:
+        before = snapshot(fresh_venv)
+        proc = greta_install(
+            fresh_venv, write_lock(tmp_path, missing_version=True), "pip", pip_env(index, tmp_path)
+        )
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out + err
+    assert "gamma-pkg: version not found on the index" in err, err
+    assert snapshot(fresh_venv) == before
+
+
+def test_ctrl_c_while_staging(fresh_venv: Path, tmp_path: Path) -> None:
+    with Index(dict(WHEELS.values()), {WHEELS["beta-pkg"][0]: "slow"}) as index:
+        before = snapshot(fresh_venv)
+        proc = greta_install(fresh_venv, write_lock(tmp_path), "pip", pip_env(index, tmp_path))
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "staging beta-pkg" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "staging beta-pkg" in seen, seen
+        time.sleep(1.0)  # the slow download is under way
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + out + err
+    assert "interrupted while staging" in err
+    assert snapshot(fresh_venv) == before
+    assert_no_stage_left(tmp_path)
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_success_installs_verifies_and_persists_env(
+    fresh_venv: Path, tmp_path: Path, installer: str
+) -> None:
+    with Index(dict(WHEELS.values()), {}) as index:
+        env = pip_env(index, tmp_path)
+        proc = greta_install(fresh_venv, write_lock(tmp_path), installer, env)
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert f"offline with {installer}" in out
+    python = python_of(fresh_venv)
+    clean = {k: v for k, v in env.items() if k != "GRETA_TEST_FIX"}
+    check = subprocess.run(
+        [
+            python,
+            "-c",
+            "import os, alpha_pkg, beta_pkg, gamma_pkg; print(alpha_pkg.VERSION, os.environ['GRETA_TEST_FIX'])",
+        ],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=60,
+        check=False,
+    )
+    assert check.stdout.split() == ["1.0", "from-greta"], check.stderr
+    # A value the user sets wins over the persisted fix.
+    mine = subprocess.run(
+        [python, "-c", "import os; print(os.environ['GRETA_TEST_FIX'])"],
+        capture_output=True,
+        text=True,
+        env={**clean, "GRETA_TEST_FIX": "mine"},
+        timeout=60,
+        check=False,
+    )
+    assert mine.stdout.strip() == "mine"
+    shown = subprocess.run(
+        [sys.executable, "-m", "greta", "env", "--python", python],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=clean,
+        timeout=60,
+        check=False,
+    )
+    assert "export GRETA_TEST_FIX=from-greta" in shown.stdout
+    cleared = subprocess.run(
+        [sys.executable, "-m", "greta", "env", "--clear", "--python", python],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=clean,
+        timeout=60,
+        check=False,
+    )
+    assert cleared.returncode == 0
+    after = subprocess.run(
+        [python, "-c", "import os; print(os.environ.get('GRETA_TEST_FIX'))"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=60,
+        check=False,
+    )
+    assert after.stdout.strip() == "None"
+
+
+def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
+    name = "alpha-pkg"
+    lock = Lock(
+        target="cpu",
+        python=PY,
+        packages=(LockedPackage(name, "1.0", None, ()),),
+        kernel_wheel=None,
+        env={},
+        meta={"target": "cpu", "python": PY},
+    )
+    path = tmp_path / "unverified.txt"
+    path.write_text(format_lock(lock), encoding="utf-8")
+    with Index(dict(WHEELS.values()), {}) as index:
+        env = pip_env(index, tmp_path)
+        before = snapshot(fresh_venv)
+        refused = greta_install(fresh_venv, path, "pip", env)
+        _out, err = refused.communicate(timeout=120)
+        assert refused.returncode == 1 and "refused: alpha-pkg" in err
+        assert snapshot(fresh_venv) == before
+        argv = [
+            sys.executable,
+            "-m",
+            "greta",
+            "install",
+            "--lock",
+            str(path),
+            "--python",
+            python_of(fresh_venv),
+            "--installer",
+            "pip",
+            "--allow-unverified",
+        ]
+        allowed = subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    digest = hashlib.sha256(WHEELS[name][1]).hexdigest()
+    assert "UNVERIFIED alpha-pkg==1.0" in allowed.stdout and digest in allowed.stdout
+
+
+def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
+    wheels = tmp_path / "kernel-wheels"
+    wheels.mkdir()
+    (wheels / filename).write_bytes(data)
+    lock = Lock(
+        target="cuda",
+        python=PY,
+        packages=(
+            LockedPackage(
+                "alpha-pkg",
+                "1.0",
+                None,
+                ("sha256:" + hashlib.sha256(WHEELS["alpha-pkg"][1]).hexdigest(),),
+            ),
+        ),
+        kernel_wheel="greta-kernels-sm-90==0.1.0",
+        env={},
+        meta={"target": "cuda", "python": PY},
+    )
+    path = tmp_path / "cuda-lock.txt"
+    path.write_text(format_lock(lock), encoding="utf-8")
+    argv = [
+        sys.executable,
+        "-m",
+        "greta",
+        "install",
+        "--lock",
+        str(path),
+        "--python",
+        python_of(fresh_venv),
+        "--installer",
+        "pip",
+        "--arch",
+        "sm_90",
+        "--kernel-wheels",
+        str(wheels),
+    ]
+    with Index(dict(WHEELS.values()), {}) as index:
+        env = pip_env(index, tmp_path)
+        (wheels / "SHA256SUMS").write_text(f"{'0' * 64}  {filename}\n")
+        before = snapshot(fresh_venv)
+        bad = subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+        assert bad.returncode == 1 and "greta-kernels-sm-90: hash mismatch" in bad.stderr, (
+            bad.stderr
+        )
+        assert snapshot(fresh_venv) == before
+        (wheels / "SHA256SUMS").write_text(f"{hashlib.sha256(data).hexdigest()}  {filename}\n")
+        good = subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+    assert good.returncode == 0, good.stdout + good.stderr
+    check = subprocess.run(
+        [python_of(fresh_venv), "-c", "import greta_kernels_sm_90, alpha_pkg"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
