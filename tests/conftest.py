@@ -25,6 +25,8 @@ def _has_nvidia_or_amd_gpu() -> bool:
 if not _has_nvidia_or_amd_gpu():
     # No GPU: the kernel tests run the real Triton kernels through Triton's interpreter.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # ... and the torch ops' CPU kernels run those Triton kernels too (not the reference).
+    os.environ.setdefault("GRETA_TRITON_ON_CPU", "1")
 
 DATA = Path(__file__).parent / "data"
 SNAPSHOTS = DATA / "snapshots"
