@@ -82,6 +82,11 @@ class CompileResult:
     def matrix_ok(self) -> bool:
         return not self.uses_matrix_units or bool(self.matrix_instructions)
 
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["matrix_ok"] = self.matrix_ok
+        return row
+
 
 # --- targets --------------------------------------------------------------------------
 
@@ -307,11 +312,7 @@ class AotRun:
         return not self.module_errors and all(r.ok and r.matrix_ok for r in self.results)
 
     def to_json(self) -> dict[str, Any]:
-        results = []
-        for r in self.results:
-            row = asdict(r)
-            row["matrix_ok"] = r.matrix_ok
-            results.append(row)
+        results = [r.to_row() for r in self.results]
         return {
             "archs": self.archs,
             "ok": self.ok,
