@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from greta_core.kernel_wheel import KernelWheelInfo, check_kernel_wheel
 from greta_core.wheelbuild import (
     distribution_name,
     package_name,
@@ -193,3 +194,36 @@ def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
 def test_purelib_is_where_pip_put_it(venv: Path) -> None:
     # Guard for the tests above: they must not see the dev environment's packages.
     assert _site_packages(venv) != Path(sysconfig.get_paths()["purelib"])
+
+
+def _wheel(arch: str, triton: str = "3.6.0") -> KernelWheelInfo:
+    return KernelWheelInfo(
+        arch, f"greta-kernels-{arch}", "0.1.0", Path("x"), {"arch": arch, "triton_version": triton}
+    )
+
+
+def test_doctor_checks() -> None:
+    assert check_kernel_wheel(None, "3.6.0", []) == []  # no GPU: nothing to say
+    [missing] = check_kernel_wheel("gfx942", "3.6.0", [])
+    assert missing.id == "kernel-wheel-missing" and "greta install" in missing.fix
+    [wrong] = check_kernel_wheel("gfx1100", "3.6.0", [_wheel("gfx942")])
+    assert wrong.id == "kernel-wheel-arch" and "greta-kernels-gfx942" in wrong.fix
+    [old] = check_kernel_wheel("sm_90", "3.7.0", [_wheel("sm_90", "3.6.0")])
+    assert old.id == "kernel-wheel-triton" and "build-kernels --arch sm_90" in old.fix
+    assert check_kernel_wheel("sm_90", "3.6.0", [_wheel("sm_90")]) == []
+
+
+def test_installed_kernel_wheel_reads_the_install(venv: Path) -> None:
+    code = (
+        "from greta_core.kernel_wheel import installed_kernel_wheel as f; w = f();"
+        "print(w.arch, w.distribution, w.version, w.kernel_count)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout.split() == ["gfx942", "greta-kernels-gfx942", "0.1.0", "6"]
