@@ -14,7 +14,7 @@ arch, so a call the wheel covers finds its entry under the same key and Triton l
 the binary instead of compiling; a call it does not cover misses and compiles as usual.
 
 Op launchers call ``activate()`` before their first launch; after the first call it is
-one boolean test.
+one boolean test. ``GRETA_PRECOMPILED=0`` turns it off (benchmarks, debugging).
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def activate() -> bool:
     if _activated:
         return bool(_roots)
     _activated = True
+    if os.environ.get("GRETA_PRECOMPILED", "1").strip().lower() in ("0", "false", "no", "off"):
+        _say_once("off", "GRETA_PRECOMPILED=0: kernel wheel code not used, Triton compiles")
+        return False
     try:
         return _activate()
     except Exception as exc:  # never let the fast path break a launch
