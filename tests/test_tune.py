@@ -70,4 +70,4 @@ def test_dump_table_round_trips_one_line_per_op() -> None:
     table = {"arch": "sm_90", "ops": {"a": {"default": {"X": 1}}, "b": {"default": {}}}}
     text = dump_table(table)
     assert json.loads(text) == table
-    assert '    "a": {"default": {"X": 1}}' in text.splitlines()
+    assert '    "a": {"default": {"X": 1}},' in text.splitlines()
