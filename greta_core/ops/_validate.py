@@ -69,4 +69,9 @@ def launch_arch(op: str, t: Any) -> str:
             f"{op}: the raw Triton kernels need GPU tensors (got a CPU tensor). Use "
             f"torch.ops.greta.{op} (CPU reference) or set TRITON_INTERPRET=1 before importing triton."
         )
+    if arch != "cpu":
+        from greta_core import precompiled
+
+        # Serve kernel-wheel binaries to the JIT; after the first call this is a flag test.
+        precompiled.activate()
     return arch
