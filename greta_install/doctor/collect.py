@@ -229,7 +229,7 @@ def collect_facts(
     target: str | None = None,
     check_index: bool = False,
     probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
-    probe_command: ProbeCommand = probe_argv,
+    probe_command: ProbeCommand | None = None,
     snapshot: str | None = None,
 ) -> Facts:
     live = bool(view.is_live)
@@ -264,7 +264,7 @@ def collect_facts(
     sections = ["torch"]
     if facts.dists is None or any(d.name == "jax" for d in facts.dists):
         sections.append("jax")
-    probes = collect_probes(sections, probe_timeout_s, probe_command)
+    probes = collect_probes(sections, probe_timeout_s, probe_command or probe_argv)
     facts.torch_probe = probes.get("torch")
     facts.jax_probe = probes.get("jax", ProbeResult("not_run"))
     if check_index and facts.lock is not None:

@@ -127,6 +127,26 @@ def probe_section(probe: ProbeResult | None, section: str) -> dict[str, Any] | N
     return value if isinstance(value, dict) else None
 
 
+def section_of(probe: ProbeResult | None, name: str) -> dict[str, Any]:
+    """A probe section as a dict ({} when absent or of the wrong shape)."""
+    if probe is None or probe.outcome != "ok" or not isinstance(probe.data, dict):
+        return {}
+    value = probe.data.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def dict_list(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def str_list(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def needs_live(facts: Facts) -> Finding | None:
     return None if facts.live else skip(SNAPSHOT_SKIP)
 
@@ -164,6 +184,6 @@ def probe_failure(probe: ProbeResult, what: str, fix: str) -> Finding:
     )
 
 
-def first_line(text: str | None, limit: int = 300) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line[:limit]
+def first_line(text: Any, limit: int = 300) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0][:limit] if lines else ""

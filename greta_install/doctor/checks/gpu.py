@@ -144,6 +144,8 @@ def check_override(facts: Facts) -> Finding:
         return ok(f"{OVERRIDE}={current} is set", current=current)
     if needed:
         return ok(f"{OVERRIDE}={current} is set as {native} needs", current=current)
+    if not facts.env_known:
+        return ok(f"no {OVERRIDE} needed (the snapshot does not record the environment)")
     return ok(f"no {OVERRIDE} needed or set")
 
 

@@ -18,11 +18,14 @@ from ._common import (
     AMD_TARGETS,
     GPU_TARGETS,
     SNAPSHOT_SKIP,
+    dict_list,
     first_line,
     install_fix,
     lock_pin,
     pip_install_line,
     probe_failure,
+    section_of,
+    str_list,
 )
 
 _PLUGIN = re.compile(r"^jax-(rocm\d+|cuda\d+)-(plugin|pjrt)$")
@@ -98,8 +101,10 @@ def _jax_section(facts: Facts) -> dict[str, Any] | None:
     probe = facts.jax_probe
     if probe is None or probe.outcome != "ok":
         return None
-    data = probe.data.get("jax")
-    return data if isinstance(data, dict) else None
+    data = dict(section_of(probe, "jax"))
+    data["devices"] = dict_list(data.get("devices"))
+    data["log"] = str_list(data.get("log"))
+    return data
 
 
 def check_import(facts: Facts) -> Finding:
@@ -154,7 +159,7 @@ def check_gpu(facts: Facts) -> Finding:
     plugins = _plugins(facts, kind)
     jax = facts.dist("jax")
     version = _wanted_version(facts, jax) if jax else str(data.get("version"))
-    log = [m for m in data.get("log") or [] if re.search(r"plugin|rocm|cuda|pjrt|gpu", m, re.I)]
+    log = [m for m in data["log"] if re.search(r"plugin|rocm|cuda|pjrt|gpu", m, re.I)]
     if plugins:
         names = [d.name for d in plugins]
         return fail(

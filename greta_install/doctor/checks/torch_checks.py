@@ -24,6 +24,8 @@ from ._common import (
     AMD_TARGETS,
     GPU_TARGETS,
     SNAPSHOT_SKIP,
+    as_dict,
+    dict_list,
     first_line,
     install_fix,
     lock_pin,
@@ -31,6 +33,8 @@ from ._common import (
     primary_gpu,
     probe_failure,
     probe_missing,
+    section_of,
+    str_list,
 )
 
 OVERRIDE = "HSA_OVERRIDE_GFX_VERSION"
@@ -45,8 +49,22 @@ SMOKE = "python -c 'import torch; print(torch.ones(1, device=\"cuda\") + 1)'"
 
 
 def _torch(facts: Facts) -> dict[str, Any]:
-    data = facts.torch_probe.data.get("torch") if facts.torch_probe else None
-    return data if isinstance(data, dict) else {}
+    """The probe's torch section with every field coerced to the shape the checks expect
+    (the probe may be an older or newer version, or its output damaged)."""
+    data = dict(section_of(facts.torch_probe, "torch"))
+    data["devices"] = dict_list(data.get("devices"))
+    data["arch_list"] = str_list(data.get("arch_list"))
+    data["import_warnings"] = str_list(data.get("import_warnings"))
+    data["smoke"] = as_dict(data.get("smoke"))
+    data["numpy_interop"] = as_dict(data.get("numpy_interop"))
+    for key in ("version", "hip", "cuda"):
+        if data.get(key) is not None:
+            data[key] = str(data[key])
+    try:
+        data["device_count"] = int(data.get("device_count") or 0)
+    except (TypeError, ValueError):
+        data["device_count"] = len(data["devices"])
+    return data
 
 
 def _build(torch: dict[str, Any]) -> str:
@@ -99,9 +117,9 @@ def check_import(facts: Facts) -> Finding:
         else:
             fix = f"python -X faulthandler -c 'import torch'   # shows where it crashes; then: {install_fix(facts)}"
         return probe_failure(probe, "torch", fix)
-    torch = probe.data.get("torch")
-    if not isinstance(torch, dict):
+    if not isinstance(probe.data.get("torch"), dict):
         return fail("the torch probe returned no torch section", install_fix(facts))
+    torch = _torch(facts)
     if torch.get("missing"):
         if facts.target:
             return warn("torch is not installed", install_fix(facts))
@@ -199,6 +217,8 @@ def check_arch(facts: Facts) -> Finding:
 
 
 def check_override(facts: Facts) -> Finding:
+    if not facts.live:
+        return skip(SNAPSHOT_SKIP)
     value = facts.env.get(OVERRIDE)
     if value is None:
         return ok(f"{OVERRIDE} is not set")
@@ -294,7 +314,7 @@ def check_numpy(facts: Facts) -> Finding:
     probe = facts.torch_probe
     if probe is None or probe.outcome != "ok":
         return skip("the torch probe did not complete (see torch.import)")
-    numpy = probe.data.get("numpy") or {}
+    numpy = section_of(probe, "numpy")
     torch = _torch(facts)
     if numpy.get("missing"):
         return skip("NumPy is not installed")
@@ -308,7 +328,7 @@ def check_numpy(facts: Facts) -> Finding:
     version = str(numpy.get("version") or "?")
     interop = torch.get("numpy_interop") or {}
     texts = [str(torch.get("error") or ""), str(interop.get("error") or ""), probe.stderr_tail]
-    texts += [str(w) for w in torch.get("import_warnings") or []]
+    texts += torch["import_warnings"]
     marker = next((m for t in texts for m in NUMPY1_MARKERS if m in t), None)
     major = version.split(".")[0]
     if marker and major.isdigit() and int(major) >= 2:

@@ -8,7 +8,7 @@ from packaging.utils import canonicalize_name
 from greta_install.doctor.facts import Facts, InstalledDist
 from greta_install.doctor.model import Finding, fail, ok, skip, warn
 
-from ._common import SNAPSHOT_SKIP, first_line, install_fix, lock_pin, pip_install_line
+from ._common import SNAPSHOT_SKIP, first_line, install_fix, lock_pin, pip_install_line, section_of
 
 # Distributions known to install the `triton` import package (their files are also scanned).
 TRITON_DISTS = frozenset(
@@ -90,10 +90,8 @@ def check_version(facts: Facts) -> Finding:
         return skip(SNAPSHOT_SKIP)
     if facts.dists is None:
         return skip("installed distributions were not listed")
-    probe_triton = None
-    if facts.torch_probe is not None and facts.torch_probe.outcome == "ok":
-        probe_triton = facts.torch_probe.data.get("triton")
-    if isinstance(probe_triton, dict) and probe_triton.get("error"):
+    probe_triton = section_of(facts.torch_probe, "triton")
+    if probe_triton.get("error"):
         return fail(
             f"import triton fails: {first_line(probe_triton['error'])}",
             f"pip uninstall -y {' '.join(d.name for d in providers(facts)) or 'triton'} && {install_fix(facts)}",
