@@ -5,7 +5,7 @@ from __future__ import annotations
 from greta_install.doctor.facts import Facts
 from greta_install.doctor.model import Finding, fail, ok, skip
 
-from ._common import amd_gpu_expected, nvidia_gpu_expected
+from ._common import AMD_TARGETS, amd_gpu_expected, nvidia_gpu_expected
 
 AMD_RUN = (
     "docker run --device=/dev/kfd --device=/dev/dri --group-add video "
@@ -31,9 +31,11 @@ def check_devices(facts: Facts) -> Finding:
     if facts.device_nodes is None:
         return skip("the device nodes of this container are unknown (snapshot without dev/)")
     present = {n.path for n in facts.device_nodes if n.exists}
+    wants_amd = amd_gpu_expected(facts) and facts.target in (None, *AMD_TARGETS)
+    wants_nvidia = nvidia_gpu_expected(facts) and facts.target in (None, "cuda")
     findings: list[str] = []
     fixes: list[str] = []
-    if amd_gpu_expected(facts):
+    if wants_amd:
         missing = []
         if "/dev/kfd" not in present:
             missing.append("/dev/kfd")
@@ -44,11 +46,11 @@ def check_devices(facts: Facts) -> Finding:
                 f"an AMD GPU is on the host but {' and '.join(missing)} are not in the container"
             )
             fixes.append(AMD_RUN)
-    if nvidia_gpu_expected(facts) and not any(p.startswith("/dev/nvidia") for p in present):
+    if wants_nvidia and not any(p.startswith("/dev/nvidia") for p in present):
         findings.append("an NVIDIA GPU is on the host but no /dev/nvidia* node is in the container")
         fixes.append(NVIDIA_RUN)
     if findings:
         return fail("; ".join(findings), "\n".join(fixes), kind=info.kind)
-    if not amd_gpu_expected(facts) and not nvidia_gpu_expected(facts):
-        return ok("no GPU visible from this container (nothing to pass through)")
+    if not wants_amd and not wants_nvidia:
+        return ok(f"no GPU for target {facts.target or 'unknown'} to pass into this container")
     return ok("the GPU device nodes are passed into the container", kind=info.kind)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from greta_install.doctor.facts import DeviceNode, Facts
 from greta_install.doctor.model import Finding, fail, ok, skip
 
-from ._common import amd_gpu_expected
+from ._common import AMD_TARGETS, amd_gpu_expected
 
 RELOGIN = "then log out and back in (or run `newgrp render` in this shell)"
 
@@ -38,6 +38,8 @@ def _common_skip(facts: Facts) -> Finding | None:
         return skip("device nodes were not examined")
     if not amd_gpu_expected(facts):
         return skip("no AMD GPU detected")
+    if facts.target is not None and facts.target not in AMD_TARGETS:
+        return skip(f"target {facts.target} does not use the AMD GPU")
     return None
 
 

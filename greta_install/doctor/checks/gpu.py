@@ -48,11 +48,14 @@ def check_detect(facts: Facts) -> Finding:
             f"greta doctor --target {det.target}",
             **details,
         )
+    notes = f"; {len(warnings)} detection note(s), see `greta detect`" if warnings else ""
     if gpu is None:
-        return ok(f"target {det.target}: no usable GPU detected", **details)
+        return ok(f"target {det.target}: no usable GPU detected{notes}", **details)
+    if det.target == "cpu":
+        return ok(f"target cpu: GRETA has no GPU target for {_gpu_name(gpu)}{notes}", **details)
     others = len(getattr(det, "gpus", []) or []) - 1
     extra = f" (+{others} more)" if others > 0 else ""
-    return ok(f"target {det.target}: {_gpu_name(gpu)}{extra}", **details)
+    return ok(f"target {det.target}: {_gpu_name(gpu)}{extra}{notes}", **details)
 
 
 def check_sriov(facts: Facts) -> Finding:

@@ -112,10 +112,14 @@ def check_installed(facts: Facts) -> Finding:
 
 
 def check_index(facts: Facts) -> Finding:
-    if problem := _lock_problem(facts):
-        return problem
-    if not facts.check_index or facts.index_status is None:
+    if not facts.live:
+        return skip(SNAPSHOT_SKIP)
+    if not facts.check_index:
         return skip("the index was not queried (it needs the network): greta doctor --check-index")
+    if problem := _lock_problem(facts):
+        return skip(f"no lock to check ({problem.finding})")
+    if facts.index_status is None:
+        return skip("the index query did not run")
     status = facts.index_status
     missing = [k for k, v in status.items() if v == "missing"]
     unknown = {k: v for k, v in status.items() if v.startswith("unknown")}
