@@ -737,3 +737,31 @@ def test_garbage_facts_never_raise() -> None:
     ):
         for result in run_checks(facts):
             assert not result.details.get("internal_error"), (result.id, result.finding)
+
+
+def test_lock_env_must_be_in_effect() -> None:
+    base = healthy_mi300x()
+    lock = dataclasses.replace(base.lock, env={"TRITON_INTERPRET": "1"})
+    result = check("lock.env", dataclasses.replace(base, lock=lock))
+    assert_status(result, "warn", 'eval "$(greta env)"', "export TRITON_INTERPRET=1")
+    probe = dataclasses.replace(
+        base.torch_probe, data={**base.torch_probe.data, "env": {"TRITON_INTERPRET": "1"}}
+    )
+    assert_status(check("lock.env", dataclasses.replace(base, lock=lock, torch_probe=probe)), "ok")
+
+
+def test_jax_plugin_fix_follows_the_lock() -> None:
+    base = healthy_mi300x(target="cuda", detection=detection("cuda", gpu("sm_90", vendor="nvidia")))
+    lock = dataclasses.replace(
+        base.lock,
+        packages=(
+            FakePin("jax", "0.6.0"),
+            FakePin("jax-cuda13-plugin", "0.6.0"),
+            FakePin("jax-cuda13-pjrt", "0.6.0"),
+        ),
+    )
+    no_plugin = tuple(d for d in base.dists if "rocm7" not in d.name)
+    result = check(
+        "jax.gpu", dataclasses.replace(base, lock=lock, dists=no_plugin, jax_probe=jax_probe("cpu"))
+    )
+    assert_status(result, "warn", "jax-cuda13-plugin==0.6.0", "jax-cuda13-pjrt==0.6.0")

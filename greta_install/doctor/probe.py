@@ -10,12 +10,28 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import traceback
 import warnings
 from typing import Any
 
 MARKER = "GRETA_PROBE_JSON:"
+# Variables worth reporting as the child actually sees them (after any startup hooks).
+ENV_PREFIXES = (
+    "HSA_",
+    "HIP_",
+    "ROCR_",
+    "ROCM_",
+    "CUDA_VISIBLE",
+    "TRITON_",
+    "JAX_",
+    "XLA_",
+    "PYTORCH_",
+    "TORCH_",
+    "MIOPEN_",
+    "GPU_DEVICE",
+)
 
 
 def _error(exc: BaseException) -> str:
@@ -165,6 +181,7 @@ def main(argv: list[str]) -> int:
         "section": section,
         "python": sys.version.split()[0],
         "executable": sys.executable,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
     }
     if section == "torch":
         result["numpy"] = _numpy()

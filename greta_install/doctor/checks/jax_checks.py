@@ -21,6 +21,7 @@ from ._common import (
     dict_list,
     first_line,
     install_fix,
+    lock_packages,
     lock_pin,
     pip_install_line,
     probe_failure,
@@ -170,7 +171,14 @@ def check_gpu(facts: Facts) -> Finding:
             ),
             log=log,
         )
-    if kind == "rocm":
+    locked = [
+        str(p.name)
+        for p in lock_packages(facts)
+        if re.match(rf"^jax-{kind}\d+-(plugin|pjrt)$", str(p.name))
+    ]
+    if locked:
+        fix = _plugin_line(facts, version, locked)
+    elif kind == "rocm":
         fix = _plugin_line(facts, version, ["jax-rocm7-plugin", "jax-rocm7-pjrt"])
     else:
         fix = "pip install " + f"'jax[cuda12]=={version}'"

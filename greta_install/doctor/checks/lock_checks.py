@@ -16,6 +16,7 @@ from greta_install.doctor.model import Finding, fail, ok, skip, warn
 from ._common import SNAPSHOT_SKIP, lock_packages, pip_install_line, primary_gpu
 
 LIST_LIMIT = 6
+PIP_LINE_LIMIT = 4  # beyond this the pip line is unreadable; greta install is the fix
 
 
 def _applies(pkg: Any) -> bool:
@@ -91,18 +92,20 @@ def check_installed(facts: Facts) -> Finding:
         if missing:
             parts.append("missing: " + _short([f"{p.name}=={p.version}" for p in missing]))
         off = [p for p, _ in wrong] + missing
-        line = pip_install_line(
-            [(str(p.name), str(p.version)) for p in off], [getattr(p, "index", None) for p in off]
-        )
+        fix = f"greta install --target {facts.target}"
+        if len(off) <= PIP_LINE_LIMIT:
+            line = pip_install_line(
+                [(str(p.name), str(p.version)) for p in off],
+                [getattr(p, "index", None) for p in off],
+            )
+            fix += "\nor: " + line.replace("pip install", "pip install --no-deps", 1)
         return warn(
-            f"{len(off)} of {len(pkgs)} locked package(s) {'; '.join(parts)}{note}",
-            f"greta install --target {facts.target}\nor: {line}",
-            **details,
+            f"{len(off)} of {len(pkgs)} locked package(s) {'; '.join(parts)}{note}", fix, **details
         )
     if unverified:
         return warn(
             f"all {len(pkgs)} locked packages installed{note}",
-            f"greta lock --target {facts.target}   # on a machine that reaches every index, to add the hashes",
+            f"greta install --target {facts.target} --allow-unverified   # shows the hash it saw for each unverified pin",
             **details,
         )
     return ok(
@@ -126,7 +129,7 @@ def check_index(facts: Facts) -> Finding:
     if missing:
         return fail(
             f"{len(missing)} locked version(s) are not on their index: {_short(missing)}",
-            f"greta lock --target {facts.target}   # regenerate the lock from versions the index has",
+            f"greta lock --target {facts.target} --check --resolve   # maintainers: re-resolve the lock, then release it",
             missing=missing,
             unknown=unknown,
         )
@@ -181,3 +184,36 @@ def check_kernels(facts: Facts) -> Finding:
             wheel=name,
         )
     return ok(f"{name} {dist.version} is installed", wheel=name)
+
+
+def check_env(facts: Facts) -> Finding:
+    """The lock's environment variables (e.g. TRITON_INTERPRET=1 on cpu) as the child sees them."""
+    if not facts.live:
+        return skip(SNAPSHOT_SKIP)
+    if facts.lock is None:
+        return skip("no lock (see lock.installed)")
+    wanted = dict(getattr(facts.lock, "env", None) or {})
+    if not wanted:
+        return ok(f"the {facts.target} lock sets no environment variables")
+    seen = section_env(facts)
+    off = {k: v for k, v in wanted.items() if seen.get(k) != v}
+    if not off:
+        return ok(
+            "the lock's variables are in effect: "
+            + ", ".join(f"{k}={v}" for k, v in wanted.items())
+        )
+    shown = ", ".join(f"{k}={v} (now {seen.get(k, 'unset')})" for k, v in off.items())
+    exports = " ".join(f"{k}={v}" for k, v in off.items())
+    return warn(
+        f"the {facts.target} lock expects {shown}",
+        f'eval "$(greta env)"   # the fixes greta install saved; or: export {exports}',
+        expected=wanted,
+        seen={k: seen.get(k) for k in wanted},
+    )
+
+
+def section_env(facts: Facts) -> dict[str, str]:
+    probe = facts.torch_probe
+    if probe is not None and probe.outcome == "ok" and isinstance(probe.data.get("env"), dict):
+        return {str(k): str(v) for k, v in probe.data["env"].items()}
+    return dict(facts.env)
