@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from greta_install.doctor.model import exit_code
     from greta_install.doctor.render import as_json, human
 
-    if args.probe_timeout <= 0:
+    if not args.probe_timeout > 0:  # also rejects nan
         print("greta doctor: --probe-timeout must be a positive number of seconds", file=sys.stderr)
         return 2
     try:

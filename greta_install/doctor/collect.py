@@ -13,6 +13,7 @@ import pwd
 import stat
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -208,18 +209,22 @@ def collect_probes(
     sections: list[str], timeout_s: float, command: ProbeCommand
 ) -> dict[str, ProbeResult]:
     # Both probes at once: they are independent, and each may take seconds to import.
-    with ThreadPoolExecutor(max_workers=max(1, len(sections))) as pool:
-        futures = {
-            s: pool.submit(run_probe, command(s), timeout_s, _probe_env(s)) for s in sections
-        }
+    # An empty working directory: `-c` puts the cwd first on sys.path, and a `torch/`
+    # source checkout there would be imported instead of the installed torch.
     results = {}
-    for section, future in futures.items():
-        try:
-            results[section] = future.result()
-        except Exception as exc:
-            results[section] = ProbeResult(
-                "crashed", error=f"could not run: {_describe_error(exc)}"
-            )
+    with tempfile.TemporaryDirectory(prefix="greta-doctor-") as cwd:
+        with ThreadPoolExecutor(max_workers=max(1, len(sections))) as pool:
+            futures = {
+                s: pool.submit(run_probe, command(s), timeout_s, _probe_env(s), cwd)
+                for s in sections
+            }
+        for section, future in futures.items():
+            try:
+                results[section] = future.result()
+            except Exception as exc:
+                results[section] = ProbeResult(
+                    "crashed", error=f"could not run: {_describe_error(exc)}"
+                )
     return results
 
 

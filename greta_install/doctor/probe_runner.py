@@ -57,7 +57,10 @@ def parse_probe_output(stdout: str) -> dict | None:
 
 
 def run_probe(
-    argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
 ) -> ProbeResult:
     start = time.monotonic()
     try:
@@ -67,6 +70,7 @@ def run_probe(
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None,
+            cwd=cwd,
             start_new_session=True,
         )
     except (OSError, ValueError) as exc:
