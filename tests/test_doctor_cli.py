@@ -175,3 +175,17 @@ def test_real_gpu_is_seen_by_torch() -> None:
     assert checks["torch.build"]["status"] == "ok", checks["torch.build"]["finding"]
     assert checks["torch.gpu"]["status"] == "ok", checks["torch.gpu"]["finding"]
     assert checks["torch.gpu"]["details"]["count"] >= 1
+
+
+def test_reader_closing_the_pipe_is_not_a_crash() -> None:
+    # `greta doctor | head -0`: the reader is gone before the report is written.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "greta", "doctor", "-v", "--target", "cpu"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) in (0, 1), stderr
+    assert "Traceback" not in stderr

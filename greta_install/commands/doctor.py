@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import traceback
 from typing import Any
@@ -92,11 +94,22 @@ def run(args: argparse.Namespace) -> int:
         results = [_internal_error(exc)]
         context = {"mode": "snapshot" if args.snapshot else "live", "snapshot": args.snapshot}
     if args.json:
-        print(json.dumps(as_json(results, context), indent=2, default=str))
+        text = json.dumps(as_json(results, context), indent=2, default=str)
     else:
         where = f"snapshot {args.snapshot}" if args.snapshot else "this machine"
         target = context.get("target")
         source = " (from --target)" if context.get("target_source") == "option" else ""
         header = f"greta doctor: {where}, target {target or 'unknown'}{source}"
-        print(human(results, header, verbose=args.verbose))
+        text = human(results, header, verbose=args.verbose)
+    _write(text)
     return exit_code(results)
+
+
+def _write(text: str) -> None:
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `greta doctor | head`: the reader left; not an error of the doctor.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -18,6 +18,8 @@ NVIDIA_RUN = "docker run --gpus all IMAGE ...   # on the host, with the NVIDIA C
 def check_detect(facts: Facts) -> Finding:
     info = facts.container
     if info is None:
+        if not facts.live:
+            return skip("the snapshot records no container markers")
         return skip("container markers were not examined")
     if info.kind:
         return ok(f"inside a {info.kind} container", kind=info.kind, evidence=list(info.evidence))
