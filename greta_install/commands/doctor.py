@@ -1,0 +1,115 @@
+"""`greta doctor`: check this machine (or a snapshot) for the known ways GPU stacks break."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+from greta_install.model import TARGETS
+
+HELP = (
+    "Check this machine's Python, GPU access, torch, triton and jax, and say how to fix problems."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--snapshot",
+        metavar="DIR",
+        help="check a `greta snapshot` directory instead of this machine",
+    )
+    parser.add_argument(
+        "--target", choices=TARGETS, help="judge against this target, not the detected one"
+    )
+    parser.add_argument(
+        "--check-index",
+        action="store_true",
+        help="also ask the package indexes whether every locked version exists (needs the network)",
+    )
+    parser.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="time limit for each framework probe subprocess (default: 120)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="also list skipped checks")
+
+
+def _internal_error(exc: BaseException) -> Any:
+    from greta_install.doctor.model import CheckResult
+
+    return CheckResult(
+        "doctor.internal",
+        "the doctor itself",
+        "fail",
+        f"internal error in greta doctor: {type(exc).__name__}: {exc}",
+        "greta snapshot greta-snapshot   # and attach it with this output to a GRETA bug report",
+        {"traceback": traceback.format_exc()[-4000:]},
+    )
+
+
+def _diagnose(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    from greta_install.doctor.collect import collect_facts
+    from greta_install.doctor.runner import run_checks
+    from greta_install.system_view import open_view
+
+    view = open_view(args.snapshot)
+    facts = collect_facts(
+        view,
+        target=args.target,
+        check_index=args.check_index,
+        probe_timeout_s=args.probe_timeout,
+        snapshot=args.snapshot,
+    )
+    context = {
+        "mode": "live" if facts.live else "snapshot",
+        "snapshot": args.snapshot,
+        "target": facts.target,
+        "target_source": facts.target_source,
+    }
+    return run_checks(facts), context
+
+
+def run(args: argparse.Namespace) -> int:
+    from greta_install.doctor.model import exit_code
+    from greta_install.doctor.render import as_json, human
+
+    if not args.probe_timeout > 0:  # also rejects nan
+        print("greta doctor: --probe-timeout must be a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        results, context = _diagnose(args)
+    except FileNotFoundError as exc:
+        # A snapshot path that does not exist is the user's typo, not a machine problem.
+        print(f"greta doctor: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        results = [_internal_error(exc)]
+        context = {"mode": "snapshot" if args.snapshot else "live", "snapshot": args.snapshot}
+    if args.json:
+        text = json.dumps(as_json(results, context), indent=2, default=str)
+    else:
+        where = f"snapshot {args.snapshot}" if args.snapshot else "this machine"
+        target = context.get("target")
+        source = " (from --target)" if context.get("target_source") == "option" else ""
+        header = f"greta doctor: {where}, target {target or 'unknown'}{source}"
+        text = human(results, header, verbose=args.verbose)
+    _write(text)
+    return exit_code(results)
+
+
+def _write(text: str) -> None:
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `greta doctor | head`: the reader left; not an error of the doctor.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

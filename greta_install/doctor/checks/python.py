@@ -1,0 +1,71 @@
+"""The interpreter: a version the lock covers, and a virtual environment rather than the system's."""
+
+from __future__ import annotations
+
+from greta_install.doctor.facts import Facts
+from greta_install.doctor.model import Finding, fail, ok, skip, warn
+
+from ._common import needs_live
+
+MIN_PYTHON = (3, 10)
+
+
+def check_version(facts: Facts) -> Finding:
+    if (skipped := needs_live(facts)) or facts.python is None:
+        return skipped or skip("Python facts were not collected")
+    py = facts.python
+    try:
+        parts = tuple(int(p) for p in py.version.split(".")[:2])
+    except ValueError:
+        parts = (0, 0)
+    if parts < MIN_PYTHON:
+        return fail(
+            f"Python {py.version} is older than GRETA supports (3.10+)",
+            "python3.11 -m venv .venv && . .venv/bin/activate && pip install greta",
+            python=py.version,
+        )
+    if facts.lock is not None:
+        return ok(
+            f"Python {py.version}; the {facts.target} lock covers Python {py.minor}",
+            python=py.version,
+        )
+    if not facts.target:
+        return skip(f"Python {py.version}; no target, so no lock to compare with")
+    if facts.lock_pythons:
+        choices = ", ".join(facts.lock_pythons)
+        newest = facts.lock_pythons[-1]
+        return warn(
+            f"Python {py.version}: the {facts.target} lock has no Python {py.minor} row "
+            f"(it covers {choices}); {facts.lock_error or ''}".rstrip("; "),
+            f"python{newest} -m venv .venv && . .venv/bin/activate && pip install greta "
+            f"&& greta install --target {facts.target}",
+            python=py.version,
+            lock_pythons=list(facts.lock_pythons),
+        )
+    return ok(
+        f"Python {py.version} (GRETA supports 3.10+); no lock to compare with (see lock.installed)",
+        python=py.version,
+        lock_error=facts.lock_error,
+    )
+
+
+def check_venv(facts: Facts) -> Finding:
+    if (skipped := needs_live(facts)) or facts.python is None:
+        return skipped or skip("Python facts were not collected")
+    py = facts.python
+    if py.conda_prefix and py.prefix == py.conda_prefix:
+        return ok(f"conda environment at {py.prefix}", prefix=py.prefix)
+    if py.in_venv:
+        return ok(f"virtual environment at {py.prefix}", prefix=py.prefix)
+    why = (
+        " (marked externally managed: pip refuses to install there)"
+        if py.externally_managed
+        else ""
+    )
+    return warn(
+        f"running on the system Python {py.executable}{why}; GPU wheels installed there "
+        "clash with the distribution's packages",
+        f"python{py.minor} -m venv .venv && . .venv/bin/activate && pip install greta",
+        prefix=py.prefix,
+        externally_managed=py.externally_managed,
+    )

@@ -1,0 +1,64 @@
+"""Small facts about AMD gfx names that several checks share."""
+
+from __future__ import annotations
+
+import re
+
+_OVERRIDE_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\.(\d{1,2})\s*$")
+
+# Targets ROCm does not ship kernels for, and the override that makes a wheel run on them
+# (borrowing kernels of a sibling chip). Community practice, not AMD support: the doctor
+# warns that it is experimental (gfx1103 is reported to hang on some APUs).
+UNOFFICIAL_OVERRIDES: dict[str, str] = {
+    "gfx1103": "11.0.0",
+    "gfx1035": "10.3.0",
+    "gfx1036": "10.3.0",
+}
+
+# Chips whose wheels are often missing, and the sibling whose kernels run on them.
+SIBLING_OVERRIDES: dict[str, str] = {
+    "gfx1031": "10.3.0",
+    "gfx1032": "10.3.0",
+    "gfx1033": "10.3.0",
+    "gfx1034": "10.3.0",
+    "gfx1035": "10.3.0",
+    "gfx1036": "10.3.0",
+    "gfx1101": "11.0.0",
+    "gfx1102": "11.0.0",
+    "gfx1103": "11.0.0",
+}
+
+
+def override_to_gfx(value: str) -> str | None:
+    """ "10.3.0" -> "gfx1030", "9.0.10" -> "gfx90a"; None when malformed."""
+    match = _OVERRIDE_RE.match(value or "")
+    if not match:
+        return None
+    major, minor, step = (int(g) for g in match.groups())
+    if minor > 15 or step > 15:
+        return None
+    return f"gfx{major}{minor:x}{step:x}"
+
+
+def gfx_to_override(arch: str) -> str | None:
+    """ "gfx1030" -> "10.3.0", "gfx90a" -> "9.0.10"; None for names that are not gfx."""
+    match = re.match(r"^gfx(\d{1,2})([0-9a-f])([0-9a-f])$", base_arch(arch) or "")
+    if not match:
+        return None
+    return f"{int(match.group(1))}.{int(match.group(2), 16)}.{int(match.group(3), 16)}"
+
+
+def base_arch(arch: str | None) -> str | None:
+    """ "gfx90a:sramecc+:xnack-" -> "gfx90a"."""
+    if not arch:
+        return None
+    return arch.split(":", 1)[0].strip().lower() or None
+
+
+def wheel_archs(arch_list: list[str] | tuple[str, ...]) -> set[str]:
+    return {a for a in (base_arch(x) for x in arch_list) if a}
+
+
+def is_amd_arch(arch: str | None) -> bool:
+    base = base_arch(arch)
+    return bool(base and base.startswith("gfx"))
