@@ -51,7 +51,7 @@ def ceilings() -> None:
     x = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
     y = torch.empty_like(x)
     ms = bench(lambda: y.copy_(x))
-    print(f"copy: {2 * x.numel() * 2 / ms / 1e9:.0f} GB/s (read+write)")
+    print(f"copy: {2 * x.numel() * 2 / ms / 1e9:.2f} TB/s (read+write)")
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     ms = bench(lambda: a @ b)
@@ -269,11 +269,11 @@ def time_attention(bsz, h, s, d, causal, configs) -> None:
 
 MM_CONFIGS = [
     {"BM": 128, "BN": 256, "BK": 64, "w": 8, "s": 3},
+    {"BM": 128, "BN": 256, "BK": 64, "w": 8, "s": 3, "G": 16},
     {"BM": 128, "BN": 256, "BK": 64, "w": 8, "s": 4},
     {"BM": 256, "BN": 128, "BK": 64, "w": 8, "s": 3},
     {"BM": 128, "BN": 128, "BK": 64, "w": 4, "s": 4},
     {"BM": 128, "BN": 128, "BK": 64, "w": 8, "s": 4},
-    {"BM": 128, "BN": 256, "BK": 64, "w": 8, "s": 3, "G": 16},
 ]
 ATTN_CONFIGS = [
     {"BM": 128, "BN": 64, "w": 8, "s": 3},
@@ -315,8 +315,8 @@ def main() -> int:
     if "attn" not in skip:
         print("attention")
         time_attention(4, 32, 4096, 128, True, at_cfgs)
-        time_attention(4, 32, 4096, 64, True, at_cfgs[:2])
-        time_attention(4, 32, 4096, 128, False, at_cfgs[:2])
+        time_attention(4, 32, 4096, 64, True, ATTN_CONFIGS[:2])
+        time_attention(4, 32, 4096, 128, False, ATTN_CONFIGS[:2])
     out = Path(args.out) / "tune_matmul_attention.json"
     out.write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1, default=str))
     print(f"done in {time.time() - t0:.0f} s; wrote {out}")
