@@ -7,6 +7,7 @@ on the H100 the same tests run on the GPU, plus the `gpu`-marked large shapes.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -238,7 +239,9 @@ def test_torch_op_attention_backward_on_kernel_dtype() -> None:
         assert err < 1e-2
 
 
-def test_jax_attention_matches_reference() -> None:
+def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # jax-triton sets TRITON_CACHE_DIR="" on import; restore it for later torch tests.
+    monkeypatch.setenv("TRITON_CACHE_DIR", os.environ.get("TRITON_CACHE_DIR", ""))
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     import numpy as np

@@ -169,7 +169,9 @@ def attention_fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+    # exp2 instead of exp. The cast keeps the math fp32 when a binding passes an fp64 scalar
+    # (jax-triton types Python floats as fp64).
+    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
 
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
