@@ -263,3 +263,17 @@ def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> Non
     assert observe.last_implementation("attention") in ("jax-triton", "reference-jnp")
     with pytest.raises(ValueError, match="argument 'k' has 3 heads"):
         gjax.attention(jnp.zeros((1, 4, 2, 64)), jnp.zeros((1, 3, 2, 64)), jnp.zeros((1, 3, 2, 64)))
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100", "gfx1201", "default"])
+def test_attention_aot_specs_cover_the_kernel_signature(arch: str) -> None:
+    from greta_core.kernels import attention as kernel
+
+    specs = kernel.aot_specs(arch)
+    assert len(specs) == 16  # 2 head dims x 2 dtypes x causal x lens
+    for spec in specs:
+        assert spec.uses_matrix_units
+        names = list(spec.signature) + list(spec.constexprs)
+        assert names == kernel.attention_fwd_kernel.arg_names
+        assert spec.signature["lse_ptr"] == "*fp32"
+        assert ("waves_per_eu" in spec.options) == (arch == "gfx942")

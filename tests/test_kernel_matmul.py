@@ -186,3 +186,17 @@ def test_jax_matmul_and_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     np.testing.assert_allclose(np.asarray(grads[2]), np.full(6, 9.0), rtol=1e-6)
     with pytest.raises(ValueError, match="argument 'b' has dtype"):
         gjax.matmul(a32, jnp.asarray(b, jnp.float16))
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100", "gfx1201", "default"])
+def test_matmul_aot_specs_cover_the_kernel_signature(arch: str) -> None:
+    from greta_core.kernels import matmul as kernel
+
+    specs = kernel.aot_specs(arch)
+    assert {s.name for s in specs} == {
+        "matmul[fp16]", "matmul[fp16,bias]", "matmul[bf16]", "matmul[bf16,bias]",
+    }  # fmt: skip
+    for spec in specs:
+        assert spec.uses_matrix_units
+        assert list(spec.signature) + list(spec.constexprs) == kernel.matmul_kernel.arg_names
+        assert ("matrix_instr_nonkdim" in spec.options) == (arch == "gfx942")
