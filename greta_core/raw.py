@@ -6,6 +6,9 @@ autograd included) or ``greta_core.jax``.
 """
 
 from greta_core.ops._validate import GretaInputError
+from greta_core.ops.attention import attention, attention_with_lse
+from greta_core.ops.matmul import matmul
 from greta_core.ops.vec_add import vec_add
 
 __all__ = ["GretaInputError", "vec_add"]
+__all__ += ["attention", "attention_with_lse", "matmul"]

@@ -4,6 +4,9 @@ Where jax-triton or a GPU is missing, a ``jax.numpy`` reference runs instead; wh
 ran is recorded (``greta_core.observe.last_implementation``).
 """
 
+from greta_core.jax._attention import attention, attention_with_lse
+from greta_core.jax._matmul import matmul
 from greta_core.jax._vec_add import vec_add
 
 __all__ = ["vec_add"]
+__all__ += ["attention", "attention_with_lse", "matmul"]

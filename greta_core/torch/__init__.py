@@ -5,4 +5,8 @@ with a CPU kernel from torch reference code (or the real Triton kernel under
 ``TRITON_INTERPRET=1``) and autograd where the op has a backward.
 """
 
-from greta_core.torch import vec_add  # noqa: F401  (registers torch.ops.greta.vec_add)
+from greta_core.torch import (
+    attention,  # noqa: F401  (greta::attention, greta::attention_with_lse)
+    matmul,  # noqa: F401  (registers torch.ops.greta.matmul)
+    vec_add,  # noqa: F401  (registers torch.ops.greta.vec_add)
+)

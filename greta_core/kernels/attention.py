@@ -1,0 +1,259 @@
+"""Attention forward, FlashAttention-2 style: one pass over K/V with an online softmax.
+
+One program owns BLOCK_M query rows of one (batch, query head). It walks the key/value
+blocks that those rows can see, keeping a running row maximum ``m``, row sum ``l`` and
+un-normalised output ``acc`` in fp32; scores stay in registers and never reach memory.
+
+Sequence lengths: without ``q_lens``/``kv_lens`` every batch row has q_len = Sq and
+kv_len = Skv. Query row i (< q_len) sits at absolute position kv_len - q_len + i (queries
+are the *last* q_len tokens, as in decode and chunked prefill) and sees keys j < kv_len,
+and j <= its position when causal. Rows i >= q_len are written as zeros (logsumexp -inf).
+
+Key/value blocks that no row of the program can see are skipped; blocks that every row
+sees entirely run without masks, and only the boundary blocks pay for the mask.
+
+Argument order follows the binding convention shared with jax-triton: input pointers,
+then scalars, then output pointers, then constexprs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attn_blocks(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_ks,
+    stride_vs,
+    pos_m,
+    kv_len,
+    qk_scale,
+    lo,
+    hi,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+        if MASKED:  # noqa: SIM108  (constexpr branch in a Triton kernel)
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < kv_len, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if UPCAST:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            visible = offs_n[None, :] < kv_len
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= pos_m[:, None])
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row that sees no key yet keeps m = -inf; subtract 0 instead (no inf - inf).
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale
+            m_sub = m_new
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:  # noqa: SIM108
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < kv_len, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        if UPCAST:
+            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_lens_ptr,
+    kv_lens_ptr,
+    sm_scale,
+    Sq,
+    Skv,
+    H_Q,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    o_ptr,
+    lse_ptr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    num_m = tl.cdiv(Sq, BLOCK_M)
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        # The last query blocks see the most keys: start them first for a better tail.
+        pid_m = num_m - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    h_kv = h // GROUP
+
+    if HAS_LENS:
+        q_len = tl.minimum(tl.load(q_lens_ptr + b), Sq)
+        kv_len = tl.minimum(tl.load(kv_lens_ptr + b), Skv)
+    else:
+        q_len = Sq
+        kv_len = Skv
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    shift = kv_len - q_len
+    pos_m = shift + offs_m
+
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
+        mask=offs_m[:, None] < Sq,
+        other=0.0,
+    )
+    if UPCAST:
+        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
+        q = q.to(tl.float32)
+
+    # Key range this program needs: [0, hi); [0, full_end) is visible to all of its rows.
+    last_row = tl.minimum(start_m + BLOCK_M, q_len) - 1
+    if CAUSAL:
+        hi = tl.minimum(kv_len, shift + last_row + 1)
+        full_end = tl.minimum(kv_len, shift + start_m + 1)
+    else:
+        hi = kv_len
+        full_end = kv_len
+    hi = tl.where(start_m < q_len, hi, 0)
+    hi = tl.maximum(hi, 0)
+    full_end = tl.maximum(tl.minimum(full_end, hi), 0)
+    full_end = (full_end // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    # exp2 instead of exp. The cast keeps the math fp32 when a binding passes an fp64 scalar
+    # (jax-triton types Python floats as fp64).
+    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
+
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
+        0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
+        full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST,
+    )  # fmt: skip
+
+    row_ok = (offs_m < q_len) & (l_i > 0.0)
+    l_safe = tl.where(row_ok, l_i, 1.0)
+    out = tl.where(row_ok[:, None], acc / l_safe[:, None], 0.0)
+    lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+
+    o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    tl.store(
+        o_base + offs_m[:, None] * stride_os + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=offs_m[:, None] < Sq,
+    )
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+
+
+_SCALAR_ARGS = (
+    "Sq", "Skv", "H_Q", "GROUP",
+    "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
+    "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
+)  # fmt: skip
+
+
+def grid(batch: int, heads_q: int, seq_q: int, block_m: int) -> tuple[int, int]:
+    return (triton.cdiv(seq_q, block_m), batch * heads_q)
+
+
+def features(head_dim: int, seq_q: int, seq_kv: int, causal: bool) -> dict[str, object]:
+    """What the config tables' rules key on."""
+    return {"D": head_dim, "Sq": seq_q, "Skv": seq_kv, "causal": bool(causal)}
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core import configs
+    from greta_core.kernels._aot import AotSpec
+
+    specs = []
+    for head_dim in (64, 128):
+        config = configs.lookup("attention", arch, features(head_dim, 4096, 4096, True))
+        options = configs.launch_options(config, arch)
+        meta = configs.meta_params(config)
+        for dtype in ("fp16", "bf16"):
+            for causal in (False, True):
+                for has_lens in (False, True):
+                    name = f"attention_fwd[{dtype},d{head_dim}"
+                    name += ",causal" if causal else ""
+                    name += ",lens]" if has_lens else "]"
+                    signature = {
+                        "q_ptr": f"*{dtype}",
+                        "k_ptr": f"*{dtype}",
+                        "v_ptr": f"*{dtype}",
+                        "q_lens_ptr": "*i32",
+                        "kv_lens_ptr": "*i32",
+                        "sm_scale": "fp32",
+                    }
+                    for arg in _SCALAR_ARGS:
+                        signature[arg] = "i32"
+                    signature["o_ptr"] = f"*{dtype}"
+                    signature["lse_ptr"] = "*fp32"
+                    specs.append(
+                        AotSpec(
+                            name=name,
+                            kernel=attention_fwd_kernel,
+                            signature=signature,
+                            constexprs={
+                                "HEAD_DIM": head_dim,
+                                "BLOCK_M": meta["BLOCK_M"],
+                                "BLOCK_N": meta["BLOCK_N"],
+                                "CAUSAL": causal,
+                                "HAS_LENS": has_lens,
+                                "UPCAST": False,
+                            },
+                            options=options,
+                            uses_matrix_units=True,
+                        )
+                    )
+    return specs

@@ -1,0 +1,279 @@
+"""Attention forward through all three bindings, against a float64 reference.
+
+On a machine without a GPU the raw kernel runs under Triton's interpreter on small shapes;
+on the H100 the same tests run on the GPU, plus the `gpu`-marked large shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from greta_core import observe, raw  # noqa: E402
+from greta_core.arch import interpreter_active  # noqa: E402
+from greta_core.ops import attention as attn_ops  # noqa: E402
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _need_kernel() -> None:
+    if _device() == "cpu" and not interpreter_active():
+        pytest.skip("raw Triton on CPU needs TRITON_INTERPRET=1")
+
+
+def reference64(q, k, v, causal, scale=None, q_lens=None, kv_lens=None):
+    """Independent float64 reference, written from the documented rule (not the op's code)."""
+    bsz, hq, sq, d = q.shape
+    skv = k.shape[2]
+    group = hq // k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(bsz, hq, sq, d, dtype=torch.float64)
+    lse = torch.full((bsz, hq, sq), -math.inf, dtype=torch.float64)
+    for b_i in range(bsz):
+        q_len = sq if q_lens is None else int(q_lens[b_i])
+        kv_len = skv if kv_lens is None else int(kv_lens[b_i])
+        for h in range(hq):
+            qs = q[b_i, h].double().cpu()
+            ks = k[b_i, h // group].double().cpu()
+            vs = v[b_i, h // group].double().cpu()
+            for i in range(q_len):
+                last = kv_len - 1
+                if causal:
+                    last = min(last, kv_len - q_len + i)
+                if last < 0:
+                    continue
+                s = (ks[: last + 1] @ qs[i]) * scale
+                lse[b_i, h, i] = torch.logsumexp(s, 0)
+                out[b_i, h, i] = torch.softmax(s, 0) @ vs[: last + 1]
+    return out, lse
+
+
+def _inputs(bsz, hq, hkv, sq, skv, d, dtype):
+    dev = _device()
+    q = torch.randn(bsz, hq, sq, d, device=dev, dtype=dtype)
+    k = torch.randn(bsz, hkv, skv, d, device=dev, dtype=dtype)
+    v = torch.randn(bsz, hkv, skv, d, device=dev, dtype=dtype)
+    return q, k, v
+
+
+def _lens(values):
+    if values is None:
+        return None
+    return torch.tensor(values, dtype=torch.int32, device=_device())
+
+
+def _run_poisoned(q, k, v, causal, scale, q_lens, kv_lens):
+    arch = attn_ops.validate(q, k, v, q_lens, kv_lens)
+    bsz, hq, sq, d = q.shape
+    out = torch.full((bsz, hq, sq, d), float("nan"), device=q.device, dtype=q.dtype)
+    lse = torch.full((bsz, hq, sq), float("nan"), device=q.device, dtype=torch.float32)
+    attn_ops.launch(q, k, v, causal, scale, q_lens, kv_lens, out, lse, arch)
+    return out, lse
+
+
+def _compare(out, lse, ref, ref_lse, dtype):
+    assert not torch.isnan(out).any(), "some output elements were not written"
+    assert not torch.isnan(lse).any(), "some logsumexp elements were not written"
+    err = ((out.double().cpu() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype]
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    assert (lse.double().cpu()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+CASES = [
+    # (B, Hq, Hkv, Sq, Skv, D, causal, q_lens, kv_lens)
+    (1, 2, 2, 37, 37, 64, False, None, None),
+    (1, 2, 2, 37, 37, 64, True, None, None),
+    (2, 4, 2, 21, 21, 64, True, None, None),  # grouped-query heads
+    (2, 2, 1, 30, 30, 64, True, [30, 11], [30, 11]),  # padded varlen prefill
+    (3, 4, 2, 1, 45, 64, True, [1, 1, 1], [45, 20, 1]),  # decode against a KV cache
+    (2, 2, 2, 8, 50, 64, True, [8, 3], [50, 13]),  # chunked prefill
+    (1, 2, 1, 19, 40, 64, False, None, None),  # Sq != Skv, no lens
+    (1, 1, 1, 20, 20, 128, True, None, None),  # head dim 128
+]
+
+
+@pytest.mark.parametrize(("bsz", "hq", "hkv", "sq", "skv", "d", "causal", "ql", "kl"), CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_raw_attention_matches_reference(bsz, hq, hkv, sq, skv, d, causal, ql, kl, dtype):
+    _need_kernel()
+    if dtype == torch.float16 and d == 128 and _device() == "cpu":
+        pytest.skip("one head-dim-128 dtype is enough under the interpreter")
+    q, k, v = _inputs(bsz, hq, hkv, sq, skv, d, dtype)
+    q_lens, kv_lens = _lens(ql), _lens(kl)
+    out, lse = _run_poisoned(q, k, v, causal, None, q_lens, kv_lens)
+    ref, ref_lse = reference64(q, k, v, causal, None, q_lens, kv_lens)
+    _compare(out, lse, ref, ref_lse, dtype)
+    if ql is not None:  # padding rows come back as exact zeros
+        for b_i, n in enumerate(ql):
+            assert not out[b_i, :, n:].any()
+    assert observe.last_implementation("attention") == (
+        "triton-interpret" if _device() == "cpu" else "triton"
+    )
+
+
+def test_raw_attention_custom_scale() -> None:
+    _need_kernel()
+    q, k, v = _inputs(1, 2, 1, 9, 9, 64, torch.float16)
+    out, lse = _run_poisoned(q, k, v, True, 0.3, None, None)
+    ref, ref_lse = reference64(q, k, v, True, 0.3)
+    _compare(out, lse, ref, ref_lse, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("bsz", "hq", "hkv", "sq", "skv", "d", "causal", "ql", "kl"),
+    [
+        (2, 8, 2, 300, 300, 128, True, None, None),
+        (2, 8, 8, 257, 257, 64, False, None, None),
+        (3, 8, 2, 200, 200, 128, True, [200, 77, 5], [200, 77, 5]),
+        (3, 8, 2, 1, 600, 128, True, [1, 1, 1], [600, 129, 1]),
+        (2, 4, 4, 40, 500, 64, True, [40, 17], [500, 300]),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_attention_large(bsz, hq, hkv, sq, skv, d, causal, ql, kl, dtype):
+    q, k, v = _inputs(bsz, hq, hkv, sq, skv, d, dtype)
+    q_lens, kv_lens = _lens(ql), _lens(kl)
+    out, lse = _run_poisoned(q, k, v, causal, None, q_lens, kv_lens)
+    ref, ref_lse = reference64(q, k, v, causal, None, q_lens, kv_lens)
+    _compare(out, lse, ref, ref_lse, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_attention_matches_sdpa_at_scale() -> None:
+    q, k, v = _inputs(2, 16, 16, 2048, 2048, 128, torch.bfloat16)
+    out = raw.attention(q, k, v, causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), is_causal=True
+    )
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_raw_attention_rejects_bad_input() -> None:
+    q, k, v = _inputs(2, 4, 2, 8, 8, 64, torch.float16)
+    with pytest.raises(raw.GretaInputError, match="argument 'q' has dtype float32"):
+        raw.attention(q.float(), k.float(), v.float())
+    with pytest.raises(raw.GretaInputError, match="argument 'k' has dtype"):
+        raw.attention(q, k.to(torch.bfloat16), v)
+    with pytest.raises(raw.GretaInputError, match="argument 'v' has shape"):
+        raw.attention(q, k, v[:, :, :4])
+    with pytest.raises(raw.GretaInputError, match="argument 'k' has 3 heads"):
+        raw.attention(q, k[:, :1].expand(2, 3, 8, 64), v[:, :1].expand(2, 3, 8, 64))
+    with pytest.raises(raw.GretaInputError, match="argument 'q' has head dim 32"):
+        raw.attention(q[..., :32], k[..., :32], v[..., :32])
+    with pytest.raises(raw.GretaInputError, match="argument 'q_lens' has dtype int64"):
+        raw.attention(q, k, v, q_lens=torch.tensor([8, 8], device=q.device))
+    with pytest.raises(raw.GretaInputError, match="argument 'kv_lens' has shape"):
+        raw.attention(q, k, v, kv_lens=torch.tensor([8], dtype=torch.int32, device=q.device))
+    with pytest.raises(raw.GretaInputError, match="argument 'q' must have a contiguous last"):
+        q_t = torch.randn(2, 4, 64, 8, device=q.device, dtype=q.dtype).transpose(2, 3)
+        raw.attention(q_t, k, v)
+
+
+def test_torch_op_attention_forward_and_opcheck() -> None:
+    import greta_core.torch  # noqa: F401
+
+    q, k, v = _inputs(2, 4, 2, 13, 13, 64, torch.bfloat16)
+    q_lens = _lens([13, 6])
+    out = torch.ops.greta.attention(q, k, v, True, None, q_lens, q_lens)
+    ref, ref_lse = reference64(q, k, v, True, None, q_lens, q_lens)
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16]
+    out2, lse = torch.ops.greta.attention_with_lse(q, k, v, True, None, q_lens, q_lens)
+    assert torch.equal(out2, out)
+    finite = torch.isfinite(ref_lse)
+    assert (lse.double().cpu()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    # On CPU eager runs the interpreted kernel but tracing decomposes to the reference, whose
+    # bf16 rounding differs; fp32 takes the reference both ways. On the GPU both are the kernel.
+    if q.device.type == "cpu":
+        q, k, v = q.float(), k.float(), v.float()
+    torch.library.opcheck(torch.ops.greta.attention.default, (q, k, v, True, None, q_lens, q_lens))
+    torch.library.opcheck(torch.ops.greta.attention_with_lse.default, (q, k, v, False))
+
+
+def test_torch_op_attention_reference_path_and_gradcheck() -> None:
+    import greta_core.torch  # noqa: F401
+
+    # float64 has no Triton kernel: the op takes the torch reference, with its backward.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(2, 2, 7, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(2, 2, 7, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    q_lens = torch.tensor([5, 2], dtype=torch.int32)
+    kv_lens = torch.tensor([7, 4], dtype=torch.int32)
+    out = torch.ops.greta.attention(q, k, v, True, 0.5, q_lens, kv_lens)
+    ref, _ = reference64(q.detach(), k.detach(), v.detach(), True, 0.5, q_lens, kv_lens)
+    assert torch.allclose(out.detach(), ref, rtol=1e-10, atol=1e-12)
+    assert observe.last_implementation("attention") == "reference-torch"
+    for causal in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda a, b, c, causal=causal: torch.ops.greta.attention(
+                a, b, c, causal, None, q_lens, kv_lens
+            ),
+            (q, k, v),
+        )
+
+
+def test_torch_op_attention_backward_on_kernel_dtype() -> None:
+    import greta_core.torch  # noqa: F401
+
+    q, k, v = _inputs(1, 2, 1, 6, 6, 64, torch.float16)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    torch.ops.greta.attention(*leaves, True).sum().backward()
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    from greta_core.torch.attention import reference
+
+    reference(*ref_leaves, True)[0].sum().backward()
+    for mine, theirs in zip(leaves, ref_leaves, strict=True):
+        err = ((mine.grad.double().cpu() - theirs.grad).norm() / theirs.grad.norm()).item()
+        assert err < 1e-2
+
+
+def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # jax-triton sets TRITON_CACHE_DIR="" on import; restore it for later torch tests.
+    monkeypatch.setenv("TRITON_CACHE_DIR", os.environ.get("TRITON_CACHE_DIR", ""))
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import numpy as np
+
+    from greta_core import jax as gjax
+
+    q, k, v = (t.cpu() for t in _inputs(2, 4, 2, 11, 11, 64, torch.float16))
+    ql = [11, 4]
+    ref, ref_lse = reference64(q, k, v, True, None, ql, ql)
+    lens = jnp.asarray(ql, jnp.int32)
+    out, lse = gjax.attention_with_lse(
+        *(jnp.asarray(t.numpy()) for t in (q, k, v)), causal=True, q_lens=lens, kv_lens=lens
+    )
+    out64 = np.asarray(out, np.float64)
+    assert np.linalg.norm(out64 - ref.numpy()) / np.linalg.norm(ref.numpy()) < 2e-3
+    finite = np.isfinite(ref_lse.numpy())
+    np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), finite)
+    np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse.numpy()[finite], atol=1e-3)
+    assert observe.last_implementation("attention") in ("jax-triton", "reference-jnp")
+    with pytest.raises(ValueError, match="argument 'k' has 3 heads"):
+        gjax.attention(jnp.zeros((1, 4, 2, 64)), jnp.zeros((1, 3, 2, 64)), jnp.zeros((1, 3, 2, 64)))
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100", "gfx1201", "default"])
+def test_attention_aot_specs_cover_the_kernel_signature(arch: str) -> None:
+    from greta_core.kernels import attention as kernel
+
+    specs = kernel.aot_specs(arch)
+    assert len(specs) == 16  # 2 head dims x 2 dtypes x causal x lens
+    for spec in specs:
+        assert spec.uses_matrix_units
+        names = list(spec.signature) + list(spec.constexprs)
+        assert names == kernel.attention_fwd_kernel.arg_names
+        assert spec.signature["lse_ptr"] == "*fp32"
+        assert ("waves_per_eu" in spec.options) == (arch == "gfx942")
