@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 from greta_core.arch import normalize_arch
 
@@ -21,6 +22,11 @@ def jax_triton_status() -> tuple[bool, str]:
         import jax_triton  # noqa: F401
     except Exception as exc:  # ImportError, or its GPU-support check failing
         return False, f"jax-triton unavailable: {exc}".splitlines()[0]
+    finally:
+        # jax-triton blanks TRITON_CACHE_DIR on import; an empty value makes every later
+        # Triton compile in this process (torch path included) fail to find a cache dir.
+        if os.environ.get("TRITON_CACHE_DIR") == "":
+            del os.environ["TRITON_CACHE_DIR"]
     return True, "jax-triton on " + jax.default_backend()
 
 
