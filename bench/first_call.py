@@ -60,7 +60,7 @@ print(json.dumps({"process_to_result_s": t1 - t_start, "first_call_s": t1 - t0,
 def run_child(op: str, mode: str, wheel_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="greta-cold-cache-") as cache:
         env = dict(os.environ)
-        env.pop("TRITON_INTERPRET", None)
+        env["TRITON_INTERPRET"] = "0"  # not unset: greta-env.pth re-sets unset variables
         # An empty cache per run: the measured process finds nothing compiled before.
         env["TRITON_CACHE_DIR"] = cache
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(wheel_dir)])

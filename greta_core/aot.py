@@ -429,7 +429,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if interpreter_active():
         # The interpreter swaps @triton.jit for an interpreted function at import time;
         # compile in a clean child process instead of failing.
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        if os.environ.get("GRETA_AOT_CHILD") == "1":
+            print("greta aot: TRITON_INTERPRET is still on in the child; not compiling", file=sys.stderr)
+            return 2
+        # "0", not unset: an environment's greta-env.pth (cpu row) re-sets unset variables.
+        env = {**os.environ, "TRITON_INTERPRET": "0", "GRETA_AOT_CHILD": "1"}
         argv = list(sys.argv[1:] if argv is None else argv)
         return subprocess.call([sys.executable, "-m", "greta_core.aot", *argv], env=env)
     try:

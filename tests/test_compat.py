@@ -34,6 +34,7 @@ def test_prototype_runs_from_a_checkout(name: str, tmp_path: Path) -> None:
     # The prototypes must decide about the interpreter themselves and find greta_core
     # without installation: run them from elsewhere, with neither hint set.
     env.pop("TRITON_INTERPRET", None)
+    env.pop("GRETA_TRITON_ON_CPU", None)
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
         [sys.executable, str(PROTOTYPES[name])],

@@ -171,7 +171,7 @@ print(json.dumps({
 
 def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
     # The dev environment's triton + this repository + the freshly installed wheel.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(_site_packages(venv))])
     (tmp_path / "probe.py").write_text(JIT_PROBE)
     out = subprocess.run(

@@ -120,7 +120,8 @@ def build_all(
 
 
 def _clean_env() -> None:
-    os.environ.pop("TRITON_INTERPRET", None)
+    # "0", not unset: an environment's greta-env.pth (cpu row) re-sets unset variables.
+    os.environ["TRITON_INTERPRET"] = "0"
 
 
 def build_arch(
