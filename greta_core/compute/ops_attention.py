@@ -73,6 +73,15 @@ def _reference(
     return out.to(q.dtype)
 
 
+def _head_dim_reason(info: p.CallInfo) -> str | None:
+    from greta_core.ops.attention import HEAD_DIMS
+
+    d = info.shapes[0][3]
+    if d not in HEAD_DIMS:
+        return f"the GRETA attention kernel takes head dim {'/'.join(map(str, HEAD_DIMS))} (got {d})"
+    return None
+
+
 def _greta(
     q: Any, k: Any, v: Any, causal: bool = True, scale: float | None = None,
     q_lens: Any = None, kv_lens: Any = None,
@@ -189,7 +198,9 @@ add(
         "greta",
         _greta,
         lambda i: p.first_reason(
-            p.greta_op("attention"), p.dtype_in(i, p.HALF_AND_FLOAT, "the GRETA attention kernel")
+            p.greta_op("attention"),
+            p.dtype_in(i, p.HALF_AND_FLOAT, "the GRETA attention kernel"),
+            _head_dim_reason(i),
         ),
         {"any": "GRETA Triton flash attention"},
     ),
