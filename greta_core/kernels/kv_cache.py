@@ -38,8 +38,12 @@ def kv_cache_append_kernel(
     pos = (length + t).to(tl.int64)
     mask = (t[:, None] < n_new) & (pos[:, None] < max_seq) & (d[None, :] < head_dim)
     t64 = t.to(tl.int64)
-    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + t64[:, None] * stride_kt + d[None, :], mask=mask)
-    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + t64[:, None] * stride_vt + d[None, :], mask=mask)
+    k = tl.load(
+        k_ptr + b * stride_kb + h * stride_kh + t64[:, None] * stride_kt + d[None, :], mask=mask
+    )
+    v = tl.load(
+        v_ptr + b * stride_vb + h * stride_vh + t64[:, None] * stride_vt + d[None, :], mask=mask
+    )
     kc = k_cache_ptr + b * stride_kcb + h * stride_kch + pos[:, None] * stride_kcs + d[None, :]
     vc = v_cache_ptr + b * stride_vcb + h * stride_vch + pos[:, None] * stride_vcs + d[None, :]
     tl.store(kc, k, mask=mask)
@@ -78,7 +82,6 @@ def aot_specs(arch: str) -> list:
                 **{n: "i32" for n in ("n_heads", "n_new", "max_seq", "head_dim")},
                 **{f"stride_{a}{k}": "i32" for a in ("k", "v") for k in "bht"},
                 **{f"stride_{a}{k}": "i32" for a in ("kc", "vc") for k in "bhs"},
-
                 "k_cache_ptr": f"*{dtype}",
                 "v_cache_ptr": f"*{dtype}",
                 "new_lens_ptr": "*i32",

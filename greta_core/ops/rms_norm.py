@@ -10,6 +10,7 @@ from greta_core.kernels.rms_norm import fwd_grid, rms_norm_bwd_kernel, rms_norm_
 from greta_core.observe import record
 from greta_core.ops import _interp_compat
 from greta_core.ops._rows import (
+    arch_for,
     check_rows_input,
     check_vector,
     param_dtypes,
@@ -20,7 +21,6 @@ from greta_core.ops._validate import (
     check_same_device,
     check_same_shape,
     check_tensor,
-    launch_arch,
 )
 
 Wrap = Callable[[Any], Any]
@@ -32,25 +32,30 @@ def _identity(kernel: Any) -> Any:
     return kernel
 
 
+def _stat_dtypes(reference: bool) -> tuple[Any, ...]:
+    import torch
+
+    return (torch.float32, torch.float64) if reference else (torch.float32,)
+
+
 def _impl(arch: str) -> str:
     return "triton-interpret" if arch == "cpu" else "triton"
 
 
-def validate(x: Any, weight: Any) -> str:
-    check_rows_input(OP, "x", x)
+def validate(x: Any, weight: Any, reference: bool = False) -> str:
+    check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_same_device(OP, x=x, weight=weight)
-    return launch_arch(OP, x)
+    return arch_for(OP, x, reference)
 
 
-def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any) -> str:
-    import torch
+def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = False) -> str:
 
-    arch = validate(x, weight)
-    check_rows_input(OP, "dy", dy)
+    arch = validate(x, weight, reference)
+    check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
-    check_tensor(OP, "rstd", rstd, dtypes=(torch.float32,), contiguous=True)
+    check_tensor(OP, "rstd", rstd, dtypes=_stat_dtypes(reference), contiguous=True)
     if rstd.numel() != x.numel() // x.shape[-1]:
         raise GretaInputError(
             f"{OP}: argument 'rstd' has {rstd.numel()} elements; expected one per row "
