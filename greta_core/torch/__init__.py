@@ -5,4 +5,11 @@ with a CPU kernel from torch reference code (or the real Triton kernel under
 ``TRITON_INTERPRET=1``) and autograd where the op has a backward.
 """
 
-from greta_core.torch import vec_add  # noqa: F401  (registers torch.ops.greta.vec_add)
+from greta_core.torch import (
+    kv_cache,  # noqa: F401  (greta::kv_cache_append)
+    layer_norm,  # noqa: F401  (greta::layer_norm[_fwd|_bwd])
+    rms_norm,  # noqa: F401  (greta::rms_norm[_fwd|_bwd])
+    rope,  # noqa: F401  (greta::rope, greta::rope_positions)
+    softmax,  # noqa: F401  (greta::softmax[_bwd])
+    vec_add,  # noqa: F401  (registers torch.ops.greta.vec_add)
+)
