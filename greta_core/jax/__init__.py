@@ -4,6 +4,12 @@ Where jax-triton or a GPU is missing, a ``jax.numpy`` reference runs instead; wh
 ran is recorded (``greta_core.observe.last_implementation``).
 """
 
+from greta_core.jax._kv_cache import kv_cache_append
+from greta_core.jax._layer_norm import layer_norm
+from greta_core.jax._rms_norm import rms_norm
+from greta_core.jax._rope import rope, rope_positions
+from greta_core.jax._softmax import softmax
 from greta_core.jax._vec_add import vec_add
 
 __all__ = ["vec_add"]
+__all__ += ["kv_cache_append", "layer_norm", "rms_norm", "rope", "rope_positions", "softmax"]
