@@ -91,7 +91,7 @@ def _bwd_impl(dy: Any, x: Any, w: Any, mean: Any, rstd: Any) -> tuple[Any, Any, 
                 BLOCK_P=cfg["BLOCK_P"],
                 BLOCK_N=cfg["BLOCK_N"],
                 **call_options(configs.launch_options(cfg, arch)),
-            )  # fmt: skip
+            )
             for p in (dw_part, db_part)
         ]
         return dx.reshape(x.shape), sums[0], sums[1]
