@@ -49,8 +49,8 @@ def validate(x: Any, weight: Any, bias: Any | None, reference: bool = False) -> 
 def validate_bwd(
     dy: Any, x: Any, weight: Any, mean: Any, rstd: Any, reference: bool = False
 ) -> str:
-
-    arch = validate(x, weight, None, reference)
+    check_rows_input(OP, "x", x, reference)
+    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
@@ -62,7 +62,7 @@ def validate_bwd(
                 f"{OP}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"
             )
     check_same_device(OP, dy=dy, x=x, mean=mean, rstd=rstd)
-    return arch
+    return arch_for(OP, x, reference)
 
 
 def launch_fwd(

@@ -50,8 +50,8 @@ def validate(x: Any, weight: Any, reference: bool = False) -> str:
 
 
 def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = False) -> str:
-
-    arch = validate(x, weight, reference)
+    check_rows_input(OP, "x", x, reference)
+    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
@@ -62,7 +62,7 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
             f"({x.numel() // x.shape[-1]})"
         )
     check_same_device(OP, dy=dy, x=x, rstd=rstd)
-    return arch
+    return arch_for(OP, x, reference)
 
 
 def launch_fwd(
