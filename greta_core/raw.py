@@ -7,8 +7,29 @@ autograd included) or ``greta_core.jax``.
 
 from greta_core.ops._validate import GretaInputError
 from greta_core.ops.attention import attention, attention_with_lse
+from greta_core.ops.kv_cache import kv_cache_append
+from greta_core.ops.layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
 from greta_core.ops.matmul import matmul
+from greta_core.ops.rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
+from greta_core.ops.rope import rope, rope_positions
+from greta_core.ops.softmax import softmax, softmax_bwd
 from greta_core.ops.vec_add import vec_add
 
-__all__ = ["GretaInputError", "vec_add"]
-__all__ += ["attention", "attention_with_lse", "matmul"]
+__all__ = [
+    "GretaInputError",
+    "attention",
+    "attention_with_lse",
+    "kv_cache_append",
+    "layer_norm",
+    "layer_norm_bwd",
+    "layer_norm_fwd",
+    "matmul",
+    "rms_norm",
+    "rms_norm_bwd",
+    "rms_norm_fwd",
+    "rope",
+    "rope_positions",
+    "softmax",
+    "softmax_bwd",
+    "vec_add",
+]

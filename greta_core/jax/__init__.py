@@ -5,8 +5,23 @@ ran is recorded (``greta_core.observe.last_implementation``).
 """
 
 from greta_core.jax._attention import attention, attention_with_lse
+from greta_core.jax._kv_cache import kv_cache_append
+from greta_core.jax._layer_norm import layer_norm
 from greta_core.jax._matmul import matmul
+from greta_core.jax._rms_norm import rms_norm
+from greta_core.jax._rope import rope, rope_positions
+from greta_core.jax._softmax import softmax
 from greta_core.jax._vec_add import vec_add
 
-__all__ = ["vec_add"]
-__all__ += ["attention", "attention_with_lse", "matmul"]
+__all__ = [
+    "attention",
+    "attention_with_lse",
+    "kv_cache_append",
+    "layer_norm",
+    "matmul",
+    "rms_norm",
+    "rope",
+    "rope_positions",
+    "softmax",
+    "vec_add",
+]

@@ -1,12 +1,18 @@
 """PyTorch binding: importing this registers every GRETA op as ``torch.ops.greta.<name>``.
 
 Each op is a ``torch.library.triton_op`` (so ``torch.compile`` sees the Triton kernel),
-with a CPU kernel from torch reference code (or the real Triton kernel under
-``TRITON_INTERPRET=1``) and autograd where the op has a backward.
+with a CPU kernel from torch reference code (the real Triton kernel under
+``TRITON_INTERPRET=1`` with ``GRETA_TRITON_ON_CPU=1``) and autograd where the op has a
+backward.
 """
 
 from greta_core.torch import (
     attention,  # noqa: F401  (greta::attention, greta::attention_with_lse)
-    matmul,  # noqa: F401  (registers torch.ops.greta.matmul)
-    vec_add,  # noqa: F401  (registers torch.ops.greta.vec_add)
+    kv_cache,  # noqa: F401  (greta::kv_cache_append)
+    layer_norm,  # noqa: F401  (greta::layer_norm[_fwd|_bwd])
+    matmul,  # noqa: F401  (greta::matmul)
+    rms_norm,  # noqa: F401  (greta::rms_norm[_fwd|_bwd])
+    rope,  # noqa: F401  (greta::rope, greta::rope_positions)
+    softmax,  # noqa: F401  (greta::softmax[_bwd])
+    vec_add,  # noqa: F401  (greta::vec_add)
 )

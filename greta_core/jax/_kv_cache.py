@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from typing import Any
+
+from greta_core.jax._rows_common import FLOAT_DTYPES, call_options, check_float
+from greta_core.observe import record
+from greta_core.ops._validate import GretaInputError
+
+OP = "kv_cache_append"
+
+
+def _check(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> None:
+    for name, a in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        check_float(OP, name, a)
+        if a.ndim != 4:
+            raise GretaInputError(f"{OP}: argument '{name}' has shape {a.shape}; expected 4 dims")
+        if a.dtype != k_cache.dtype:
+            raise GretaInputError(
+                f"{OP}: argument '{name}' has dtype {a.dtype}; expected {k_cache.dtype}"
+            )
+    batch, heads, _, d = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise GretaInputError(
+            f"{OP}: argument 'v_cache' has shape {v_cache.shape}; expected {k_cache.shape}"
+        )
+    for name, a in (("k", k), ("v", v)):
+        if (a.shape[0], a.shape[1], a.shape[3]) != (batch, heads, d) or a.shape != k.shape:
+            raise GretaInputError(
+                f"{OP}: argument '{name}' has shape {a.shape}; expected ({batch}, {heads}, new_tokens, {d})"
+            )
+    if str(getattr(cache_lens, "dtype", "")) != "int32" or cache_lens.shape != (batch,):
+        raise GretaInputError(
+            f"{OP}: argument 'cache_lens' must be int32 [{batch}], got "
+            f"{getattr(cache_lens, 'dtype', None)} {getattr(cache_lens, 'shape', None)}"
+        )
+
+
+def kv_cache_append(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any
+) -> tuple[Any, Any, Any]:
+    """(k_cache, v_cache, new_lens) with k/v written at cache_lens[b] + t.
+
+    On the GPU the caches are updated in place through input_output_aliases (donate them
+    under jit to avoid a copy). Tokens past max_seq are dropped; when cache_lens is concrete
+    (not traced) an overflow raises GretaInputError instead.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    _check(k_cache, v_cache, k, v, cache_lens)
+    batch, heads, max_seq, d = k_cache.shape
+    n_new = k.shape[2]
+    if not isinstance(cache_lens, jax.core.Tracer) and batch > 0:
+        lens = np.asarray(cache_lens)
+        if lens.min() < 0 or lens.max() + n_new > max_seq:
+            raise GretaInputError(
+                f"{OP}: appending {n_new} tokens to lengths {lens.min()}..{lens.max()} overflows "
+                f"max_seq {max_seq} (argument 'cache_lens')"
+            )
+    from greta_core.jax._runtime import use_triton
+
+    if str(k_cache.dtype) in FLOAT_DTYPES and batch * heads > 0 and n_new > 0 and use_triton():
+        import jax_triton as jt
+
+        from greta_core.jax._runtime import jax_arch
+        from greta_core.kernels.kv_cache import grid, kv_cache_append_kernel, plan
+
+        block_t, block_d, options = plan(jax_arch(), n_new, d)
+        record(OP, "jax-triton", jax_arch())
+        ks = (heads * n_new * d, n_new * d, d)
+        cs = (heads * max_seq * d, max_seq * d, d)
+        return jt.triton_call(
+            k, v, cache_lens, k_cache, v_cache, heads, n_new, max_seq, d, *ks, *ks, *cs, *cs,
+            kernel=kv_cache_append_kernel,
+            out_shape=[
+                jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
+                jax.ShapeDtypeStruct(cache_lens.shape, cache_lens.dtype),
+            ],
+            grid=grid(batch, heads, n_new, block_t), input_output_aliases={3: 0, 4: 1},
+            BLOCK_T=block_t, BLOCK_D=block_d, **call_options(options),
+        )  # fmt: skip
+    record(OP, "reference-jnp")
+    pos = cache_lens[:, None] + jnp.arange(n_new, dtype=cache_lens.dtype)  # [B, T]
+    b_idx = jnp.arange(batch)[:, None, None]
+    h_idx = jnp.arange(heads)[None, :, None]
+    p_idx = pos[:, None, :]
+    # mode="drop": positions past max_seq are skipped, like the kernel's guard.
+    k_cache = k_cache.at[b_idx, h_idx, p_idx].set(k, mode="drop")
+    v_cache = v_cache.at[b_idx, h_idx, p_idx].set(v, mode="drop")
+    return k_cache, v_cache, cache_lens + n_new

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from greta_core.jax._rows_common import FLOAT_DTYPES, call_options, check_float, compute_dtype
+from greta_core.observe import record
+from greta_core.ops._validate import GretaInputError
+
+
+def _check_x(op: str, x: Any) -> None:
+    check_float(op, "x", x)
+    if x.ndim != 4 or x.shape[-1] % 2:
+        raise GretaInputError(
+            f"{op}: argument 'x' has shape {x.shape}; expected [batch, seq, heads, head_dim] "
+            "with an even head_dim"
+        )
+
+
+def _check_table(op: str, name: str, t: Any, x: Any, tail: tuple[int, ...]) -> None:
+    batch, seq = x.shape[0], x.shape[1]
+    lead = t.shape[: t.ndim - len(tail)]
+    ok = t.shape[t.ndim - len(tail) :] == tail and (
+        lead == (seq,) or (len(lead) == 2 and lead[0] in (1, batch) and lead[1] == seq)
+    )
+    if not ok:
+        raise GretaInputError(
+            f"{op}: argument '{name}' has shape {t.shape}; expected [seq{', d/2' if tail else ''}] "
+            f"or [batch|1, seq{', d/2' if tail else ''}] for x {x.shape}"
+        )
+
+
+def _batch_stride(t: Any, n_tail: int, seq_stride: int) -> tuple[int, int]:
+    if t.ndim == n_tail + 1 or t.shape[0] == 1:
+        return 0, seq_stride
+    return t.shape[1] * seq_stride, seq_stride
+
+
+def _rotate_ref(x: Any, cos: Any, sin: Any, inverse: bool) -> Any:
+    import jax.numpy as jnp
+
+    ct = compute_dtype(x)
+    c = jnp.expand_dims(cos.astype(ct), -2)
+    s = jnp.expand_dims(sin.astype(ct), -2)
+    if c.ndim == 3:
+        c, s = c[None], s[None]
+    if inverse:
+        s = -s
+    half = x.shape[-1] // 2
+    xf = x.astype(ct)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+def _triton_ok(x: Any, *tables: Any) -> bool:
+    from greta_core.jax._runtime import use_triton
+
+    floats = (x, *(t for t in tables if str(t.dtype) not in ("int32", "int64")))
+    return all(str(a.dtype) in FLOAT_DTYPES for a in floats) and x.size > 0 and use_triton()
+
+
+def _launch(x: Any, kernel: Any, tables: list[Any], scalars: list[Any], inverse: bool) -> Any:
+    import jax
+    import jax_triton as jt
+
+    from greta_core.jax._runtime import jax_arch
+    from greta_core.kernels.rope import grid, plan
+
+    batch, seq, heads, d = x.shape
+    block_h, block_half, options = plan(jax_arch(), heads, d)
+    xs = (seq * heads * d, heads * d, d, 1)
+    return jt.triton_call(
+        x, *tables, seq, heads, d // 2, *xs, *scalars, *xs[:3],
+        kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=grid(batch, seq, heads, block_h),
+        BLOCK_H=block_h, BLOCK_HALF=block_half, INVERSE=inverse, **call_options(options),
+    )  # fmt: skip
+
+
+def _rope_impl(x: Any, cos: Any, sin: Any, inverse: bool) -> Any:
+    if _triton_ok(x, cos, sin):
+        from greta_core.jax._runtime import jax_arch
+        from greta_core.kernels.rope import rope_kernel
+
+        record("rope", "jax-triton", jax_arch())
+        half = x.shape[-1] // 2
+        return _launch(x, rope_kernel, [cos, sin], list(_batch_stride(cos, 1, half)), inverse)
+    record("rope", "reference-jnp")
+    return _rotate_ref(x, cos, sin, inverse)
+
+
+def _angles(positions: Any, theta: float, head_dim: int, dtype: Any) -> Any:
+    import jax.numpy as jnp
+
+    i = jnp.arange(head_dim // 2, dtype=dtype)
+    return positions.astype(dtype)[..., None] * theta ** (-(2.0 * i) / head_dim)
+
+
+def _rope_positions_impl(x: Any, positions: Any, theta: float, inverse: bool) -> Any:
+    if _triton_ok(x, positions):
+        from greta_core.jax._runtime import jax_arch
+        from greta_core.kernels.rope import rope_positions_kernel
+
+        record("rope_positions", "jax-triton", jax_arch())
+        scalars = [*_batch_stride(positions, 0, 1), math.log2(theta)]
+        return _launch(x, rope_positions_kernel, [positions], scalars, inverse)
+    record("rope_positions", "reference-jnp")
+    ang = _angles(positions, theta, x.shape[-1], compute_dtype(x))
+    import jax.numpy as jnp
+
+    return _rotate_ref(x, jnp.cos(ang), jnp.sin(ang), inverse)
+
+
+@functools.cache
+def _build() -> tuple[Any, Any]:
+    import jax
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+    def rope_f(x: Any, cos: Any, sin: Any, inverse: bool) -> Any:
+        return _rope_impl(x, cos, sin, inverse)
+
+    def rope_fwd(x: Any, cos: Any, sin: Any, inverse: bool) -> tuple[Any, Any]:
+        return _rope_impl(x, cos, sin, inverse), (cos, sin)
+
+    def rope_bwd(inverse: bool, res: Any, dy: Any) -> tuple[Any, Any, Any]:
+        cos, sin = res
+        return _rope_impl(dy, cos, sin, not inverse), None, None
+
+    rope_f.defvjp(rope_fwd, rope_bwd)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+    def pos_f(x: Any, positions: Any, theta: float, inverse: bool) -> Any:
+        return _rope_positions_impl(x, positions, theta, inverse)
+
+    def pos_fwd(x: Any, positions: Any, theta: float, inverse: bool) -> tuple[Any, Any]:
+        return _rope_positions_impl(x, positions, theta, inverse), positions
+
+    def pos_bwd(theta: float, inverse: bool, positions: Any, dy: Any) -> tuple[Any, Any]:
+        return _rope_positions_impl(dy, positions, theta, not inverse), None
+
+    pos_f.defvjp(pos_fwd, pos_bwd)
+    return rope_f, pos_f
+
+
+def rope(x: Any, cos: Any, sin: Any, inverse: bool = False) -> Any:
+    """Rotate-half RoPE of x [batch, seq, heads, head_dim] by cos/sin [seq, d/2] or
+    [batch|1, seq, d/2]; differentiable in x (custom_vjp: the inverse rotation)."""
+    _check_x("rope", x)
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_float("rope", name, t)
+        _check_table("rope", name, t, x, (x.shape[-1] // 2,))
+    if sin.shape != cos.shape or sin.dtype != cos.dtype:
+        raise GretaInputError("rope: arguments 'cos' and 'sin' must share shape and dtype")
+    return _build()[0](x, cos, sin, bool(inverse))
+
+
+def rope_positions(x: Any, positions: Any, theta: float = 10000.0, inverse: bool = False) -> Any:
+    """RoPE with angles pos * theta^(-2i/head_dim) from integer positions [seq] or
+    [batch|1, seq]; computed inside the kernel on the Triton path."""
+    _check_x("rope_positions", x)
+    if str(getattr(positions, "dtype", "")) not in ("int32", "int64"):
+        raise GretaInputError(
+            f"rope_positions: argument 'positions' has dtype "
+            f"{getattr(positions, 'dtype', type(positions).__name__)}; expected int32 or int64"
+        )
+    _check_table("rope_positions", "positions", positions, x, ())
+    if not (math.isfinite(theta) and theta > 1.0):
+        raise GretaInputError(f"rope_positions: argument 'theta' must be > 1, got {theta!r}")
+    return _build()[1](x, positions, float(theta), bool(inverse))

@@ -1,0 +1,53 @@
+"""Launch planning shared by the row-wise kernels (norms, softmax): framework-free.
+
+A row op reads its whole row into registers when ``next_pow2(N) <= MAX_BLOCK_N`` (one
+read and one write per element); longer rows loop over ``LOOP_BLOCK_N`` chunks. The
+table picks ``num_warps`` (and HIP knobs) by row length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+
+from greta_core import configs
+
+# Smallest block: keeps a warp's vector loads full even for very short rows.
+MIN_BLOCK_N = 16
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    block_n: int
+    one_pass: bool
+    options: dict[str, Any]  # num_warps / num_stages (+ HIP knobs on AMD)
+    config: dict[str, Any]
+
+
+def row_plan(op: str, arch: str, n_cols: int) -> RowPlan:
+    config = configs.lookup(op, arch, {"N": n_cols})
+    block = max(MIN_BLOCK_N, triton.next_power_of_2(max(n_cols, 1)))
+    one_pass = block <= config["MAX_BLOCK_N"]
+    if not one_pass:
+        block = config["LOOP_BLOCK_N"]
+    return RowPlan(block, one_pass, configs.launch_options(config, arch), config)
+
+
+def aot_blocks(op: str, arch: str) -> list[tuple[int, int]]:
+    """(representative N, block) for every block size the table can pick: AOT specs."""
+    config = configs.lookup(op, arch, {})
+    out = []
+    block = 256
+    while block <= config["MAX_BLOCK_N"]:
+        out.append((block, block))
+        block *= 2
+    out.append((config["MAX_BLOCK_N"] * 2, config["LOOP_BLOCK_N"]))
+    return out
+
+
+def bwd_programs(arch: str, op: str, n_rows: int, n_cols: int) -> int:
+    """Programs of a backward that writes per-program weight-grad partials (deterministic)."""
+    config = configs.lookup(op, arch, {"N": n_cols})
+    return max(1, min(n_rows, int(config["PROGRAMS"])))

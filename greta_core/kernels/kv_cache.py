@@ -1,0 +1,98 @@
+"""KV-cache append for decoding: copy new k/v tokens into the caches at each batch item's
+current length, in place, and write the new lengths.
+
+k_cache/v_cache: [batch, heads_kv, max_seq, head_dim]; k/v: [batch, heads_kv, new_tokens,
+head_dim]; cache_lens: int32 [batch]. Token t of batch b lands at cache_lens[b] + t.
+Positions >= max_seq are never written (the device-side guard against overflow; the
+launchers check on the host where that is cheap). The last dim must be contiguous; other
+dims take strides. ``k_cache_in``/``v_cache_in`` are the same buffers as ``k_cache_ptr``/
+``v_cache_ptr``: jax-triton passes an aliased buffer once as input and once as output.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+@triton.jit
+def kv_cache_append_kernel(
+    k_ptr, v_ptr, lens_ptr, k_cache_in, v_cache_in,
+    n_heads, n_new, max_seq, head_dim,
+    stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt,
+    stride_kcb, stride_kch, stride_kcs,
+    stride_vcb, stride_vch, stride_vcs,
+    k_cache_ptr, v_cache_ptr, new_lens_ptr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    b = (pid // n_heads).to(tl.int64)
+    h = (pid % n_heads).to(tl.int64)
+    t_block = tl.program_id(1)
+    length = tl.load(lens_ptr + b)
+    t = t_block * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.arange(0, BLOCK_D)
+    pos = (length + t).to(tl.int64)
+    mask = (t[:, None] < n_new) & (pos[:, None] < max_seq) & (d[None, :] < head_dim)
+    t64 = t.to(tl.int64)
+    k = tl.load(
+        k_ptr + b * stride_kb + h * stride_kh + t64[:, None] * stride_kt + d[None, :], mask=mask
+    )
+    v = tl.load(
+        v_ptr + b * stride_vb + h * stride_vh + t64[:, None] * stride_vt + d[None, :], mask=mask
+    )
+    kc = k_cache_ptr + b * stride_kcb + h * stride_kch + pos[:, None] * stride_kcs + d[None, :]
+    vc = v_cache_ptr + b * stride_vcb + h * stride_vch + pos[:, None] * stride_vcs + d[None, :]
+    tl.store(kc, k, mask=mask)
+    tl.store(vc, v, mask=mask)
+    if (h == 0) & (t_block == 0):
+        tl.store(new_lens_ptr + b, length + n_new)
+
+
+def plan(arch: str, n_new: int, head_dim: int) -> tuple[int, int, dict]:
+    """(BLOCK_T, BLOCK_D, launch options)."""
+    from greta_core import configs
+
+    config = configs.lookup("kv_cache_append", arch, {"new_tokens": n_new})
+    block_d = triton.next_power_of_2(max(head_dim, 1))
+    block_t = max(1, min(triton.next_power_of_2(max(n_new, 1)), config["ELEMS"] // block_d))
+    return block_t, block_d, configs.launch_options(config, arch)
+
+
+def grid(batch: int, n_heads: int, n_new: int, block_t: int) -> tuple[int, int]:
+    return (batch * n_heads, triton.cdiv(n_new, block_t))
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core.kernels._aot import AotSpec
+
+    specs = []
+    for head_dim, n_new in ((64, 1), (128, 1), (128, 512)):
+        block_t, block_d, options = plan(arch, n_new, head_dim)
+        for dtype in DTYPES:
+            signature = {
+                "k_ptr": f"*{dtype}",
+                "v_ptr": f"*{dtype}",
+                "lens_ptr": "*i32",
+                "k_cache_in": f"*{dtype}",
+                "v_cache_in": f"*{dtype}",
+                **{n: "i32" for n in ("n_heads", "n_new", "max_seq", "head_dim")},
+                **{f"stride_{a}{k}": "i32" for a in ("k", "v") for k in "bht"},
+                **{f"stride_{a}{k}": "i32" for a in ("kc", "vc") for k in "bhs"},
+                "k_cache_ptr": f"*{dtype}",
+                "v_cache_ptr": f"*{dtype}",
+                "new_lens_ptr": "*i32",
+            }
+            specs.append(
+                AotSpec(
+                    name=f"kv_cache_append[{dtype},d={head_dim},BLOCK_T={block_t}]",
+                    kernel=kv_cache_append_kernel,
+                    signature=signature,
+                    constexprs={"BLOCK_T": block_t, "BLOCK_D": block_d},
+                    options=options,
+                )
+            )
+    return specs

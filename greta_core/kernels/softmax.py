@@ -1,0 +1,143 @@
+"""Numerically stable softmax over the last dim, forward and backward.
+
+ONE_PASS keeps the row in registers (one read, one write per element). Longer rows use
+an online pass (running per-lane max and rescaled sum, Milakov & Gimelshein 2018) then a
+write pass: two reads, one write. Backward: dx = y * (dy - sum(y * dy)). fp32 math.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+@triton.jit
+def softmax_fwd_kernel(
+    x_ptr,
+    n_cols,
+    stride_x,
+    y_ptr,
+    BLOCK_N: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * n_cols
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        e = tl.exp2((x - m) * 1.4426950408889634)
+        y = e / tl.sum(e, axis=0)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        m_vec = tl.full((BLOCK_N,), -float("inf"), dtype=tl.float32)
+        s_vec = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m_vec, x)
+            # A lane that has seen only -inf keeps m = -inf: avoid (-inf) - (-inf) = NaN.
+            safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s_vec = s_vec * tl.exp2((m_vec - safe) * 1.4426950408889634) + tl.exp2(
+                (x - safe) * 1.4426950408889634
+            )
+            m_vec = m_new
+        m = tl.max(m_vec, axis=0)
+        s = tl.sum(s_vec * tl.exp2((m_vec - m) * 1.4426950408889634), axis=0)
+        inv = 1.0 / s
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            y = tl.exp2((x - m) * 1.4426950408889634) * inv
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_bwd_kernel(
+    dy_ptr,
+    y_ptr,
+    n_cols,
+    stride_dy,
+    stride_y,
+    dx_ptr,
+    BLOCK_N: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    dy_row = dy_ptr + row * stride_dy
+    y_row = y_ptr + row * stride_y
+    dx_row = dx_ptr + row * n_cols
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+        dot = tl.sum(y * dy, axis=0)
+        tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += y * dy
+        dot = tl.sum(acc, axis=0)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def grid(n_rows: int) -> tuple[int]:
+    return (n_rows,)
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core.kernels._aot import AotSpec
+    from greta_core.kernels._rows import aot_blocks, row_plan
+
+    specs = []
+    for dtype in DTYPES:
+        for n, block in aot_blocks("softmax", arch):
+            plan = row_plan("softmax", arch, n)
+            specs.append(
+                AotSpec(
+                    name=f"softmax_fwd[{dtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                    kernel=softmax_fwd_kernel,
+                    signature={
+                        "x_ptr": f"*{dtype}",
+                        "n_cols": "i32",
+                        "stride_x": "i32",
+                        "y_ptr": f"*{dtype}",
+                    },
+                    constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
+                    options=plan.options,
+                )
+            )
+        for n, block in aot_blocks("softmax_bwd", arch):
+            plan = row_plan("softmax_bwd", arch, n)
+            specs.append(
+                AotSpec(
+                    name=f"softmax_bwd[{dtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                    kernel=softmax_bwd_kernel,
+                    signature={
+                        "dy_ptr": f"*{dtype}",
+                        "y_ptr": f"*{dtype}",
+                        "n_cols": "i32",
+                        "stride_dy": "i32",
+                        "stride_y": "i32",
+                        "dx_ptr": f"*{dtype}",
+                    },
+                    constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
+                    options=plan.options,
+                )
+            )
+    return specs

@@ -1,0 +1,40 @@
+"""Helpers for the kernel tests: device choice, tolerances, poisoned buffers."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from greta_core.arch import interpreter_active  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_GPU = DEVICE == "cuda"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def need_triton() -> None:
+    if not ON_GPU and not interpreter_active():
+        pytest.skip("raw Triton on CPU needs TRITON_INTERPRET=1")
+
+
+def tol(dtype: torch.dtype) -> float:
+    return {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]
+
+
+def poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def assert_close(
+    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> None:
+    """Relative to the reference's magnitude; NaN never passes."""
+    assert not torch.isnan(out).any(), "NaN in output (unwritten or invalid elements)"
+    err = (out.double() - ref.double()).abs().max().item()
+    mag = max(ref.double().abs().max().item(), 1.0)
+    assert err <= tol(dtype) * mag * scale, f"max abs err {err:.3e} (magnitude {mag:.3e})"
+
+
+def expected_impl() -> str:
+    return "triton" if ON_GPU else "triton-interpret"
