@@ -75,7 +75,7 @@ def _platform(torch: Any) -> str:
 
 def _torch_section(torch: Any) -> dict[str, Any]:
     gpu = None
-    if _safe(torch.cuda.is_available, False):
+    if _safe(lambda: torch.cuda.is_available(), False):
         props = torch.cuda.get_device_properties(0)
         gpu = {
             "name": props.name,
@@ -93,8 +93,8 @@ def _torch_section(torch: Any) -> dict[str, Any]:
 
 
 def _blas(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
-    preferred = _enum_name(_safe(torch.backends.cuda.preferred_blas_library))
-    default = _enum_name(_safe(torch._C._get_blas_default_backend))
+    preferred = _enum_name(_safe(lambda: torch.backends.cuda.preferred_blas_library()))
+    default = _enum_name(_safe(lambda: torch._C._get_blas_default_backend()))
     if build == "rocm":
         libs = _torch_libs(torch, "libhipblaslt") + _torch_libs(torch, "librocblas")
         active = {"Cublas": "rocBLAS/hipBLAS", "Cublaslt": "hipBLASLt", "Ck": "CK"}.get(
@@ -121,8 +121,8 @@ def _blas(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
 
 
 def _dnn(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
-    available = bool(_safe(torch.backends.cudnn.is_available, False))
-    version = _safe(torch.backends.cudnn.version)
+    available = bool(_safe(lambda: torch.backends.cudnn.is_available(), False))
+    version = _safe(lambda: torch.backends.cudnn.version())
     return {
         "id": "dnn",
         "role": "convolution, some norms/RNNs",
