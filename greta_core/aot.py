@@ -430,7 +430,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The interpreter swaps @triton.jit for an interpreted function at import time;
         # compile in a clean child process instead of failing.
         if os.environ.get("GRETA_AOT_CHILD") == "1":
-            print("greta aot: TRITON_INTERPRET is still on in the child; not compiling", file=sys.stderr)
+            print(
+                "greta aot: TRITON_INTERPRET is still on in the child; not compiling",
+                file=sys.stderr,
+            )
             return 2
         # "0", not unset: an environment's greta-env.pth (cpu row) re-sets unset variables.
         env = {**os.environ, "TRITON_INTERPRET": "0", "GRETA_AOT_CHILD": "1"}

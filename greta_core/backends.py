@@ -142,9 +142,11 @@ def _dnn(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
 
 def _sdpa(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
     cuda = torch.backends.cuda
-    flash_built = bool(_safe(cuda.is_flash_attention_available, False))
-    ck = bool(_safe(cuda.is_ck_sdpa_available, False))
-    fa_pref = _enum_name(_safe(cuda.preferred_rocm_fa_library)) if build == "rocm" else None
+    flash_built = bool(_safe(lambda: cuda.is_flash_attention_available(), False))
+    ck = bool(_safe(lambda: cuda.is_ck_sdpa_available(), False))
+    fa_pref = (
+        _enum_name(_safe(lambda: cuda.preferred_rocm_fa_library())) if build == "rocm" else None
+    )
     if build == "rocm":
         active = ("CK" if fa_pref == "Ck" else "AOTriton") if flash_built else None
     else:
@@ -162,10 +164,10 @@ def _sdpa(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
             "flash_built": flash_built,
             "ck_available": ck,
             "preferred_rocm_fa_library": fa_pref,
-            "flash_sdp_enabled": _safe(cuda.flash_sdp_enabled),
-            "mem_efficient_sdp_enabled": _safe(cuda.mem_efficient_sdp_enabled),
-            "cudnn_sdp_enabled": _safe(cuda.cudnn_sdp_enabled),
-            "math_sdp_enabled": _safe(cuda.math_sdp_enabled),
+            "flash_sdp_enabled": _safe(lambda: cuda.flash_sdp_enabled()),
+            "mem_efficient_sdp_enabled": _safe(lambda: cuda.mem_efficient_sdp_enabled()),
+            "cudnn_sdp_enabled": _safe(lambda: cuda.cudnn_sdp_enabled()),
+            "math_sdp_enabled": _safe(lambda: cuda.math_sdp_enabled()),
         },
     }
 
@@ -175,7 +177,7 @@ def _onnxruntime_providers() -> list[str]:
         return []
     import onnxruntime
 
-    return list(_safe(onnxruntime.get_available_providers, []))
+    return list(_safe(lambda: onnxruntime.get_available_providers(), []))
 
 
 def _graph_compiler(build: str, gpu: bool) -> dict[str, Any]:

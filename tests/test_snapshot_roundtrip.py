@@ -64,6 +64,11 @@ def fake_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "\tKernel driver in use: amdgpu\n"
     )
     _fake_tool(bindir, "lspci", lspci_out)
+    # This box has no NVIDIA driver: shadow a real nvidia-smi (the GPU test machine has one).
+    for missing in ("nvidia-smi", "amd-smi"):
+        absent = bindir / missing
+        absent.write_text("#!/bin/sh\nexit 127\n")
+        absent.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "10.3.0")
     monkeypatch.setenv("SOME_SECRET_TOKEN", "do-not-copy")

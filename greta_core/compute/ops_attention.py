@@ -78,7 +78,9 @@ def _head_dim_reason(info: p.CallInfo) -> str | None:
 
     d = info.shapes[0][3]
     if d not in HEAD_DIMS:
-        return f"the GRETA attention kernel takes head dim {'/'.join(map(str, HEAD_DIMS))} (got {d})"
+        return (
+            f"the GRETA attention kernel takes head dim {'/'.join(map(str, HEAD_DIMS))} (got {d})"
+        )
     return None
 
 
@@ -199,7 +201,12 @@ add(
         _greta,
         lambda i: p.first_reason(
             p.greta_op("attention"),
-            p.dtype_in(i, p.HALF_AND_FLOAT, "the GRETA attention kernel"),
+            # On GPU the Triton kernel takes fp16/bf16; on CPU the torch reference any float.
+            p.dtype_in(
+                i,
+                ("float16", "bfloat16") if i.device == "cuda" else p.HALF_AND_FLOAT,
+                "the GRETA attention kernel",
+            ),
             _head_dim_reason(i),
         ),
         {"any": "GRETA Triton flash attention"},
