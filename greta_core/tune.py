@@ -3,7 +3,7 @@
 Offline tuning, never at run time: ``greta tune --op matmul --arch current`` runs each
 candidate through the op's normal GRETA entry point (``greta_core.raw.<op>``) with
 ``configs.lookup`` answering the candidate for that op, times it with
-``triton.testing.do_bench`` (median), rejects candidates that fail to compile or whose
+``triton.testing.do_bench_cudagraph`` (median; ``do_bench`` where graphs fail), rejects candidates that fail to compile or whose
 output differs from the current table's, and writes a table in the format of
 ``greta_core/configs/tables/<arch>.json``: the best config of the largest problem as
 ``default`` and one ``*_max`` rule per smaller problem whose best config differs.
@@ -200,7 +200,7 @@ def time_candidates(
 ) -> TuneRun:
     """Time every candidate on every problem of `space` on the current GPU."""
     import torch
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     from greta_core import configs
     from greta_core.arch import is_hip
@@ -231,7 +231,13 @@ def time_candidates(
                     out = call().float()
                     if not torch.allclose(out, reference, rtol=2e-2, atol=2e-2):
                         raise ValueError("output differs from the current config's")
-                    ms = float(do_bench(call, warmup=25, rep=100))
+                    # Replayed from a CUDA graph: small problems would otherwise time the
+                    # host's launch cost, not the config (seen on the H100: 4096x1024 rows
+                    # read ~60 us with do_bench for ~10 us of GPU work).
+                    try:
+                        ms = float(do_bench_cudagraph(call, rep=100, return_mode="median"))
+                    except Exception:  # no graph capture on this backend / build
+                        ms = float(do_bench(call, warmup=25, rep=100, return_mode="median"))
                 except Exception as exc:  # out of resources, bad combination, wrong result
                     log(f"  {problem.label} {label}: rejected ({type(exc).__name__}: {exc})")
                     ms = float("inf")
