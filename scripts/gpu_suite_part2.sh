@@ -35,7 +35,7 @@ if [[ -f "$WORK/tuned_sm_90.json" ]]; then
     # This machine's copy of the tree only: measure the tuned table before committing it.
     cp greta_core/configs/tables/sm_90.json "$WORK/shipped_sm_90.json"
     cp "$WORK/tuned_sm_90.json" greta_core/configs/tables/sm_90.json
-    run bench_norms 120 python3 -m greta bench --preset perf --ops rms_norm,layer_norm,softmax \
+    run bench_norms 120 python3 -m greta bench --preset perf --ops rms_norm layer_norm softmax \
         --no-compile --out "$WORK/bench_norms"
     cp "$WORK/shipped_sm_90.json" greta_core/configs/tables/sm_90.json
 fi
