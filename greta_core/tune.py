@@ -92,6 +92,9 @@ def merge_table(
     entry = {"comment": comment, **entry}
     if "comment" in previous and previous["comment"] != comment:
         entry["comment"] = f"{comment} Previously: {previous['comment']}"
+    # Tuning searches launch knobs only: keep the previous default's other keys (block
+    # limits such as MAX_BLOCK_N), or the kernel loses parameters it needs.
+    entry["default"] = {**previous.get("default", {}), **entry.get("default", {})}
     out["ops"][op] = entry
     return out
 

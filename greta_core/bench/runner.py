@@ -33,6 +33,7 @@ class BenchOptions:
     budget_s: float | None = None
     overhead: bool = True
     compile: bool = True
+    graph: bool = False  # time GPU work from CUDA-graph replays
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,11 @@ def rotation_sets(input_bytes: int, l2_bytes: int, max_sets: int = MAX_INPUT_SET
     return max(1, min(max_sets, math.ceil(2 * l2_bytes / input_bytes)))
 
 
-def policy_for(preset: str, device: str) -> TimingPolicy:
+def policy_for(preset: str, device: str, graph: bool = False) -> TimingPolicy:
     if device == "cpu":
         return TimingPolicy(cpu_budget_s=0.05, cpu_max_calls=50, overhead_budget_s=0.2)
     rep = {"smoke": 50.0, "standard": 100.0, "perf": 200.0}[preset]
-    return TimingPolicy(warmup_ms=25.0, rep_ms=rep)
+    return TimingPolicy(warmup_ms=25.0, rep_ms=rep, graph=graph)
 
 
 def pick_device(requested: str, preset: str) -> str:
@@ -412,7 +413,7 @@ def run(options: BenchOptions, log: Callable[[str], None] = print) -> BenchResul
     start = time.perf_counter()
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     dtype_name = str(dtype).replace("torch.", "")
-    policy = policy_for(options.preset, device)
+    policy = policy_for(options.preset, device, options.graph)
     meta = metadata.collect(options.preset, device)
     meta["dtype"] = dtype_name
     l2_bytes = DEFAULT_L2_BYTES

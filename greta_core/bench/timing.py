@@ -21,12 +21,13 @@ class TimingPolicy:
     cpu_budget_s: float = 0.2
     overhead_calls: int = 2000
     overhead_budget_s: float = 1.0
+    graph: bool = False  # time GPU work from CUDA-graph replays (no host launch cost)
 
 
 @dataclass(frozen=True)
 class Timing:
     median_ms: float
-    method: str  # "do_bench" or "perf_counter"
+    method: str  # "do_bench", "cudagraph" or "perf_counter"
     calls: int  # timed calls (0 when do_bench chose the count)
 
 
@@ -41,8 +42,17 @@ def time_device(fn: Callable[[], Any], device: str, policy: TimingPolicy) -> Tim
     """Median time of one call of `fn` (already warmed up by the caller or by do_bench)."""
     if device == "cpu":
         return _time_cpu(fn, policy)
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
+    if policy.graph:
+        # GPU time alone: replays of a captured CUDA/HIP graph leave the host's launch
+        # cost out, which otherwise dominates ops shorter than ~0.1 ms on a slow host
+        # (host cost is measured separately, in the overhead section).
+        try:
+            ms = do_bench_cudagraph(fn, rep=policy.rep_ms, return_mode="median")
+            return Timing(median_ms=float(ms), method="cudagraph", calls=0)
+        except Exception:  # not capturable (e.g. a host sync inside): time it eagerly
+            pass
     # do_bench records device events around each call and clears the L2 cache between
     # calls (outside the timed region); "median" resists the odd slow launch.
     ms = do_bench(fn, warmup=policy.warmup_ms, rep=policy.rep_ms, return_mode="median")

@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-overhead", action="store_true", help="skip the binding-overhead measurements"
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    parser.add_argument(
+        "--timing",
+        choices=("events", "graph"),
+        default="events",
+        help="events: do_bench around eager calls (host launch cost included when it "
+        "dominates); graph: CUDA/HIP-graph replays, GPU time only",
+    )
 
 
 def parse_ops(values: list[str]) -> tuple[str, ...]:
@@ -59,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         budget_s=args.budget_s,
         overhead=not args.no_overhead,
         compile=not args.no_compile,
+        graph=args.timing == "graph",
     )
     try:
         result = run_bench(options)
