@@ -7,7 +7,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.attention import attention_fwd_kernel, features, grid
 from greta_core.observe import record
-from greta_core.ops._interpret_compat import ensure_patched
+from greta_core.ops import _interp_compat
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
 
 Wrap = Callable[[Any], Any]
@@ -115,7 +115,7 @@ def launch(
         if kv_lens is None:
             kv_lens = torch.full((batch,), seq_kv, dtype=torch.int32, device=q.device)
     if arch == "cpu":
-        ensure_patched()
+        _interp_compat.apply()
     config = configs.lookup("attention", arch, features(dim, seq_q, seq_kv, causal))
     meta = configs.meta_params(config)
     wrap(attention_fwd_kernel)[grid(batch, heads_q, seq_q, meta["BLOCK_M"])](

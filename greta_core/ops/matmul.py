@@ -6,7 +6,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.matmul import features, grid, matmul_kernel, needs_int64
 from greta_core.observe import record
-from greta_core.ops._interpret_compat import ensure_patched
+from greta_core.ops import _interp_compat
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
 
 Wrap = Callable[[Any], Any]
@@ -71,7 +71,7 @@ def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _
         record("matmul", "empty-k", arch)
         return
     if arch == "cpu":
-        ensure_patched()
+        _interp_compat.apply()
     config = configs.lookup("matmul", arch, features(m, n, k))
     meta = configs.meta_params(config)
     wrap(matmul_kernel)[grid(m, n, meta["BLOCK_M"], meta["BLOCK_N"])](
