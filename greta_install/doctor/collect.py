@@ -272,6 +272,13 @@ def collect_facts(
     probes = collect_probes(sections, probe_timeout_s, probe_command or probe_argv)
     facts.torch_probe = probes.get("torch")
     facts.jax_probe = probes.get("jax", ProbeResult("not_run"))
+    torch_ok = facts.torch_probe is not None and facts.torch_probe.outcome == "ok"
+    if torch_ok and probe_command is None:
+        # The NVIDIA -> AMD library mapping; it runs its own subprocess with a timeout.
+        with contextlib.suppress(Exception):
+            from greta_core.backends import doctor_summary
+
+            facts.backends = doctor_summary(timeout=probe_timeout_s)
     if check_index and facts.lock is not None:
         with contextlib.suppress(Exception):
             facts.index_status = query_index(list(getattr(facts.lock, "packages", ()) or ()))

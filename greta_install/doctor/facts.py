@@ -100,6 +100,7 @@ class Facts:
     jax_probe: ProbeResult | None = None
     check_index: bool = False
     index_status: dict[str, str] | None = None  # "name==version" -> found | missing | unknown: why
+    backends: list[dict[str, str]] | None = None  # greta_core.backends.doctor_summary()
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():

@@ -51,4 +51,5 @@ CHECKS: tuple[Check, ...] = (
     Check("lock.env", "the lock's environment variables are in effect", lock_checks.check_env),
     Check("lock.index", "locked versions exist on their index", lock_checks.check_index, 7),
     Check("kernels.wheel", "GRETA kernel wheel for the arch", lock_checks.check_kernels),
+    Check("backends.summary", "NVIDIA -> AMD library mapping", lock_checks.check_backends),
 )

@@ -183,7 +183,45 @@ def check_kernels(facts: Facts) -> Finding:
             pip_install_line([(name, version)], force=True),
             wheel=name,
         )
+    problems = _wheel_problems(facts, str(arch))
+    if problems:
+        worst = fail if any(p.status == "fail" for p in problems) else warn
+        return worst(
+            "; ".join(p.finding for p in problems),
+            "\n".join(dict.fromkeys(p.fix for p in problems)),
+            wheel=name,
+        )
     return ok(f"{name} {dist.version} is installed", wheel=name)
+
+
+def _wheel_problems(facts: Facts, arch: str) -> list[Any]:
+    """Arch or Triton mismatches between the installed kernel wheel and this machine."""
+    probe = facts.torch_probe
+    data = getattr(probe, "data", None) or {}
+    triton_version = (data.get("triton") or {}).get("version")
+    try:
+        from greta_core.kernel_wheel import check_kernel_wheel
+
+        return [
+            p for p in check_kernel_wheel(arch, triton_version) if p.id != "kernel-wheel-missing"
+        ]
+    except Exception:  # the doctor never crashes on a broken wheel
+        return []
+
+
+def check_backends(facts: Facts) -> Finding:
+    """The NVIDIA -> AMD library mapping summary (`greta backends` has the details)."""
+    if not facts.live:
+        return skip(SNAPSHOT_SKIP)
+    if facts.backends is None:
+        return skip("torch did not import: no framework libraries to map")
+    rank = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
+    worst = max(facts.backends, key=lambda e: rank.get(e.get("status", "ok"), 0), default=None)
+    text = "; ".join(e.get("finding", "") for e in facts.backends if e.get("status") != "skip")
+    if worst is None or rank.get(worst.get("status", "ok"), 0) == 0:
+        return ok(text or "no GPU libraries in use", entries=facts.backends)
+    make = fail if worst["status"] == "fail" else warn
+    return make(text, worst.get("fix") or "greta backends", entries=facts.backends)
 
 
 def check_env(facts: Facts) -> Finding:
