@@ -74,14 +74,11 @@ def _decode(data: bytes) -> str:
     return data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
 
 
-class LiveSystem:
-    """The machine this process runs on."""
+class _TreeView:
+    """Reads files below a root directory; subclasses say what the root is."""
 
-    is_live = True
-
-    def __init__(self, root: str = "/", timeout_s: float = 10.0) -> None:
-        self._root = Path(root)
-        self._timeout_s = timeout_s
+    def __init__(self, root: Path) -> None:
+        self._root = root
 
     def _path(self, path: str) -> Path:
         return self._root / path.lstrip("/")
@@ -104,6 +101,16 @@ class LiveSystem:
             return self._path(path).exists()
         except OSError:
             return False
+
+
+class LiveSystem(_TreeView):
+    """The machine this process runs on."""
+
+    is_live = True
+
+    def __init__(self, root: str = "/", timeout_s: float = 10.0) -> None:
+        super().__init__(Path(root))
+        self._timeout_s = timeout_s
 
     def run(self, tool: str) -> str | None:
         argv = TOOL_COMMANDS.get(tool)
@@ -130,35 +137,14 @@ class LiveSystem:
         return {k: os.environ[k] for k in RELEVANT_ENV if k in os.environ}
 
 
-class SnapshotSystem:
+class SnapshotSystem(_TreeView):
     """A snapshot directory written by `greta snapshot` (or assembled by hand)."""
 
     is_live = False
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__(Path(directory))
         self.directory = Path(directory)
-
-    def _path(self, path: str) -> Path:
-        return self.directory / path.lstrip("/")
-
-    def read_text(self, path: str) -> str | None:
-        try:
-            with open(self._path(path), "rb") as fh:
-                return _decode(fh.read(MAX_READ_BYTES))
-        except (OSError, ValueError):
-            return None
-
-    def list_dir(self, path: str) -> list[str]:
-        try:
-            return sorted(os.listdir(self._path(path)))
-        except OSError:
-            return []
-
-    def exists(self, path: str) -> bool:
-        try:
-            return self._path(path).exists()
-        except OSError:
-            return False
 
     def run(self, tool: str) -> str | None:
         try:
