@@ -105,44 +105,72 @@ def needs_int64(*extents: int) -> bool:
     return max(extents, default=0) >= 2**31
 
 
+# Shapes whose configs the kernel wheels precompile: one per rule of the tables (decode-
+# sized M, mid-sized M, the large default), so each config a call can pick is covered.
+AOT_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (64, 4096, 4096),
+    (1024, 4096, 4096),
+    (4096, 4096, 4096),
+)
+# Unit strides of the two layouts GRETA sees most: row-major A, B and C, and B given as
+# w.t() (nn.Linear weights). Triton turns an int argument equal to 1 into a constant, so a
+# wheel covers those calls only if the spec names the same unit strides.
+AOT_LAYOUTS: dict[str, tuple[str, ...]] = {
+    "rowmajor": ("stride_ak", "stride_bn", "stride_cn"),
+    "b_transposed": ("stride_ak", "stride_bk", "stride_cn"),
+}
+
+
 def aot_specs(arch: str) -> list:
     from greta_core import configs
     from greta_core.kernels._aot import AotSpec
 
-    config = configs.lookup("matmul", arch, features(4096, 4096, 4096))
-    options = configs.launch_options(config, arch)
-    meta = configs.meta_params(config)
+    runtime = (
+        "M",
+        "N",
+        "K",
+        "stride_am",
+        "stride_ak",
+        "stride_bk",
+        "stride_bn",
+        "stride_cm",
+        "stride_cn",
+    )
+    seen: list[dict] = []
     specs = []
-    for dtype in ("fp16", "bf16"):
-        for has_bias in (False, True):
-            specs.append(
-                AotSpec(
-                    name=f"matmul[{dtype}{',bias' if has_bias else ''}]",
-                    kernel=matmul_kernel,
-                    signature={
+    for m, n, k in AOT_SHAPES:
+        config = configs.lookup("matmul", arch, features(m, n, k))
+        if config in seen:
+            continue
+        seen.append(config)
+        options = configs.launch_options(config, arch)
+        meta = configs.meta_params(config)
+        tile = f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']}"
+        for layout, unit in AOT_LAYOUTS.items():
+            for dtype in ("fp16", "bf16"):
+                for has_bias in (False, True):
+                    signature = {
                         "a_ptr": f"*{dtype}",
                         "b_ptr": f"*{dtype}",
                         "bias_ptr": f"*{dtype}",
-                        "M": "i32",
-                        "N": "i32",
-                        "K": "i32",
-                        "stride_am": "i32",
-                        "stride_ak": "i32",
-                        "stride_bk": "i32",
-                        "stride_bn": "i32",
-                        "stride_cm": "i32",
-                        "stride_cn": "i32",
-                        "c_ptr": f"*{dtype}",
-                    },
-                    constexprs={
-                        **meta,
-                        "HAS_BIAS": has_bias,
-                        "EVEN_K": True,
-                        "INT64": False,
-                        "UPCAST": False,
-                    },
-                    options=options,
-                    uses_matrix_units=True,
-                )
-            )
+                    }
+                    signature.update({name: "i32" for name in runtime if name not in unit})
+                    signature["c_ptr"] = f"*{dtype}"
+                    specs.append(
+                        AotSpec(
+                            name=f"matmul[{dtype}{',bias' if has_bias else ''},{layout},{tile}]",
+                            kernel=matmul_kernel,
+                            signature=signature,
+                            constexprs={
+                                **meta,
+                                **{name: 1 for name in unit},
+                                "HAS_BIAS": has_bias,
+                                "EVEN_K": True,
+                                "INT64": False,
+                                "UPCAST": False,
+                            },
+                            options=options,
+                            uses_matrix_units=True,
+                        )
+                    )
     return specs
