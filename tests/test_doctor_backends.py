@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from greta_install.doctor.checks.lock_checks import check_backends
+from greta_install.doctor.checks.backends_checks import check_backends
 from greta_install.doctor.facts import Facts
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from greta_core import precompiled
 from greta_core.arch import arch_of, interpreter_active
 
 
@@ -70,8 +71,6 @@ def launch_arch(op: str, t: Any) -> str:
             f"torch.ops.greta.{op} (CPU reference) or set TRITON_INTERPRET=1 before importing triton."
         )
     if arch != "cpu":
-        from greta_core import precompiled
-
         # Serve kernel-wheel binaries to the JIT; after the first call this is a flag test.
         precompiled.activate()
     return arch

@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from greta_install.doctor.facts import Facts
 from greta_install.doctor.model import Finding
 
-from . import container, devices, gpu, jax_checks, lock_checks, python, torch_checks, triton_checks
+from . import (
+    backends_checks,
+    container,
+    devices,
+    gpu,
+    jax_checks,
+    lock_checks,
+    python,
+    torch_checks,
+    triton_checks,
+)
 
 
 @dataclass(frozen=True)
@@ -51,5 +61,5 @@ CHECKS: tuple[Check, ...] = (
     Check("lock.env", "the lock's environment variables are in effect", lock_checks.check_env),
     Check("lock.index", "locked versions exist on their index", lock_checks.check_index, 7),
     Check("kernels.wheel", "GRETA kernel wheel for the arch", lock_checks.check_kernels),
-    Check("backends.summary", "NVIDIA -> AMD library mapping", lock_checks.check_backends),
+    Check("backends.summary", "NVIDIA -> AMD library mapping", backends_checks.check_backends),
 )
