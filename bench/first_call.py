@@ -1,16 +1,22 @@
-"""Time to the first result of each GRETA op: with the kernel wheel vs a cold Triton JIT.
+"""Time to the first result of each GRETA op: warmed kernel wheel vs wheel vs cold Triton JIT.
 
-Every measurement is a fresh Python process with an empty Triton cache directory:
+Every measurement is a fresh Python process with an empty Triton cache directory and its
+own empty GRETA cache directory:
 
-- ``wheel``: the kernel wheel for this GPU is importable and its precompiled code is
-  served (``greta_core.precompiled``);
-- ``cold``: the same wheel is importable (same tuned configs) but ``GRETA_PRECOMPILED=0``
-  turns the precompiled code off, so Triton compiles everything.
+- ``cold``: the wheel is importable (same tuned configs) but ``GRETA_PRECOMPILED=0``
+  turns its precompiled code off, so Triton compiles everything;
+- ``wheel``: the kernel wheel's precompiled device code is served
+  (``greta_core.precompiled``), but ``greta warm`` has not run: Triton still builds its
+  host launcher modules with the C compiler and hashes its own build;
+- ``warm``: as ``wheel``, after ``greta warm`` (what ``greta install`` runs) built the
+  host launchers and remembered Triton's build key, in a process before the measured one.
 
 Reported per op and mode (median of ``--repeats`` runs, modes interleaved):
 ``process_to_result_s`` (process spawn to the first result synchronised on the GPU),
-``first_call_s`` (the first op call alone, inputs already on the GPU) and
-``second_call_s`` (the same call again: launch cost without compilation).
+``first_call_s`` (the first op call alone, inputs already on the GPU),
+``second_call_s`` (the same call again: launch cost without compilation),
+``host_builds`` / ``host_build_s`` (C compiler runs during the first call and their time)
+and ``warm_s`` (the ``greta warm`` run, outside the measured process).
 
     python bench/first_call.py --wheel dist/greta_kernels_sm_90-0.1.0-py3-none-any.whl \\
         --ops vec_add,matmul,rms_norm --out bench/results/first_call_h100
@@ -32,13 +38,26 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MODES = ("cold", "wheel", "warm")
+NUMBERS = ("process_to_result_s", "first_call_s", "second_call_s", "host_builds",
+           "host_build_s", "warm_s")  # fmt: skip
 
 CHILD = r"""
 import json, sys, time
 t_start = float(sys.argv[1])
 op = sys.argv[2]
 import torch
+import triton.runtime.build as build
 from greta_core import precompiled
+builds = []
+real_build = build._build
+def timed_build(name, *args, **kwargs):
+    t = time.time()
+    try:
+        return real_build(name, *args, **kwargs)
+    finally:
+        builds.append((name, time.time() - t))
+build._build = timed_build
 from greta_core.tune import SPACES
 problem = SPACES[op].problems[0]
 call = problem.make(torch, "cuda")
@@ -53,18 +72,34 @@ torch.cuda.synchronize()
 t2 = time.time()
 print(json.dumps({"process_to_result_s": t1 - t_start, "first_call_s": t1 - t0,
                   "second_call_s": t2 - t1, "precompiled_active": active,
+                  "host_builds": len(builds), "host_build_s": sum(b[1] for b in builds),
                   "problem": problem.label}))
 """
 
 
 def run_child(op: str, mode: str, wheel_dir: Path) -> dict:
-    with tempfile.TemporaryDirectory(prefix="greta-cold-cache-") as cache:
+    with (
+        tempfile.TemporaryDirectory(prefix="greta-cold-cache-") as cache,
+        tempfile.TemporaryDirectory(prefix="greta-cache-") as greta_cache,
+    ):
         env = dict(os.environ)
         env["TRITON_INTERPRET"] = "0"  # not unset: greta-env.pth re-sets unset variables
-        # An empty cache per run: the measured process finds nothing compiled before.
+        # Empty caches per run: the measured process finds nothing compiled before, and
+        # nothing `greta warm` built unless this mode runs it.
         env["TRITON_CACHE_DIR"] = cache
+        env["GRETA_CACHE_DIR"] = greta_cache
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(wheel_dir)])
-        env["GRETA_PRECOMPILED"] = "1" if mode == "wheel" else "0"
+        env["GRETA_PRECOMPILED"] = "0" if mode == "cold" else "1"
+        warm_s = 0.0
+        if mode == "warm":
+            start = time.time()
+            proc = subprocess.run(
+                [sys.executable, "-m", "greta", "warm", "--json"],
+                env=env, capture_output=True, text=True, timeout=900,
+            )  # fmt: skip
+            warm_s = time.time() - start
+            if proc.returncode != 0:
+                return {"error": "greta warm failed: " + (proc.stdout + proc.stderr)[-400:]}
         start = time.time()
         proc = subprocess.run(
             [sys.executable, "-c", CHILD, repr(start), op],
@@ -72,7 +107,7 @@ def run_child(op: str, mode: str, wheel_dir: Path) -> dict:
         )  # fmt: skip
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"warm_s": warm_s}
 
 
 def metadata() -> dict:
@@ -116,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         with zipfile.ZipFile(args.wheel) as zf:
             zf.extractall(unpacked)
         for op in ops:
-            samples: dict[str, list[dict]] = {"wheel": [], "cold": []}
+            samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
             for _ in range(args.repeats):
-                for mode in ("cold", "wheel"):
+                for mode in MODES:
                     samples[mode].append(run_child(op, mode, Path(unpacked)))
             for mode, runs in samples.items():
                 good = [r for r in runs if "error" not in r]
@@ -128,13 +163,12 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     row["problem"] = good[0]["problem"]
                     row["precompiled_active"] = all(r["precompiled_active"] for r in good)
-                    for key in ("process_to_result_s", "first_call_s", "second_call_s"):
+                    for key in NUMBERS:
                         row[key] = round(statistics.median(r[key] for r in good), 4)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    fields = ["op", "mode", "problem", "runs", "precompiled_active",
-              "process_to_result_s", "first_call_s", "second_call_s", "error"]  # fmt: skip
+    fields = ["op", "mode", "problem", "runs", "precompiled_active", *NUMBERS, "error"]
     with (args.out / "first_call.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

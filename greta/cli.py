@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "bench": "greta_core.commands.bench",
     "build-kernels": "greta_core.commands.build_kernels",
     "tune": "greta_core.commands.tune",
+    "warm": "greta_core.commands.warm",
 }
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from greta_core.arch import interpreter_active, is_hip, normalize_arch, warp_size
+from greta_core.host_launchers import spec_of
 
 # Which specialisations of the int arguments to compile (see `int_args_for`).
 VARIANTS: tuple[str, ...] = ("aligned", "ragged")
@@ -77,6 +78,8 @@ class CompileResult:
     sass_matrix_instructions: list[str] = field(default_factory=list)
     signature: dict[str, str] = field(default_factory=dict)  # as the JIT specialised it
     specialised: dict[str, list[Any]] = field(default_factory=dict)  # arg -> attributes
+    # What Triton's host launcher needs (kernel wheels ship it; greta_core.host_launchers).
+    launcher: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def matrix_ok(self) -> bool:
@@ -84,6 +87,7 @@ class CompileResult:
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
+        del row["launcher"]
         row["matrix_ok"] = self.matrix_ok
         return row
 
@@ -278,6 +282,7 @@ def compile_spec(spec: Any, module: str, arch: str, variant: str) -> CompileResu
         result.matrix_instructions = sorted(set(re.findall(pattern, text)))
         if spec.uses_matrix_units and matrix_family(arch) == "cuda":
             result.sass_matrix_instructions = _sass_matrix_instructions(compiled)
+        result.launcher = spec_of(compiled, entry="")
         result.ok = True
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]

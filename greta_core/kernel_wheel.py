@@ -80,6 +80,15 @@ def installed_kernel_wheel() -> KernelWheelInfo | None:
     return wheels[0] if wheels else None
 
 
+def _launchers_built(wheel: KernelWheelInfo) -> bool:
+    from greta_core.host_launchers import is_warm
+
+    try:
+        return is_warm(wheel.manifest)
+    except Exception:  # an unreadable cache is reported as not built
+        return False
+
+
 def check_kernel_wheel(
     arch: str | None,
     triton_version: str | None,
@@ -149,6 +158,16 @@ def check_kernel_wheel(
                 f"{triton_version}: its precompiled kernels are not used (tuned configs are)",
                 f"greta build-kernels --arch {arch} --out wheels && "
                 f"pip install --force-reinstall --no-deps wheels/{package_name(arch)}-*.whl",
+            )
+        )
+    elif not _launchers_built(match):
+        problems.append(
+            Problem(
+                "kernel-wheel-launchers",
+                "warn",
+                f"{match.distribution}: Triton's host launchers are not built for this "
+                "Python: each kernel's first call runs the C compiler",
+                "greta warm",
             )
         )
     if others:

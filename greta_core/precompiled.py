@@ -13,6 +13,10 @@ AOT compiler (``greta_core.aot``) compiles through that same JIT path for the ta
 arch, so a call the wheel covers finds its entry under the same key and Triton loads
 the binary instead of compiling; a call it does not cover misses and compiles as usual.
 
+The same manager serves the host launchers ``greta warm`` built
+(``greta_core.host_launchers``), and ``activate()`` hands Triton its remembered build key
+(``greta_core.triton_key_memo``), the two host-side costs of a first launch.
+
 Op launchers call ``activate()`` before their first launch; after the first call it is
 one boolean test. ``GRETA_PRECOMPILED=0`` turns it off (benchmarks, debugging).
 """
@@ -119,11 +123,31 @@ def _activate() -> bool:
             _roots.append(root)
     if not _roots:
         return False
+    _add_host_side()
     previous = knobs.cache.manager_class
     if previous is not WheelCacheManager:
         WheelCacheManager.fallback = previous
         knobs.cache.manager_class = WheelCacheManager
     return True
+
+
+def _add_host_side() -> None:
+    """Host launchers built by `greta warm`, and Triton's remembered build key."""
+    from greta_core import host_launchers, triton_key_memo
+
+    try:
+        launchers = host_launchers.launcher_dir()
+        if launchers.is_dir():
+            _roots.append(launchers)
+        else:
+            _say_once(
+                "warm",
+                "host launchers not built: the first launch compiles them (run `greta warm`)",
+            )
+        if not triton_key_memo.seed():
+            _say_once("key", "Triton's build key is not remembered for this Triton: hashing it")
+    except Exception as exc:  # an unreadable cache must never cost more than the slow path
+        _say_once("host", "host-side warm-up unavailable (%s)", exc)
 
 
 def deactivate() -> None:

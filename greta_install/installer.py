@@ -412,5 +412,34 @@ def execute(
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def warm_kernel_wheel(executable: str, log: Log = print, timeout: float = 900) -> bool:
+    """Run `greta warm` in the target environment: build the kernel wheel's host launchers.
+
+    Optional by nature: when it cannot run (greta not installed in that environment, no C
+    compiler, no GPU runtime) the kernels still work and build their launchers at first
+    use, so this warns instead of failing the install.
+    """
+    argv = [executable, "-m", "greta", "warm"]
+    log("building the kernel wheel's host launchers (greta warm)")
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log(
+            f"warning: greta warm did not finish ({exc}); the first kernel call builds them instead"
+        )
+        return False
+    for line in (proc.stdout + proc.stderr).strip().splitlines():
+        log(f"    {line}")
+    if proc.returncode != 0:
+        log(
+            "warning: greta warm failed: the first call of each kernel builds its launcher "
+            f"instead. Retry with: {executable} -m greta warm"
+        )
+        return False
+    return True
+
+
 def sha256_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()

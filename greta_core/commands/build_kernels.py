@@ -4,7 +4,8 @@ Each wheel (``greta_kernels_<arch>-<version>-py3-none-any.whl``) holds the arch'
 config table (``configs.json``), the Triton cache entries of every kernel spec compiled
 for the arch with the installed Triton (``precompiled/<key>/``), and ``manifest.json``
 (kernels and specialisations covered, arch, Triton version and build fingerprint, build
-date, source hash). Each arch builds in its own process (``--jobs``).
+date, source hash) and ``launchers.json``, what Triton's host launcher of each kernel
+signature is built from (built on the user's machine by ``greta warm``). Each arch builds in its own process (``--jobs``).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def build_arch(
     """Compile every spec for `arch` and write its wheel (runs in a worker process)."""
     from greta import __version__
     from greta_core.aot import run_aot
+    from greta_core.host_launchers import SPECS_FILE
     from greta_core.wheelbuild import build_wheel, distribution_name, package_name
 
     start = time.perf_counter()
@@ -143,11 +145,15 @@ def build_arch(
         aot = run_aot([arch], staging, only=only, variants=variants)
         files: dict[str, bytes] = {"configs.json": table_text.encode()}
         kernels = []
+        launchers: dict[str, dict[str, Any]] = {}
         for res in aot.results:
             if not res.ok:
                 continue
             entry = collect_entry(Path(staging), res.key)
             files.update({f"precompiled/{name}": data for name, data in entry.items()})
+            launcher = launcher_spec(res, entry)
+            if launcher:
+                launchers.setdefault(launcher["digest"], launcher["spec"])
             kernels.append(
                 {
                     "spec": res.spec,
@@ -159,6 +165,7 @@ def build_arch(
                     "signature": res.signature,
                     "specialised": res.specialised,
                     "matrix_instructions": res.matrix_instructions,
+                    "launcher": launcher["digest"] if launcher else "",
                 }
             )
     env = aot.environment
@@ -176,7 +183,10 @@ def build_arch(
         "source_hash": source_hash(table_text),
         "variants": list(variants),
         "kernels": kernels,
+        # Host launchers described in launchers.json, built by `greta warm`.
+        "launchers": sorted(launchers),
     }
+    files[SPECS_FILE] = (json.dumps(launchers, indent=1, sort_keys=True) + "\n").encode()
     files["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     wheel = build_wheel(Path(out_dir), arch, __version__, files)
     return {
@@ -189,6 +199,18 @@ def build_arch(
             {k: v for k, v in r.to_row().items() if k != "specialised"} for r in aot.results
         ],
     }
+
+
+def launcher_spec(res: Any, entry: dict[str, bytes]) -> dict[str, Any] | None:
+    """{"digest", "spec"} of a compiled kernel's host launcher (None if not captured)."""
+    from greta_core.host_launchers import spec_digest
+
+    if not res.launcher:
+        return None
+    name = cache_dir_name(res.key)
+    metadata = json.loads(entry[f"{name}/{res.launcher['kernel']}.json"])
+    spec = {**res.launcher, "entry": name}
+    return {"digest": spec_digest(spec, metadata), "spec": spec}
 
 
 def cache_dir_name(key: str) -> str:

@@ -206,8 +206,12 @@ def run(args: argparse.Namespace) -> int:
             args.json,
             130,
         )
+    warmed = None
+    if plan.kernel_wheel.status == "found":
+        warmed = inst.warm_kernel_wheel(executable, log)
     result = {
         "installed": sorted(f"{n}=={_version(plan, n)}" for n in staged.files),
+        "host_launchers_built": warmed,
         "unverified_observed": staged.observed_unverified,
         "env": plan.env,
         "kernel_wheel": plan.kernel_wheel.to_json(),

@@ -1,0 +1,317 @@
+"""Host launchers and Triton's build key: what `greta warm` prepares so that the first
+call of a kernel served from a kernel wheel runs no C compiler and hashes nothing.
+
+On this CPU machine: the wheel describes its launchers, a launcher rebuilt from that
+description generates the C source the JIT generates (CUDA and HIP), `warm` builds each
+distinct source once where Triton's own lookup finds it, and the build-key memo is only
+trusted while Triton's files are unchanged. On the GPU: a fresh process runs a kernel
+from a warmed wheel with Triton's C compiler entry point made to fail.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from greta_core import host_launchers, triton_key_memo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
+    """Run `code` in a fresh interpreter (Triton's driver state must not leak) -> last JSON line."""
+    full_env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT), **(env or {})}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fake_rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Triton's HIP launcher source names the libamdhip64.so it will dlopen; generating it
+    # only needs the file to exist. Loading a built module needs the real one (not here).
+    root = tmp_path_factory.mktemp("rocm")
+    (root / "lib").mkdir()
+    (root / "lib" / "libamdhip64.so").write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gfx942 kernel wheel for vec_add and rms_norm, unpacked as pip would install it."""
+    from greta_core.commands.build_kernels import build_all
+
+    out = tmp_path_factory.mktemp("wheels")
+    [outcome] = build_all(["gfx942"], out, only=["vec_add", "rms_norm"], jobs=1)
+    assert "fatal" not in outcome, outcome
+    site = tmp_path_factory.mktemp("site")
+    with zipfile.ZipFile(outcome["wheel"]) as zf:
+        zf.extractall(site)
+    return site / "greta_kernels_gfx942"
+
+
+def test_wheel_describes_every_kernels_launcher(wheel_dir: Path) -> None:
+    manifest = json.loads((wheel_dir / "manifest.json").read_text())
+    specs = host_launchers.wheel_specs(wheel_dir)
+    assert manifest["launchers"] == sorted(specs)
+    for kernel in manifest["kernels"]:
+        spec = specs[kernel["launcher"]]
+        assert spec["backend"] == "hip"
+        assert (wheel_dir / "precompiled" / spec["entry"] / f"{spec['kernel']}.json").is_file()
+        # Argument order matters to the launcher: the kernel's order, not a sorted one.
+        module = importlib.import_module(f"greta_core.kernels.{kernel['module']}")
+        kernel_fn = getattr(module, spec["kernel"])
+        assert [name for name, _ in spec["signature"]] == list(kernel_fn.arg_names)
+    # Far fewer launchers than kernels: configs and variants share a signature.
+    assert 0 < len(specs) < len(manifest["kernels"])
+
+
+def test_corrupt_launchers_json_is_reported(tmp_path: Path) -> None:
+    (tmp_path / host_launchers.SPECS_FILE).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="corrupt wheel"):
+        host_launchers.wheel_specs(tmp_path)
+    assert host_launchers.wheel_specs(tmp_path / "missing") == {}
+
+
+REBUILD_PROBE = """
+import json
+from greta_core import host_launchers as H
+from greta_core.aot import compiling_for, discover, int_args_for, _stand_in
+import tempfile
+from pathlib import Path
+
+out = {}
+for arch in ("sm_90", "gfx942"):
+    cache = tempfile.mkdtemp()
+    with compiling_for(arch, cache):
+        [found] = discover(arch, ["rms_norm"])
+        spec = found.specs[0]
+        fn = spec.kernel
+        ints = int_args_for(spec, "ragged")
+        args = [spec.constexprs[n] if n in spec.constexprs else _stand_in(n, spec.signature[n], ints)
+                for n in fn.arg_names]
+        fn.device_caches.clear()
+        compiled = fn.warmup(*args, grid=(1,), **dict(spec.options))
+    # What the JIT would build at the first launch ...
+    real = H.launcher_source(compiled.src, compiled.metadata)
+    # ... and what warm builds from the wheel's description and the cached metadata.
+    entry = next(p for p in Path(cache).iterdir() if (p / f"{compiled.metadata.name}.json").is_file())
+    described = json.loads(json.dumps(H.spec_of(compiled, entry.name)))
+    metadata = H.load_metadata(entry / f"{compiled.metadata.name}.json")
+    rebuilt = H.launcher_source(H._source_object(described), metadata)
+    out[arch] = {"same": real == rebuilt, "length": len(real), "backend": described["backend"]}
+print(json.dumps(out))
+"""
+
+
+def test_rebuilt_launcher_generates_the_jit_source(fake_rocm: Path) -> None:
+    out = _run(REBUILD_PROBE, {"ROCM_PATH": str(fake_rocm)})
+    assert out["sm_90"] == {"same": True, "length": out["sm_90"]["length"], "backend": "cuda"}
+    assert out["gfx942"]["same"] is True and out["gfx942"]["backend"] == "hip"
+    assert out["sm_90"]["length"] > 1000 and out["gfx942"]["length"] > 1000
+
+
+WARM_PROBE = """
+import json, sysconfig, hashlib
+from pathlib import Path
+from greta_core import host_launchers as H, precompiled
+from triton.runtime.build import platform_key
+from triton.runtime.cache import get_cache_manager
+
+pkg = Path({pkg!r})
+specs = H.wheel_specs(pkg)
+first = H.warm(specs.values(), pkg / "precompiled", utils=False, remember_key=False, jobs=2)
+again = H.warm(specs.values(), pkg / "precompiled", utils=False, remember_key=False, jobs=2)
+
+# Triton's own lookup, with GRETA's cache manager serving the launcher directory.
+precompiled.add_root(H.launcher_dir())
+suffix = sysconfig.get_config_var("EXT_SUFFIX")
+found = []
+for spec in specs.values():
+    md = H.load_metadata(pkg / "precompiled" / spec["entry"] / (spec["kernel"] + ".json"))
+    src = H.launcher_source(H._source_object(spec), md)
+    key = hashlib.sha256((src + platform_key()).encode()).hexdigest()
+    path = get_cache_manager(key).get_file("__triton_launcher" + suffix)
+    found.append(bool(path) and Path(path).is_relative_to(H.launcher_dir()))
+print(json.dumps({{"first": first.to_json(), "again": again.to_json(), "found": found}}))
+"""
+
+
+def test_warm_builds_each_distinct_launcher_once_where_triton_looks(
+    wheel_dir: Path, fake_rocm: Path, tmp_path: Path
+) -> None:
+    out = _run(
+        WARM_PROBE.format(pkg=str(wheel_dir)),
+        {"ROCM_PATH": str(fake_rocm), "GRETA_CACHE_DIR": str(tmp_path)},
+    )
+    first, again = out["first"], out["again"]
+    assert first["launchers"] == len(host_launchers.wheel_specs(wheel_dir))
+    assert 0 < first["modules"] <= first["launchers"]
+    assert first["built"] == first["modules"]  # each distinct C source compiled once
+    assert again["built"] == 0  # and never again
+    assert all(out["found"]) and len(out["found"]) == first["launchers"]
+    # The built modules cannot be loaded without a real HIP runtime: said, not hidden.
+    assert first["ok"] is False and first["failed"]
+    assert all("libamdhip64" in line for line in first["failed"])
+
+
+def test_doctor_wants_warm_until_it_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from greta_core.kernel_wheel import KernelWheelInfo, check_kernel_wheel
+
+    monkeypatch.setenv("GRETA_CACHE_DIR", str(tmp_path))
+    manifest = {"arch": "sm_90", "triton_version": "3.6.0", "package": "greta_kernels_sm_90",
+                "launchers": ["a" * 64, "b" * 64]}  # fmt: skip
+    wheel = KernelWheelInfo("sm_90", "greta-kernels-sm-90", "0.1.0", tmp_path, manifest)
+    [problem] = check_kernel_wheel("sm_90", "3.6.0", [wheel])
+    assert problem.id == "kernel-wheel-launchers" and problem.fix == "greta warm"
+    report = host_launchers.WarmReport("cuda", str(tmp_path), launchers=2, modules=1, ready=2)
+    host_launchers.write_stamp(manifest, report)
+    assert check_kernel_wheel("sm_90", "3.6.0", [wheel]) == []
+    # Another wheel build (other launchers) is not covered by that stamp.
+    other = {**manifest, "launchers": ["c" * 64]}
+    assert not host_launchers.is_warm(other)
+    # A failed warm leaves the problem in place.
+    host_launchers.write_stamp(other, host_launchers.WarmReport("cuda", "", failed=["x: boom"]))
+    assert not host_launchers.is_warm(other)
+
+
+# --- Triton's build key --------------------------------------------------------------------
+
+
+def _fake_triton(root: Path) -> Path:
+    for rel in ("runtime/cache.py", "compiler/compiler.py", "backends/nvidia/driver.py",
+                "_C/libtriton.so"):  # fmt: skip
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rel.encode())
+    return root
+
+
+def test_key_memo_is_dropped_when_triton_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import triton.runtime.cache as cache
+
+    root = _fake_triton(tmp_path / "triton")
+    memo = tmp_path / "memo.json"
+    value = triton_key_memo.remember(memo, root)
+    assert value == cache.triton_key()
+    assert triton_key_memo.lookup(memo, root) == value
+    lib = root / "_C" / "libtriton.so"
+    lib.write_bytes(b"a rebuilt libtriton")  # size and mtime change
+    assert triton_key_memo.lookup(memo, root) is None
+    triton_key_memo.remember(memo, root)
+    os.utime(root / "backends" / "nvidia" / "driver.py", ns=(1, 1))  # mtime only
+    assert triton_key_memo.lookup(memo, root) is None
+    (root / "backends" / "amd").mkdir()
+    triton_key_memo.remember(memo, root)
+    (root / "backends" / "amd" / "new.py").write_text("")  # a new file Triton would hash
+    assert triton_key_memo.lookup(memo, root) is None
+    memo.write_text("{not json")
+    assert triton_key_memo.lookup(memo, root) is None
+
+
+SEED_PROBE = """
+import json, time
+from pathlib import Path
+from greta_core import triton_key_memo
+import triton.runtime.cache as cache
+memo = Path({memo!r})
+seeded = triton_key_memo.seed(memo)
+t = time.perf_counter()
+value = cache.triton_key()
+print(json.dumps({{"seeded": seeded, "value": value, "seconds": time.perf_counter() - t,
+                   "marked": getattr(cache.triton_key, "greta_seeded", False),
+                   "again": triton_key_memo.seed(memo)}}))
+"""
+
+
+def test_seed_hands_triton_the_remembered_key(tmp_path: Path) -> None:
+    import triton.runtime.cache as cache
+
+    memo = tmp_path / "memo.json"
+    triton_key_memo.remember(memo)
+    out = _run(SEED_PROBE.format(memo=str(memo)))
+    assert out["seeded"] is True and out["marked"] is True and out["again"] is True
+    assert out["value"] == cache.triton_key()  # the value Triton computes itself
+    # A memo from another Triton build: not used, Triton hashes as usual.
+    memo.write_text(json.dumps({"0" * 64: "someone-elses-key"}))
+    out = _run(SEED_PROBE.format(memo=str(memo)))
+    assert out["seeded"] is False and out["marked"] is False
+    assert out["value"] == cache.triton_key()
+
+
+def test_seed_never_replaces_a_key_triton_computed(tmp_path: Path) -> None:
+    memo = tmp_path / "memo.json"
+    triton_key_memo.remember(memo)
+    out = _run(
+        "import json, triton.runtime.cache as c; c.triton_key()\n"
+        "from greta_core import triton_key_memo as m; from pathlib import Path\n"
+        f"print(json.dumps({{'seeded': m.seed(Path({str(memo)!r}))}}))"
+    )
+    assert out == {"seeded": False}
+
+
+# --- the whole path on a GPU -------------------------------------------------------------
+
+GPU_PROBE = """
+import json, time
+import torch
+import triton.runtime.build as build
+def no_compiler(name, *args, **kwargs):
+    raise AssertionError(f"the C compiler ran for {{name}}")
+build._build = no_compiler
+import triton.runtime.cache as cache
+from greta_core import raw, precompiled
+x = torch.randn(65536, device="cuda", dtype=torch.float16)
+torch.cuda.synchronize()
+t = time.perf_counter()
+y = raw.vec_add(x, x)
+torch.cuda.synchronize()
+print(json.dumps({{"active": precompiled.activate(), "seconds": time.perf_counter() - t,
+                   "correct": bool(torch.equal(y, x + x)),
+                   "key_seeded": getattr(cache.triton_key, "greta_seeded", False)}}))
+"""
+
+
+@pytest.mark.gpu
+def test_warmed_wheel_first_call_runs_no_compiler(tmp_path: Path) -> None:
+    from greta_core.arch import device_arch
+    from greta_core.commands.build_kernels import build_all
+
+    arch = device_arch()
+    [outcome] = build_all([arch], tmp_path / "wheels", only=["vec_add"], jobs=1)
+    assert "fatal" not in outcome, outcome
+    site = tmp_path / "site"
+    with zipfile.ZipFile(outcome["wheel"]) as zf:
+        zf.extractall(site)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+        "GRETA_CACHE_DIR": str(tmp_path / "greta-cache"),
+    }
+    warm = subprocess.run(
+        [sys.executable, "-m", "greta", "warm", "--json"], env=env, capture_output=True, text=True
+    )
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    [row] = json.loads(warm.stdout)
+    assert row["ok"] and row["ready"] == row["launchers"] > 0 and row["utils"] == "ready"
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "empty-triton-cache")
+    out = _run(GPU_PROBE.format(), env)
+    assert out == {**out, "active": True, "correct": True, "key_seeded": True}
