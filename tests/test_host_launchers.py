@@ -315,3 +315,22 @@ def test_warmed_wheel_first_call_runs_no_compiler(tmp_path: Path) -> None:
     env["TRITON_CACHE_DIR"] = str(tmp_path / "empty-triton-cache")
     out = _run(GPU_PROBE.format(), env)
     assert out == {**out, "active": True, "correct": True, "key_seeded": True}
+
+
+# --- the installer's step --------------------------------------------------------------
+
+
+def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) -> None:
+    from greta_install.installer import warm_kernel_wheel
+
+    lines: list[str] = []
+    # This environment has greta and no kernel wheel: warm has nothing to build, succeeds.
+    env_python = sys.executable
+    assert warm_kernel_wheel(env_python, lines.append) is True
+    assert any("no GRETA kernel wheel installed" in line for line in lines)
+    # An environment without greta: a warning with the command to retry, not an exception.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    lines.clear()
+    assert warm_kernel_wheel(str(bare / "bin" / "python"), lines.append) is False
+    assert any("greta warm failed" in line and "-m greta warm" in line for line in lines)
