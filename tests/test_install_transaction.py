@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from greta_install import installer as inst
 from greta_install.lockfile import Lock, LockedPackage, format_lock
 from greta_install.tools import find_uv
 
@@ -497,5 +498,78 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
         text=True,
         timeout=60,
         check=False,
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_kernel_wheel_lookup_on_an_index() -> None:
+    filename, data = make_wheel("greta-kernels-gfx942", "0.1.0")
+    with Index({filename: data}, {}) as index:
+        found = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.1.0")
+        assert found.location == f"{index.url.rsplit('/simple/', 1)[0]}/files/{filename}"
+        assert found.sha256 == hashlib.sha256(data).hexdigest() and not found.problem
+        other = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.2.0")
+        assert other.location is None and "is not on" in (other.problem or "")
+        absent = inst.find_kernel_wheel(index.url, "greta-kernels-gfx1100==0.1.0")
+        assert absent.location is None and "greta-kernels-gfx1100" in (absent.problem or "")
+        url = index.url
+    gone = inst.find_kernel_wheel(url, "greta-kernels-gfx942==0.1.0")  # server stopped
+    assert gone.location is None and "unreachable" in (gone.problem or "")
+
+
+def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
+    lock = Lock(
+        target="cuda",
+        python=PY,
+        packages=(
+            LockedPackage(
+                "alpha-pkg",
+                "1.0",
+                None,
+                ("sha256:" + hashlib.sha256(WHEELS["alpha-pkg"][1]).hexdigest(),),
+            ),
+        ),
+        kernel_wheel="greta-kernels-sm-90==0.1.0",
+        env={},
+        meta={"target": "cuda", "python": PY},
+    )
+    path = tmp_path / "cuda-lock.txt"
+    path.write_text(format_lock(lock), encoding="utf-8")
+
+    def argv(kernel_index: str) -> list[str]:
+        return [sys.executable, "-m", "greta", "install", "--lock", str(path),
+                "--python", python_of(fresh_venv), "--installer", "pip", "--arch", "sm_90",
+                "--kernel-wheels", kernel_index]  # fmt: skip
+
+    files = dict(WHEELS.values())
+    with Index(files, {}) as index, Index({filename: data}, {filename: "drop"}) as kernels:
+        env = pip_env(index, tmp_path)
+        before = snapshot(fresh_venv)
+        bad = subprocess.run(
+            argv(kernels.url), cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+        )
+        # The connection drops a third of the way: the index's sha256 catches it.
+        assert bad.returncode == 1 and "greta-kernels-sm-90" in bad.stderr, bad.stderr
+        assert "hash mismatch" in bad.stderr or "network error" in bad.stderr, bad.stderr
+        assert snapshot(fresh_venv) == before
+        assert_no_stage_left(tmp_path)
+    with Index(files, {}) as index, Index({filename: data}, {}) as kernels:
+        env = pip_env(index, tmp_path)
+        good = subprocess.run(
+            argv(kernels.url), cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+        )
+    assert good.returncode == 0, good.stdout + good.stderr
+    served_at = f"{kernels.url.rsplit('/simple/', 1)[0]}/files/{filename}"
+    assert f"staging kernel wheel greta-kernels-sm-90==0.1.0 from {served_at}" in good.stdout
+    # greta is not in that environment: the launcher build is skipped with a warning.
+    assert "warning: greta warm failed" in good.stdout, good.stdout
+    check = subprocess.run(
+        [python_of(fresh_venv), "-c", "import greta_kernels_sm_90, alpha_pkg"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert check.returncode == 0, check.stderr
