@@ -436,13 +436,8 @@ def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
     assert "UNVERIFIED alpha-pkg==1.0" in allowed.stdout and digest in allowed.stdout
 
 
-def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
-    fresh_venv: Path, tmp_path: Path
-) -> None:
-    filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
-    wheels = tmp_path / "kernel-wheels"
-    wheels.mkdir()
-    (wheels / filename).write_bytes(data)
+def write_kernel_lock(tmp_path: Path) -> Path:
+    """A cuda lock with one package from the test index and the sm_90 kernel wheel."""
     lock = Lock(
         target="cuda",
         python=PY,
@@ -460,6 +455,17 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
     )
     path = tmp_path / "cuda-lock.txt"
     path.write_text(format_lock(lock), encoding="utf-8")
+    return path
+
+
+def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
+    wheels = tmp_path / "kernel-wheels"
+    wheels.mkdir()
+    (wheels / filename).write_bytes(data)
+    path = write_kernel_lock(tmp_path)
     argv = [
         sys.executable,
         "-m",
@@ -521,23 +527,7 @@ def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
     fresh_venv: Path, tmp_path: Path
 ) -> None:
     filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
-    lock = Lock(
-        target="cuda",
-        python=PY,
-        packages=(
-            LockedPackage(
-                "alpha-pkg",
-                "1.0",
-                None,
-                ("sha256:" + hashlib.sha256(WHEELS["alpha-pkg"][1]).hexdigest(),),
-            ),
-        ),
-        kernel_wheel="greta-kernels-sm-90==0.1.0",
-        env={},
-        meta={"target": "cuda", "python": PY},
-    )
-    path = tmp_path / "cuda-lock.txt"
-    path.write_text(format_lock(lock), encoding="utf-8")
+    path = write_kernel_lock(tmp_path)
 
     def argv(kernel_index: str) -> list[str]:
         return [sys.executable, "-m", "greta", "install", "--lock", str(path),
