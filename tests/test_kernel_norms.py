@@ -241,3 +241,23 @@ def test_jax_norms_and_grads() -> None:
     assert observe.last_implementation("layer_norm_bwd") in ("jax-triton", "reference-jnp")
     with pytest.raises(raw.GretaInputError, match="argument 'weight' has shape"):
         gj.rms_norm(jnp.asarray(x), jnp.ones(5))
+
+
+def test_row_plan_memo_follows_a_swapped_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `greta tune` swaps configs.lookup to time candidates: a memoized plan must not hide it.
+    from greta_core import configs
+    from greta_core.kernels._rows import row_plan
+
+    shipped = row_plan("rms_norm", "sm_90", 4096)
+    assert shipped.one_pass is True
+    assert row_plan("rms_norm", "sm_90", 4096) is shipped  # memoized
+    real = configs.lookup
+
+    def tuned(op: str, arch: str, features: dict | None = None) -> dict:
+        return {**real(op, arch, features), "num_warps": 2, "MAX_BLOCK_N": 1024}
+
+    monkeypatch.setattr(configs, "lookup", tuned)
+    swapped = row_plan("rms_norm", "sm_90", 4096)
+    assert swapped.options["num_warps"] == 2 and swapped.one_pass is False
+    monkeypatch.setattr(configs, "lookup", real)
+    assert row_plan("rms_norm", "sm_90", 4096) is shipped

@@ -7,6 +7,7 @@ table picks ``num_warps`` (and HIP knobs) by row length.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +28,26 @@ class RowPlan:
 
 
 def row_plan(op: str, arch: str, n_cols: int) -> RowPlan:
-    config = configs.lookup(op, arch, {"N": n_cols})
+    """The launch plan for rows of `n_cols`: memoized, as it runs on every launch.
+
+    Keyed on `configs.lookup` itself, so `greta tune` swapping it never sees a stale
+    plan; a symbolic width (torch.compile tracing) is planned without the memo.
+    """
+    if type(n_cols) is not int:
+        return _plan(op, arch, n_cols, configs.lookup)
+    return _memo_plan(op, arch, n_cols, configs.lookup)
+
+
+def _plan(op: str, arch: str, n_cols: int, lookup: Any) -> RowPlan:
+    config = lookup(op, arch, {"N": n_cols})
     block = max(MIN_BLOCK_N, triton.next_power_of_2(max(n_cols, 1)))
     one_pass = block <= config["MAX_BLOCK_N"]
     if not one_pass:
         block = config["LOOP_BLOCK_N"]
     return RowPlan(block, one_pass, configs.launch_options(config, arch), config)
+
+
+_memo_plan = functools.lru_cache(maxsize=1024)(_plan)
 
 
 def aot_blocks(op: str, arch: str) -> list[tuple[int, int]]:
