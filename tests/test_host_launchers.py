@@ -334,3 +334,55 @@ def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) ->
     lines.clear()
     assert warm_kernel_wheel(str(bare / "bin" / "python"), lines.append) is False
     assert any("greta warm failed" in line and "-m greta warm" in line for line in lines)
+
+
+# --- `greta warm` on what it finds installed ----------------------------------------------
+
+
+def _warm_cli(site: Path, cache: Path) -> tuple[int, list[dict]]:
+    # No ROCm on this machine (and no fake one: loading an empty libamdhip64.so crashes).
+    env = {**os.environ, "TRITON_INTERPRET": "0", "GRETA_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}  # fmt: skip
+    env.pop("ROCM_PATH", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "greta", "warm", "--json"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_warm_cli_reports_each_wheel_and_never_stamps_a_failure(
+    wheel_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import triton
+
+    site = tmp_path / "site"
+    shutil.copytree(wheel_dir, site / wheel_dir.name)
+    package = site / wheel_dir.name
+    manifest = json.loads((package / "manifest.json").read_text())
+
+    # No HIP runtime here: neither the driver helpers nor the launchers (whose source names
+    # libamdhip64.so) can be made, so warm fails and says why.
+    rc, [row] = _warm_cli(site, tmp_path / "cache")
+    assert rc == 1 and row["ok"] is False and row["utils"].startswith("failed")
+    assert row["ready"] == 0 and row["failed"]
+    assert all("libamdhip64" in line for line in row["failed"])
+    assert row["package"] == "greta_kernels_gfx942" and row["launchers"] == len(
+        manifest["launchers"]
+    )
+    monkeypatch.setenv("GRETA_CACHE_DIR", str(tmp_path / "cache"))
+    assert not host_launchers.is_warm(manifest)  # no stamp for a failed warm
+
+    # A wheel for another Triton: its code is not used, so there is nothing to build.
+    other = {**manifest, "triton_version": "0.0.1"}
+    (package / "manifest.json").write_text(json.dumps(other))
+    rc, [row] = _warm_cli(site, tmp_path / "cache2")
+    assert rc == 0 and "0.0.1" in row["skipped"] and triton.__version__ in row["skipped"]
+
+    # A corrupt launcher description is an error naming the file, not a traceback.
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    (package / host_launchers.SPECS_FILE).write_text('{"x": 1}')
+    rc, [row] = _warm_cli(site, tmp_path / "cache3")
+    assert rc == 1 and "launchers.json" in row["error"] and "corrupt" in row["error"]
