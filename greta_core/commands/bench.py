@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "time GRETA ops side by side with the vendor libraries and torch.compile"
+HELP = "Time GRETA ops side by side with the vendor libraries and torch.compile."
 
 _PRESETS = ("smoke", "standard", "perf")
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-HELP = "build GRETA kernel wheels (precompiled Triton code + tuned configs) per GPU arch"
+HELP = "Build GRETA kernel wheels (precompiled Triton code + tuned configs) per GPU arch."
 
 MANIFEST_FORMAT = 1
 # Cache-entry files a wheel keeps: metadata, group index, binary and its text assembly

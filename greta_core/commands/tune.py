@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-HELP = "time candidate launch configs of an op on this GPU and write its config table"
+HELP = "Time candidate launch configs of an op on this GPU and write its config table."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

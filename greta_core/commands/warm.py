@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-HELP = "build the kernel wheel's Triton host launchers once, so the first kernel call does not"
+HELP = "Build the installed kernel wheel's Triton host launchers, so first calls run no C compiler."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
