@@ -374,6 +374,37 @@ def commit(argv: list[str], log: Log = print) -> None:
         raise KeyboardInterrupt
 
 
+def commit_or_restore(
+    argv: list[str], site_packages: Path | None, names: list[str], log: Log = print
+) -> None:
+    """`commit`, and if the installer fails midway, put the replaced packages back."""
+    from greta_install import rollback
+
+    saved = None
+    if site_packages is not None:
+        try:
+            saved = rollback.backup(site_packages, names)
+        except OSError as exc:  # no backup is no reason to refuse; say so
+            log(f"warning: cannot save the packages this install replaces ({exc}): no rollback")
+    try:
+        commit(argv, log)
+    except InstallError as exc:
+        if saved is None:
+            raise
+        try:
+            done = rollback.restore(saved)
+        except OSError as undo:
+            raise InstallError(
+                "install", f"{exc.reason}. Restoring the previous packages failed too: {undo}"
+            ) from None
+        raise InstallError(
+            "install",
+            f"{exc.reason}. The environment was put back as it was ({'; '.join(done) or 'nothing had changed'})",
+        ) from None
+    finally:
+        rollback.discard(saved)
+
+
 def _main_thread() -> bool:
     import threading
 
@@ -398,7 +429,7 @@ def execute(
         write_stage_requirements(plan, staged)
         argv = install_command(plan, directory, uv)
         log(f"installing {len(staged.files)} verified files offline with {plan.installer}")
-        commit(argv, log)
+        commit_or_restore(argv, site_packages, list(staged.files), log)
         if site_packages is not None:
             if plan.env:
                 envfix.write_env_fixes(

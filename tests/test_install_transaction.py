@@ -44,10 +44,13 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(name: str, version: str, payload_kib: int = 1) -> tuple[str, bytes]:
+def make_wheel(
+    name: str, version: str, payload_kib: int = 1, extra: dict[str, bytes] | None = None
+) -> tuple[str, bytes]:
     module = name.replace("-", "_")
     info = f"{module}-{version}.dist-info"
     files = {
+        **(extra or {}),
         f"{module}/__init__.py": (
             f"VERSION = {version!r}\n# padding so a broken download stops mid-file\n"
             + "#" * (payload_kib * 1024)
@@ -563,3 +566,58 @@ def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
         timeout=60,
     )
     assert check.returncode == 0, check.stderr
+
+
+def test_failure_inside_the_offline_install_puts_the_environment_back(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    # alpha-pkg 1.0 is installed; the lock wants alpha-pkg 2.0 and aaa-clash, whose wheel
+    # holds a *file* named alpha_pkg: pip installs alpha 2.0 over 1.0, then fails on the
+    # clash with the alpha_pkg/ directory, which by itself leaves alpha 2.0 behind.
+    old_name, old_data = WHEELS["alpha-pkg"]
+    (tmp_path / old_name).write_bytes(old_data)
+    subprocess.run(
+        [python_of(fresh_venv), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+         str(tmp_path / old_name)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    new = dict(
+        [make_wheel("alpha-pkg", "2.0"), make_wheel("aaa-clash", "1.0", extra={"alpha_pkg": b"x"})]
+    )
+    lock = Lock(
+        target="cpu",
+        python=PY,
+        packages=tuple(
+            LockedPackage(
+                name,
+                "2.0" if name == "alpha-pkg" else "1.0",
+                None,
+                ("sha256:" + hashlib.sha256(new[f]).hexdigest(),),
+            )
+            for name, f in (
+                ("alpha-pkg", "alpha_pkg-2.0-py3-none-any.whl"),
+                ("aaa-clash", "aaa_clash-1.0-py3-none-any.whl"),
+            )
+        ),
+        kernel_wheel=None,
+        env={},
+        meta={"target": "cpu", "python": PY},
+    )
+    path = tmp_path / "clash-lock.txt"
+    path.write_text(format_lock(lock), encoding="utf-8")
+    before = snapshot(fresh_venv)
+    with Index(new, {}) as index:
+        proc = greta_install(fresh_venv, path, "pip", pip_env(index, tmp_path))
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out + err
+    assert "failed during the offline install step" in err, err
+    # The rollback really had work to do: alpha 2.0 had been installed over 1.0.
+    assert "removed alpha_pkg-2.0" in err and "put back" in err, err
+    assert snapshot(fresh_venv) == before
+    check = subprocess.run(
+        [python_of(fresh_venv), "-c", "import alpha_pkg; print(alpha_pkg.VERSION)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert check.stdout.strip() == "1.0", check.stderr
+    assert not list(fresh_venv.rglob(".greta-rollback-*"))
+    assert_no_stage_left(tmp_path)
