@@ -276,3 +276,53 @@ def test_attention_backends_without_lengths(impl: str, sq: int, skv: int) -> Non
     want = _attention_ref(q, k, v, [sq, sq], [skv, skv])
     err = float((got.double().cpu() - want).abs().max() / want.abs().max())
     assert err <= TOL[torch.bfloat16]
+
+
+# --- the eager fast path (raw launch instead of torch.library dispatch) --------------------
+
+
+def test_eager_raw_never_on_cpu_or_under_a_mode() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from greta_core.compute._probes import eager_raw
+
+    x = torch.randn(4, 8)
+    assert eager_raw(x) is False  # CPU tensors always take the torch op
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert eager_raw(x) is False
+    with torch.device("cpu"):  # a torch function mode
+        assert eager_raw(x) is False
+
+
+@pytest.mark.gpu
+def test_eager_fast_path_only_when_nothing_needs_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    import greta_core.ops.rms_norm as raw_rms
+    from greta_core.compute._probes import eager_raw
+
+    calls = []
+    real = raw_rms.rms_norm
+    monkeypatch.setattr(raw_rms, "rms_norm", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    assert eager_raw(x, w) is True
+    y = compute.rms_norm(x, w, 1e-6)
+    assert calls == [1]
+    torch.testing.assert_close(y, torch.ops.greta.rms_norm(x, w, 1e-6), rtol=0, atol=0)
+    # A gradient wanted: the torch op (with its autograd) runs, and backward works.
+    xg = x.clone().requires_grad_(True)
+    assert eager_raw(xg, w) is False
+    compute.rms_norm(xg, w, 1e-6).float().sum().backward()
+    assert calls == [1] and xg.grad is not None and xg.grad.shape == x.shape
+    with torch.no_grad():
+        compute.rms_norm(xg, w, 1e-6)
+    assert calls == [1, 1]  # no grad mode: the fast path is fine again
+    # A tensor subclass, or torch.compile tracing, never takes it.
+    with torch.device("cuda"):
+        assert eager_raw(x, w) is False
+    compiled = torch.compile(lambda a, b: compute.rms_norm(a, b, 1e-6), fullgraph=False)
+    torch.testing.assert_close(compiled(x, w), y, rtol=0, atol=0)

@@ -90,6 +90,10 @@ def _greta(
 ) -> Any:  # fmt: skip
     import torch
 
+    if p.eager_raw(q, k, v, q_lens, kv_lens):
+        from greta_core.ops.attention import attention
+
+        return attention(q, k, v, causal, scale, q_lens, kv_lens)
     return p.unwrap(torch.ops.greta.attention(q, k, v, causal, scale, q_lens, kv_lens))
 
 

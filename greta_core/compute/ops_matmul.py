@@ -15,6 +15,10 @@ def _info(a: Any, b: Any, bias: Any = None) -> p.CallInfo:
 def _greta(a: Any, b: Any, bias: Any = None) -> Any:
     import torch
 
+    if p.eager_raw(a, b, bias):
+        from greta_core.ops.matmul import matmul
+
+        return matmul(a, b, bias)
     return p.unwrap(torch.ops.greta.matmul(a, b, bias))
 
 

@@ -48,6 +48,10 @@ def _rms_info(x: Any, weight: Any, eps: float = 1e-6) -> p.CallInfo:
 def _rms_greta(x: Any, weight: Any, eps: float = 1e-6) -> Any:
     import torch
 
+    if p.eager_raw(x, weight):
+        from greta_core.ops.rms_norm import rms_norm
+
+        return rms_norm(x, weight, eps)
     return p.unwrap(torch.ops.greta.rms_norm(x, weight, eps))
 
 
@@ -78,6 +82,10 @@ def _ln_info(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> p.CallInfo:
 def _ln_greta(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
     import torch
 
+    if p.eager_raw(x, weight, bias):
+        from greta_core.ops.layer_norm import layer_norm
+
+        return layer_norm(x, weight, bias, eps)
     return p.unwrap(torch.ops.greta.layer_norm(x, weight, bias, eps))
 
 
@@ -112,6 +120,10 @@ def _sm_info(x: Any) -> p.CallInfo:
 def _sm_greta(x: Any) -> Any:
     import torch
 
+    if p.eager_raw(x):
+        from greta_core.ops.softmax import softmax
+
+        return softmax(x)
     return p.unwrap(torch.ops.greta.softmax(x))
 
 

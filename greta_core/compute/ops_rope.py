@@ -17,6 +17,10 @@ def _rope_info(x: Any, cos: Any, sin: Any) -> p.CallInfo:
 def _rope_greta(x: Any, cos: Any, sin: Any) -> Any:
     import torch
 
+    if p.eager_raw(x, cos, sin):
+        from greta_core.ops.rope import rope
+
+        return rope(x, cos, sin)
     return p.unwrap(torch.ops.greta.rope(x, cos, sin))
 
 
