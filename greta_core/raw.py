@@ -7,6 +7,7 @@ autograd included) or ``greta_core.jax``.
 
 from greta_core.ops._validate import GretaInputError
 from greta_core.ops.attention import attention, attention_with_lse
+from greta_core.ops.attention_bwd import attention_bwd
 from greta_core.ops.kv_cache import kv_cache_append
 from greta_core.ops.layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
 from greta_core.ops.matmul import matmul
@@ -18,6 +19,7 @@ from greta_core.ops.vec_add import vec_add
 __all__ = [
     "GretaInputError",
     "attention",
+    "attention_bwd",
     "attention_with_lse",
     "kv_cache_append",
     "layer_norm",

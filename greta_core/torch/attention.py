@@ -1,9 +1,10 @@
 """torch.ops.greta.attention (output) and attention_with_lse (output, logsumexp).
 
-The forward runs the Triton kernel. The backward of ``greta::attention`` is the plain
-softmax-attention gradient computed with torch ops (it materialises the [B, H, Sq, Skv]
-probabilities: fine for fine-tuning-sized shapes, not for long sequences) until a Triton
-backward kernel lands; ``greta::attention_with_lse`` is forward only.
+The forward runs the Triton kernel. The backward of ``greta::attention`` is the Triton
+FlashAttention-2 backward (``greta::attention_bwd``, O(S) memory) for fp16/bf16 calls
+without per-batch lengths; with ``q_lens``/``kv_lens`` it is the plain softmax-attention
+gradient in torch ops, which materialises the [B, H, Sq, Skv] probabilities.
+``greta::attention_with_lse`` is forward only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch.library import triton_op, wrap_triton
 
 from greta_core.ops import attention as raw
+from greta_core.ops import attention_bwd as raw_bwd
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16)
@@ -194,10 +196,18 @@ def _setup_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
     ctx.scale = scale  # type: ignore[attr-defined]
 
 
-def _backward(ctx: object, grad: torch.Tensor) -> tuple:
-    """Softmax-attention gradient in fp32 torch ops (reference backward, O(S^2) memory)."""
-    q, k, v, q_lens, kv_lens = ctx.saved_tensors  # type: ignore[attr-defined]
-    probs, _, kx, scale = _probs(q, k, ctx.causal, ctx.scale, q_lens, kv_lens)  # type: ignore[attr-defined]
+def _reference_grads(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float | None,
+    q_lens: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax-attention gradient in fp32 torch ops (O(S^2) memory: the probabilities)."""
+    probs, _, kx, scale = _probs(q, k, causal, scale, q_lens, kv_lens)
     acc = probs.dtype
     batch, heads_kv, seq_kv, dim = k.shape
     group = q.shape[1] // heads_kv
@@ -212,15 +222,66 @@ def _backward(ctx: object, grad: torch.Tensor) -> tuple:
     def fold(t: torch.Tensor) -> torch.Tensor:  # sum the query heads sharing a kv head
         return t.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
 
-    return (
-        d_q.to(q.dtype),
-        fold(d_k).to(k.dtype),
-        fold(d_v).to(v.dtype),
-        None,
-        None,
-        None,
-        None,
-    )
+    return d_q.to(q.dtype), fold(d_k).to(k.dtype), fold(d_v).to(v.dtype)
+
+
+@triton_op("greta::attention_bwd", mutates_args=())
+def attention_bwd(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of greta::attention without lengths, from its output and logsumexp."""
+    if q.device.type == "cpu":
+        return _reference_grads(grad, q, k, v, causal, scale)
+    arch = raw_bwd.validate_bwd(grad, q, k, v, out, lse)
+    batch, heads_q, seq_q, dim = q.shape
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    delta = (out.float() * grad.float()).sum(-1).contiguous()
+    dq = torch.zeros((batch, heads_q, seq_q, dim), dtype=torch.float32, device=q.device)
+    dk = torch.zeros((batch, heads_q, seq_kv, dim), dtype=torch.float32, device=q.device)
+    dv = torch.zeros_like(dk)
+    raw_bwd.launch(grad, q, k, v, lse, delta, causal, scale, dq, dk, dv, arch, wrap=wrap_triton)
+    group = heads_q // heads_kv
+    dk = dk.view(batch, heads_kv, group, seq_kv, dim).sum(2)
+    dv = dv.view(batch, heads_kv, group, seq_kv, dim).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@attention_bwd.register_kernel("cpu")
+def _attention_bwd_cpu(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if use_interpreter_on_cpu() and q.dtype in _TRITON_DTYPES:
+        return raw_bwd.attention_bwd(grad, q, k, v, out, lse, causal, scale)
+    record_reference("attention_bwd")
+    return _reference_grads(grad, q, k, v, causal, scale)
+
+
+def _backward(ctx: object, grad: torch.Tensor) -> tuple:
+    """Triton FlashAttention-2 backward (recomputing the forward's logsumexp); with
+    per-batch lengths, or dtypes the kernels do not take, the torch-ops reference."""
+    q, k, v, q_lens, kv_lens = ctx.saved_tensors  # type: ignore[attr-defined]
+    causal, scale = ctx.causal, ctx.scale  # type: ignore[attr-defined]
+    if q_lens is None and kv_lens is None and q.dtype in _TRITON_DTYPES:
+        grad = grad.contiguous()
+        out, lse = torch.ops.greta.attention_with_lse(q, k, v, causal, scale)
+        dq, dk, dv = torch.ops.greta.attention_bwd(grad, q, k, v, out, lse, causal, scale)
+    else:
+        dq, dk, dv = _reference_grads(grad, q, k, v, causal, scale, q_lens, kv_lens)
+    return dq, dk, dv, None, None, None, None
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,236 @@
+"""Attention backward, FlashAttention-2 style: recompute the probabilities block by block.
+
+Given the forward's output ``o`` and row logsumexp ``lse`` (natural log), with
+``delta_i = sum_d o_id * do_id``:
+
+    p_ij  = exp(scale * q_i.k_j - lse_i)          (0 where key j is not visible to row i)
+    dv_j  = sum_i p_ij do_i
+    ds_ij = p_ij (do_i.v_j - delta_i)
+    dq_i  = scale * sum_j ds_ij k_j
+    dk_j  = scale * sum_i ds_ij q_i
+
+Two kernels, so nothing is accumulated with atomics (deterministic): ``dkdv`` gives one
+program per (key block, batch, query head) and walks the query blocks that see those keys;
+``dq`` gives one program per (query block, batch, query head) and walks the key blocks it
+sees. dk/dv come out per *query* head; the launcher sums each GQA group. Positions follow
+the forward: query row i sits at Skv - Sq + i (no per-batch lengths here).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST: tl.constexpr):
+    tile = tl.load(
+        base + offs_rows[:, None] * stride + offs_d[None, :],
+        mask=offs_rows[:, None] < n_rows,
+        other=0.0,
+    )
+    if UPCAST:
+        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
+        tile = tile.to(tl.float32)
+    return tile
+
+
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    sm_scale,
+    Sq,
+    Skv,
+    H_Q,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    dk_ptr,
+    dv_ptr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    h_kv = h // GROUP
+    shift = Skv - Sq
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_m0 = tl.arange(0, BLOCK_M)
+
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
+    v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    row_base = pid_bh.to(tl.int64) * Sq
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    # Only query rows at or after this key block's first position can see it (causal).
+    lo = 0
+    if CAUSAL:
+        lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+    for start_m in range(lo, Sq, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = _load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
+        do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
+        lse = tl.load(lse_ptr + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))
+        delta = tl.load(delta_ptr + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+        qk_t = tl.dot(k, tl.trans(q)) * sm_scale  # [BLOCK_N, BLOCK_M]
+        visible = (offs_n[:, None] < Skv) & (offs_m[None, :] < Sq)
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= shift + offs_m[None, :])
+        # lse = -inf marks a row that saw no key: its probabilities are all zero.
+        p_t = tl.where(visible & (lse[None, :] > float("-inf")), tl.exp(qk_t - lse[None, :]), 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    dk = dk * sm_scale
+
+    out = pid_bh.to(tl.int64) * Skv * HEAD_DIM
+    ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
+    tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
+
+
+@triton.jit
+def attention_bwd_dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    sm_scale,
+    Sq,
+    Skv,
+    H_Q,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    dq_ptr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    h_kv = h // GROUP
+    shift = Skv - Sq
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n0 = tl.arange(0, BLOCK_N)
+
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    q = _load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
+    do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
+    row_base = pid_bh.to(tl.int64) * Sq
+    lse = tl.load(lse_ptr + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))
+    delta = tl.load(delta_ptr + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    # Keys past the last row's position are invisible to the whole block (causal).
+    hi = Skv
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(Skv, shift + start_m + BLOCK_M), 0)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
+        v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
+        qk = tl.dot(q, tl.trans(k)) * sm_scale
+        visible = (offs_m[:, None] < Sq) & (offs_n[None, :] < Skv)
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= shift + offs_m[:, None])
+        p = tl.where(visible & (lse[:, None] > float("-inf")), tl.exp(qk - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    dq = dq * sm_scale
+    ptrs = pid_bh.to(tl.int64) * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(dq_ptr + ptrs, dq, mask=offs_m[:, None] < Sq)
+
+
+SCALAR_ARGS = (
+    "Sq", "Skv", "H_Q", "GROUP",
+    "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
+    "stride_vb", "stride_vh", "stride_vs", "stride_dob", "stride_doh", "stride_dos",
+)  # fmt: skip
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core.kernels._aot import AotSpec
+    from greta_core.ops.attention_bwd import block_sizes, launch_options
+
+    specs = []
+    for head_dim in (64, 128):
+        block_m, block_n = block_sizes(head_dim)
+        for dtype in ("fp16", "bf16"):
+            for causal in (False, True):
+                for name, kernel, outs in (
+                    ("dkdv", attention_bwd_dkdv_kernel, ("dk_ptr", "dv_ptr")),
+                    ("dq", attention_bwd_dq_kernel, ("dq_ptr",)),
+                ):
+                    signature = {f"{t}_ptr": f"*{dtype}" for t in ("q", "k", "v", "do")}
+                    signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
+                    signature |= {arg: "i32" for arg in SCALAR_ARGS}
+                    signature |= {out: "*fp32" for out in outs}
+                    specs.append(
+                        AotSpec(
+                            name=f"attention_bwd_{name}[{dtype},d{head_dim}"
+                            + (",causal]" if causal else "]"),
+                            kernel=kernel,
+                            signature=signature,
+                            constexprs={
+                                "HEAD_DIM": head_dim,
+                                "BLOCK_M": block_m,
+                                "BLOCK_N": block_n,
+                                "CAUSAL": causal,
+                                "UPCAST": False,
+                            },
+                            options=launch_options(arch, head_dim),
+                            uses_matrix_units=True,
+                        )
+                    )
+    return specs

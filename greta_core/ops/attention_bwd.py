@@ -1,0 +1,116 @@
+"""Attention backward launcher: (dq, dk, dv) from (do, q, k, v, o, lse) with the Triton kernels.
+
+No per-batch lengths (q_lens/kv_lens): those calls keep the reference backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import triton
+
+from greta_core.arch import is_hip
+from greta_core.kernels.attention_bwd import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+from greta_core.observe import record
+from greta_core.ops import _interp_compat
+from greta_core.ops._validate import GretaInputError, check_tensor
+from greta_core.ops.attention import default_scale, validate
+
+Wrap = Callable[[Any], Any]
+OP = "attention_bwd"
+
+
+def _identity(kernel: Any) -> Any:
+    return kernel
+
+
+def block_sizes(head_dim: int) -> tuple[int, int]:
+    # Untuned: FlashAttention-2's backward tiles. 64x64 keeps dk, dv, k, v of one key block
+    # in registers at head dim 128 as well.
+    return 64, 64
+
+
+def launch_options(arch: str, head_dim: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_warps": 4 if head_dim <= 64 else 8, "num_stages": 1}
+    if arch != "cpu" and not is_hip(arch):
+        options["num_stages"] = 2
+    return options
+
+
+def validate_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> str:
+    import torch
+
+    arch = validate(q, k, v)
+    for name, t in (("do", do), ("o", o)):
+        check_tensor(OP, name, t, dtypes=(q.dtype,), ndim=4)
+        if tuple(t.shape) != tuple(q.shape) or t.stride(3) != 1:
+            raise GretaInputError(
+                f"{OP}: argument '{name}' must be shaped like q {tuple(q.shape)} with a "
+                f"contiguous last dim (got {tuple(t.shape)})"
+            )
+    check_tensor(OP, "lse", lse, dtypes=(torch.float32,), ndim=3, contiguous=True)
+    if tuple(lse.shape) != tuple(q.shape[:3]):
+        raise GretaInputError(
+            f"{OP}: argument 'lse' has shape {tuple(lse.shape)}; expected {tuple(q.shape[:3])}"
+        )
+    return arch
+
+
+def launch(
+    do: Any, q: Any, k: Any, v: Any, lse: Any, delta: Any, causal: bool, scale: float | None,
+    dq: Any, dk_heads: Any, dv_heads: Any, arch: str, wrap: Wrap = _identity,
+) -> None:  # fmt: skip
+    """dq [B, Hq, Sq, D], dk_heads/dv_heads [B, Hq, Skv, D]: fp32, contiguous."""
+    batch, heads_q, seq_q, dim = q.shape
+    seq_kv = k.shape[2]
+    if batch * heads_q * seq_q * seq_kv == 0:
+        return
+    if arch == "cpu":
+        _interp_compat.apply()
+    block_m, block_n = block_sizes(dim)
+    args = (
+        q, k, v, do, lse, delta,
+        default_scale(dim) if scale is None else float(scale),
+        seq_q, seq_kv, heads_q, heads_q // k.shape[1],
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+    )  # fmt: skip
+    meta = {
+        "HEAD_DIM": dim,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "CAUSAL": bool(causal),
+        "UPCAST": arch == "cpu",
+        **launch_options(arch, dim),
+    }
+    grid_bh = batch * heads_q
+    wrap(attention_bwd_dkdv_kernel)[(triton.cdiv(seq_kv, block_n), grid_bh)](
+        *args, dk_heads, dv_heads, **meta
+    )
+    wrap(attention_bwd_dq_kernel)[(triton.cdiv(seq_q, block_m), grid_bh)](*args, dq, **meta)
+    record(OP, "triton-interpret" if arch == "cpu" else "triton", arch)
+
+
+def attention_bwd(
+    do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool = False,
+    scale: float | None = None,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """Gradients of ``attention(q, k, v, causal, scale)`` given its output ``o``, its
+    logsumexp ``lse`` (``attention_with_lse``) and ``do`` = dL/do: (dq, dk, dv) in q's dtype;
+    dk/dv summed over each group of query heads sharing a KV head."""
+    import torch
+
+    arch = validate_bwd(do, q, k, v, o, lse)
+    batch, heads_q, seq_q, dim = q.shape
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    delta = (o.float() * do.float()).sum(-1).contiguous()
+    dq = torch.empty((batch, heads_q, seq_q, dim), dtype=torch.float32, device=q.device)
+    dk = torch.zeros((batch, heads_q, seq_kv, dim), dtype=torch.float32, device=q.device)
+    dv = torch.zeros_like(dk)
+    if seq_q == 0:
+        dq.zero_()
+    launch(do, q, k, v, lse, delta, causal, scale, dq, dk, dv, arch)
+    group = heads_q // heads_kv
+    dk = dk.view(batch, heads_kv, group, seq_kv, dim).sum(2)
+    dv = dv.view(batch, heads_kv, group, seq_kv, dim).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
