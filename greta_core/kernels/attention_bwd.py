@@ -201,35 +201,32 @@ SCALAR_ARGS = (
 
 def aot_specs(arch: str) -> list:
     from greta_core.kernels._aot import AotSpec
-    from greta_core.ops.attention_bwd import block_sizes, launch_options
+    from greta_core.ops.attention_bwd import kernel_configs
 
     specs = []
     for head_dim in (64, 128):
-        block_m, block_n = block_sizes(head_dim)
+        dkdv_cfg, dq_cfg = kernel_configs(arch, head_dim)
         for dtype in ("fp16", "bf16"):
             for causal in (False, True):
-                for name, kernel, outs in (
-                    ("dkdv", attention_bwd_dkdv_kernel, ("dk_ptr", "dv_ptr")),
-                    ("dq", attention_bwd_dq_kernel, ("dq_ptr",)),
+                for name, kernel, outs, config in (
+                    ("dkdv", attention_bwd_dkdv_kernel, ("dk_ptr", "dv_ptr"), dkdv_cfg),
+                    ("dq", attention_bwd_dq_kernel, ("dq_ptr",), dq_cfg),
                 ):
                     signature = {f"{t}_ptr": f"*{dtype}" for t in ("q", "k", "v", "do")}
                     signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
                     signature |= {arg: "i32" for arg in SCALAR_ARGS}
                     signature |= {out: "*fp32" for out in outs}
+                    blocks = {k: v for k, v in config.items() if k.startswith("BLOCK_")}
+                    options = {k: v for k, v in config.items() if not k.startswith("BLOCK_")}
                     specs.append(
                         AotSpec(
                             name=f"attention_bwd_{name}[{dtype},d{head_dim}"
                             + (",causal]" if causal else "]"),
                             kernel=kernel,
                             signature=signature,
-                            constexprs={
-                                "HEAD_DIM": head_dim,
-                                "BLOCK_M": block_m,
-                                "BLOCK_N": block_n,
-                                "CAUSAL": causal,
-                                "UPCAST": False,
-                            },
-                            options=launch_options(arch, head_dim),
+                            constexprs={"HEAD_DIM": head_dim, "CAUSAL": causal, "UPCAST": False}
+                            | blocks,
+                            options=options,
                             uses_matrix_units=True,
                         )
                     )

@@ -25,17 +25,35 @@ def _identity(kernel: Any) -> Any:
     return kernel
 
 
-def block_sizes(head_dim: int) -> tuple[int, int]:
-    # Untuned: FlashAttention-2's backward tiles. 64x64 keeps dk, dv, k, v of one key block
-    # in registers at head dim 128 as well.
-    return 64, 64
+# Per kernel: dkdv walks query blocks for a block of keys (wide BLOCK_N), dq walks key
+# blocks for a block of queries (wide BLOCK_M). Keyed by head dim; `tune` overrides them.
+_CUDA: dict[int, tuple[dict[str, int], dict[str, int]]] = {
+    64: (
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    ),
+    128: (
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    ),
+}
 
 
-def launch_options(arch: str, head_dim: int) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_warps": 4 if head_dim <= 64 else 8, "num_stages": 1}
-    if arch != "cpu" and not is_hip(arch):
-        options["num_stages"] = 2
-    return options
+def kernel_configs(arch: str, head_dim: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(dkdv config, dq config): block sizes + num_warps/num_stages for this arch."""
+    dkdv, dq = _CUDA[128 if head_dim > 64 else 64]
+    if arch == "cpu" or is_hip(arch):
+        # Untimed on AMD: FlashAttention-2's 64x64 tiles, one stage (AMD's guidance for
+        # MI300X Triton kernels is num_stages <= 2; the interpreter ignores both).
+        warps = 4 if head_dim <= 64 else 8
+        base = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": warps, "num_stages": 1}
+        return dict(base), dict(base)
+    return dict(dkdv), dict(dq)
+
+
+def _split(config: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    blocks = {k: v for k, v in config.items() if k.startswith("BLOCK_")}
+    return blocks, {k: v for k, v in config.items() if not k.startswith("BLOCK_")}
 
 
 def validate_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> str:
@@ -60,34 +78,33 @@ def validate_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> str:
 def launch(
     do: Any, q: Any, k: Any, v: Any, lse: Any, delta: Any, causal: bool, scale: float | None,
     dq: Any, dk_heads: Any, dv_heads: Any, arch: str, wrap: Wrap = _identity,
+    configs: tuple[dict[str, int], dict[str, int]] | None = None,
 ) -> None:  # fmt: skip
-    """dq [B, Hq, Sq, D], dk_heads/dv_heads [B, Hq, Skv, D]: fp32, contiguous."""
+    """dq [B, Hq, Sq, D], dk_heads/dv_heads [B, Hq, Skv, D]: fp32, contiguous.
+    `configs`: (dkdv, dq) overrides of `kernel_configs` (tuning)."""
     batch, heads_q, seq_q, dim = q.shape
     seq_kv = k.shape[2]
     if batch * heads_q * seq_q * seq_kv == 0:
         return
     if arch == "cpu":
         _interp_compat.apply()
-    block_m, block_n = block_sizes(dim)
+    dkdv_cfg, dq_cfg = configs or kernel_configs(arch, dim)
     args = (
         q, k, v, do, lse, delta,
         default_scale(dim) if scale is None else float(scale),
         seq_q, seq_kv, heads_q, heads_q // k.shape[1],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
     )  # fmt: skip
-    meta = {
-        "HEAD_DIM": dim,
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "CAUSAL": bool(causal),
-        "UPCAST": arch == "cpu",
-        **launch_options(arch, dim),
-    }
+    common = {"HEAD_DIM": dim, "CAUSAL": bool(causal), "UPCAST": arch == "cpu"}
     grid_bh = batch * heads_q
-    wrap(attention_bwd_dkdv_kernel)[(triton.cdiv(seq_kv, block_n), grid_bh)](
-        *args, dk_heads, dv_heads, **meta
+    blocks, options = _split(dkdv_cfg)
+    wrap(attention_bwd_dkdv_kernel)[(triton.cdiv(seq_kv, blocks["BLOCK_N"]), grid_bh)](
+        *args, dk_heads, dv_heads, **common, **blocks, **options
     )
-    wrap(attention_bwd_dq_kernel)[(triton.cdiv(seq_q, block_m), grid_bh)](*args, dq, **meta)
+    blocks, options = _split(dq_cfg)
+    wrap(attention_bwd_dq_kernel)[(triton.cdiv(seq_q, blocks["BLOCK_M"]), grid_bh)](
+        *args, dq, **common, **blocks, **options
+    )
     record(OP, "triton-interpret" if arch == "cpu" else "triton", arch)
 
 

@@ -1,0 +1,102 @@
+"""Sweep the Triton attention-backward tiles on this GPU: each kernel (dkdv, dq) separately,
+the other at its current default; every candidate's gradients are checked against the
+default's before it is timed (``triton.testing.do_bench``, median). Writes JSON.
+
+    python bench/tune_attention_bwd.py --out bench/results/h100/tune_attention_bwd.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES = [(4, 32, 8, 2048, 128, True), (4, 32, 32, 4096, 64, True)]
+DKDV = [
+    {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+    for m, n, w, st in itertools.product((32, 64), (64, 128), (4, 8), (1, 2, 3))
+]
+DQ = [
+    {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+    for m, n, w, st in itertools.product((64, 128), (32, 64), (4, 8), (1, 2, 3))
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    from greta_core.arch import device_arch
+    from greta_core.ops import attention_bwd as bwd
+    from greta_core.ops.attention import attention_with_lse
+
+    arch = device_arch()
+    results: list[dict[str, Any]] = []
+    for b, hq, hkv, s, d, causal in SHAPES:
+        q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+        do = torch.randn_like(q)
+        o, lse = attention_with_lse(q, k, v, causal)
+        delta = (o.float() * do.float()).sum(-1).contiguous()
+        bufs = [torch.zeros(b, hq, n, d, device="cuda") for n in (s, s, s)]
+        default = bwd.kernel_configs(arch, d)
+
+        def run(configs: tuple[dict, dict], bufs: list = bufs) -> list:
+            for t in bufs:
+                t.zero_()
+            bwd.launch(do, q, k, v, lse, delta, causal, None, *bufs, arch, configs=configs)
+            return [t.clone() for t in bufs]
+
+        want = run(default)
+        for which, space in (("dkdv", DKDV), ("dq", DQ)):
+            for cand in space:
+                configs = (cand, default[1]) if which == "dkdv" else (default[0], cand)
+                row: dict[str, Any] = {"shape": [b, hq, hkv, s, d, causal], "kernel": which,
+                                       "config": cand}  # fmt: skip
+                try:
+                    got = run(configs)
+                    err = max(
+                        ((g - w).norm() / w.norm()).item() for g, w in zip(got, want, strict=True)
+                    )
+                    row["max_rel_diff_vs_default"] = round(err, 6)
+                    if not err < 1e-3:
+                        row["error"] = "gradients differ from the default config's"
+                    else:
+                        row["ms_total"] = round(
+                            do_bench(lambda c=configs: run(c), warmup=25, rep=150,
+                                     return_mode="median"), 4)  # fmt: skip
+                except Exception as exc:  # out of shared memory, compile errors
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                results.append(row)
+        best = {}
+        for which in ("dkdv", "dq"):
+            ok = [r for r in results if r["kernel"] == which and "ms_total" in r
+                  and r["shape"] == [b, hq, hkv, s, d, causal]]  # fmt: skip
+            best[which] = min(ok, key=lambda r: r["ms_total"]) if ok else None
+        default_ms = do_bench(lambda: run(default), warmup=25, rep=150, return_mode="median")
+        print(json.dumps({"shape": [b, hq, hkv, s, d, causal], "default_ms": round(default_ms, 4),
+                          "best": best}), flush=True)  # fmt: skip
+    meta = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(),
+        "arch": arch,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "note": "ms_total = dkdv + dq launches (with buffer zeroing and copies), one kernel varied",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"metadata": meta, "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
