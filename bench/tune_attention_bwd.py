@@ -26,65 +26,75 @@ DQ = [
 ]
 
 
+def tune_shape(shape: tuple, arch: str) -> list[dict[str, Any]]:
+    import torch
+    from triton.testing import do_bench
+
+    from greta_core.ops import attention_bwd as bwd
+    from greta_core.ops.attention import attention_with_lse
+
+    b, hq, hkv, s, d, causal = shape
+    q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+    do = torch.randn_like(q)
+    o, lse = attention_with_lse(q, k, v, causal)
+    delta = (o.float() * do.float()).sum(-1).contiguous()
+    bufs = [torch.zeros(b, hq, s, d, device="cuda") for _ in range(3)]
+    default = bwd.kernel_configs(arch, d)
+
+    def run(configs: tuple[dict, dict]) -> list:
+        for t in bufs:
+            t.zero_()
+        bwd.launch(do, q, k, v, lse, delta, causal, None, *bufs, arch, configs=configs)
+        return [t.clone() for t in bufs]
+
+    want = run(default)
+    rows: list[dict[str, Any]] = []
+    for which, space in (("dkdv", DKDV), ("dq", DQ)):
+        for cand in space:
+            configs = (cand, default[1]) if which == "dkdv" else (default[0], cand)
+            row: dict[str, Any] = {"shape": list(shape), "kernel": which, "config": cand}
+            try:
+                got = run(configs)
+                err = max(
+                    ((g - w).norm() / w.norm()).item() for g, w in zip(got, want, strict=True)
+                )
+                row["max_rel_diff_vs_default"] = round(err, 6)
+                if not err < 1e-3:
+                    row["error"] = "gradients differ from the default config's"
+                else:
+                    row["ms_total"] = round(
+                        do_bench(
+                            lambda c=configs: run(c), warmup=25, rep=150, return_mode="median"
+                        ),
+                        4,
+                    )
+            except Exception as exc:  # out of shared memory, compile errors
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            rows.append(row)
+    default_ms = do_bench(lambda: run(default), warmup=25, rep=150, return_mode="median")
+    best = {}
+    for which in ("dkdv", "dq"):
+        ok = [r for r in rows if r["kernel"] == which and "ms_total" in r]
+        best[which] = min(ok, key=lambda r: r["ms_total"]) if ok else None
+    print(json.dumps({"shape": list(shape), "default_ms": round(default_ms, 4), "best": best}))
+    rows.append({"shape": list(shape), "kernel": "default", "config": default,
+                 "ms_total": round(default_ms, 4)})  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     import torch
     import triton
-    from triton.testing import do_bench
 
     from greta_core.arch import device_arch
-    from greta_core.ops import attention_bwd as bwd
-    from greta_core.ops.attention import attention_with_lse
 
     arch = device_arch()
-    results: list[dict[str, Any]] = []
-    for b, hq, hkv, s, d, causal in SHAPES:
-        q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
-        do = torch.randn_like(q)
-        o, lse = attention_with_lse(q, k, v, causal)
-        delta = (o.float() * do.float()).sum(-1).contiguous()
-        bufs = [torch.zeros(b, hq, n, d, device="cuda") for n in (s, s, s)]
-        default = bwd.kernel_configs(arch, d)
-
-        def run(configs: tuple[dict, dict], bufs: list = bufs) -> list:
-            for t in bufs:
-                t.zero_()
-            bwd.launch(do, q, k, v, lse, delta, causal, None, *bufs, arch, configs=configs)
-            return [t.clone() for t in bufs]
-
-        want = run(default)
-        for which, space in (("dkdv", DKDV), ("dq", DQ)):
-            for cand in space:
-                configs = (cand, default[1]) if which == "dkdv" else (default[0], cand)
-                row: dict[str, Any] = {"shape": [b, hq, hkv, s, d, causal], "kernel": which,
-                                       "config": cand}  # fmt: skip
-                try:
-                    got = run(configs)
-                    err = max(
-                        ((g - w).norm() / w.norm()).item() for g, w in zip(got, want, strict=True)
-                    )
-                    row["max_rel_diff_vs_default"] = round(err, 6)
-                    if not err < 1e-3:
-                        row["error"] = "gradients differ from the default config's"
-                    else:
-                        row["ms_total"] = round(
-                            do_bench(lambda c=configs: run(c), warmup=25, rep=150,
-                                     return_mode="median"), 4)  # fmt: skip
-                except Exception as exc:  # out of shared memory, compile errors
-                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-                results.append(row)
-        best = {}
-        for which in ("dkdv", "dq"):
-            ok = [r for r in results if r["kernel"] == which and "ms_total" in r
-                  and r["shape"] == [b, hq, hkv, s, d, causal]]  # fmt: skip
-            best[which] = min(ok, key=lambda r: r["ms_total"]) if ok else None
-        default_ms = do_bench(lambda: run(default), warmup=25, rep=150, return_mode="median")
-        print(json.dumps({"shape": [b, hq, hkv, s, d, causal], "default_ms": round(default_ms, 4),
-                          "best": best}), flush=True)  # fmt: skip
+    results = [row for shape in SHAPES for row in tune_shape(shape, arch)]
     meta = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": torch.cuda.get_device_name(),
