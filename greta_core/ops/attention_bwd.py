@@ -25,16 +25,19 @@ def _identity(kernel: Any) -> Any:
     return kernel
 
 
-# Per kernel: dkdv walks query blocks for a block of keys (wide BLOCK_N), dq walks key
-# blocks for a block of queries (wide BLOCK_M). Keyed by head dim; `tune` overrides them.
+# Per kernel: dkdv walks query blocks for a block of keys, dq walks key blocks for a block
+# of queries. Keyed by head dim; tuned on the H100 with bench/tune_attention_bwd.py (bf16,
+# causal; bench/results/h100/tune_attention_bwd.json): 4 warps beat 8 at head dim 128 for
+# both kernels (3.31 -> ~2.3 ms for the pair at B4 H32/8 S2048), and 32-row query blocks
+# help dkdv at head dim 64. `launch(configs=...)` overrides them.
 _CUDA: dict[int, tuple[dict[str, int], dict[str, int]]] = {
     64: (
-        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     ),
     128: (
-        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     ),
 }
 
