@@ -350,6 +350,39 @@ def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> Non
         gjax.attention(jnp.zeros((1, 4, 2, 64)), jnp.zeros((1, 3, 2, 64)), jnp.zeros((1, 3, 2, 64)))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_jax_attention_grad_matches_reference(
+    causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jax.grad through greta_core.jax.attention: the Triton backward (custom_vjp) on a GPU,
+    JAX's autodiff of the jnp reference elsewhere; float64 loop reference either way."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", os.environ.get("TRITON_CACHE_DIR", ""))
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import numpy as np
+
+    from greta_core import jax as gjax
+
+    q, k, v = (t.cpu() for t in _inputs(1, 4, 2, 40, 40, 64, torch.bfloat16))
+    do = torch.randn_like(q)
+    want = _grads64(q, k, v, do, causal)
+    jq, jk, jv, jdo = (jnp.asarray(t.float().numpy()).astype(jnp.bfloat16) for t in (q, k, v, do))
+
+    def loss(a, b, c):
+        return jnp.sum(
+            gjax.attention(a, b, c, causal).astype(jnp.float32) * jdo.astype(jnp.float32)
+        )
+
+    grads = jax.grad(loss, argnums=(0, 1, 2))(jq, jk, jv)
+    for got, ref in zip(grads, want, strict=True):
+        got64 = np.asarray(got.astype(jnp.float32), np.float64)
+        assert (
+            np.linalg.norm(got64 - ref.numpy()) / np.linalg.norm(ref.numpy()) < TOL[torch.bfloat16]
+        )
+    if jax.default_backend() == "gpu":
+        assert observe.last_implementation("attention_bwd") == "jax-triton"
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100", "gfx1201", "default"])
 def test_attention_aot_specs_cover_the_kernel_signature(arch: str) -> None:
     from greta_core.kernels import attention as kernel

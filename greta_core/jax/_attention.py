@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -148,6 +149,84 @@ def attention_with_lse(
     return reference(q, k, v, causal, scale, q_lens, kv_lens)
 
 
+def _triton_bwd(
+    do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float | None
+) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) with the Triton FlashAttention-2 backward kernels (no per-batch lengths)."""
+    import jax
+    import jax.numpy as jnp
+    import jax_triton as jt
+
+    from greta_core.kernels.attention_bwd import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+    from greta_core.ops.attention_bwd import kernel_configs
+
+    arch = jax_arch()
+    batch, heads, seq_q, dim = q.shape
+    heads_kv, seq_kv = k.shape[1], k.shape[2]
+    delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+    q_strides = (heads * seq_q * dim, seq_q * dim, dim)
+    kv_strides = (heads_kv * seq_kv * dim, seq_kv * dim, dim)
+    args = (
+        q, k, v, do, lse, delta,
+        1.0 / math.sqrt(dim) if scale is None else float(scale),
+        seq_q, seq_kv, heads, heads // heads_kv,
+        *q_strides, *kv_strides, *kv_strides, *q_strides,
+    )  # fmt: skip
+    common = {"HEAD_DIM": dim, "CAUSAL": bool(causal), "UPCAST": False}
+    dkdv_cfg, dq_cfg = kernel_configs(arch, dim)
+    record("attention_bwd", "jax-triton", arch)
+
+    def blocks(config: dict[str, int]) -> dict[str, int]:
+        return {k_: v_ for k_, v_ in config.items() if k_.startswith("BLOCK_")}
+
+    per_head = jax.ShapeDtypeStruct((batch, heads, seq_kv, dim), jnp.float32)
+    dk, dv = jt.triton_call(
+        *args,
+        kernel=attention_bwd_dkdv_kernel,
+        out_shape=[per_head, per_head],
+        grid=(-(-seq_kv // dkdv_cfg["BLOCK_N"]), batch * heads),
+        num_warps=dkdv_cfg["num_warps"],
+        num_stages=dkdv_cfg["num_stages"],
+        **common,
+        **blocks(dkdv_cfg),
+    )
+    dq = jt.triton_call(
+        *args,
+        kernel=attention_bwd_dq_kernel,
+        out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32),
+        grid=(-(-seq_q // dq_cfg["BLOCK_M"]), batch * heads),
+        num_warps=dq_cfg["num_warps"],
+        num_stages=dq_cfg["num_stages"],
+        **common,
+        **blocks(dq_cfg),
+    )
+    group = heads // heads_kv
+    dk = dk.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
+    dv = dv.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _differentiable(causal: bool, scale: float | None) -> Any:
+    """attention(q, k, v) with the Triton forward and backward, as one jax.custom_vjp."""
+    import jax
+
+    @jax.custom_vjp
+    def f(q: Any, k: Any, v: Any) -> Any:
+        return _triton(q, k, v, causal, scale, None, None)[0]
+
+    def fwd(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        out, lse = _triton(q, k, v, causal, scale, None, None)
+        return out, (q, k, v, out, lse)
+
+    def bwd(res: Any, do: Any) -> tuple[Any, Any, Any]:
+        q, k, v, out, lse = res
+        return _triton_bwd(do, q, k, v, out, lse, causal, scale)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
 def attention(
     q: Any,
     k: Any,
@@ -157,5 +236,21 @@ def attention(
     q_lens: Any | None = None,
     kv_lens: Any | None = None,
 ) -> Any:
-    """softmax(q k^T * scale) v, forward only; same semantics as torch.ops.greta.attention."""
+    """softmax(q k^T * scale) v; same semantics as torch.ops.greta.attention.
+
+    Differentiable: without lengths, on the Triton path, through the Triton backward
+    kernels (``jax.custom_vjp``); otherwise through JAX's autodiff of the jnp reference.
+    """
+    import jax.numpy as jnp
+
+    _check(q, k, v, q_lens, kv_lens)
+    if (
+        q_lens is None
+        and kv_lens is None
+        and use_triton()
+        and jnp.dtype(q.dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+        and q.shape[3] in HEAD_DIMS
+        and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] > 0
+    ):
+        return _differentiable(bool(causal), None if scale is None else float(scale))(q, k, v)
     return attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
