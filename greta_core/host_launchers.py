@@ -35,7 +35,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-LAUNCHER_MODULE = "__triton_launcher"
 SPECS_FILE = "launchers.json"
 # Triton backend name -> (driver module, launcher class, driver helpers class)
 _BACKENDS: dict[str, tuple[str, str, str]] = {

@@ -68,6 +68,18 @@ def reference(
     return out.astype(q.dtype), lse.astype(jnp.float32)
 
 
+def _triton_ok(q: Any) -> bool:
+    """The Triton kernels take this call: a GPU backend, fp16/bf16, head dim 64/128, rows."""
+    import jax.numpy as jnp
+
+    return (
+        use_triton()
+        and jnp.dtype(q.dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+        and q.shape[3] in HEAD_DIMS
+        and q.shape[0] * q.shape[1] * q.shape[2] > 0
+    )
+
+
 def _triton(
     q: Any, k: Any, v: Any, causal: bool, scale: float | None, q_lens: Any, kv_lens: Any
 ) -> tuple[Any, Any]:
@@ -134,16 +146,9 @@ def attention_with_lse(
     kv_lens: Any | None = None,
 ) -> tuple[Any, Any]:
     """(o [B, Hq, Sq, D], logsumexp [B, Hq, Sq] fp32); forward only."""
-    import jax.numpy as jnp
 
     _check(q, k, v, q_lens, kv_lens)
-    triton_ok = (
-        use_triton()
-        and jnp.dtype(q.dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-        and q.shape[3] in HEAD_DIMS
-        and q.shape[0] * q.shape[1] * q.shape[2] > 0
-    )
-    if triton_ok:
+    if _triton_ok(q):
         return _triton(q, k, v, causal, scale, q_lens, kv_lens)
     record("attention", "reference-jnp")
     return reference(q, k, v, causal, scale, q_lens, kv_lens)
@@ -176,29 +181,22 @@ def _triton_bwd(
     dkdv_cfg, dq_cfg = kernel_configs(arch, dim)
     record("attention_bwd", "jax-triton", arch)
 
-    def blocks(config: dict[str, int]) -> dict[str, int]:
-        return {k_: v_ for k_, v_ in config.items() if k_.startswith("BLOCK_")}
-
     per_head = jax.ShapeDtypeStruct((batch, heads, seq_kv, dim), jnp.float32)
     dk, dv = jt.triton_call(
         *args,
         kernel=attention_bwd_dkdv_kernel,
         out_shape=[per_head, per_head],
         grid=(-(-seq_kv // dkdv_cfg["BLOCK_N"]), batch * heads),
-        num_warps=dkdv_cfg["num_warps"],
-        num_stages=dkdv_cfg["num_stages"],
         **common,
-        **blocks(dkdv_cfg),
+        **dkdv_cfg,  # block sizes + num_warps/num_stages
     )
     dq = jt.triton_call(
         *args,
         kernel=attention_bwd_dq_kernel,
         out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32),
         grid=(-(-seq_q // dq_cfg["BLOCK_M"]), batch * heads),
-        num_warps=dq_cfg["num_warps"],
-        num_stages=dq_cfg["num_stages"],
         **common,
-        **blocks(dq_cfg),
+        **dq_cfg,  # block sizes + num_warps/num_stages
     )
     group = heads // heads_kv
     dk = dk.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
@@ -241,16 +239,8 @@ def attention(
     Differentiable: without lengths, on the Triton path, through the Triton backward
     kernels (``jax.custom_vjp``); otherwise through JAX's autodiff of the jnp reference.
     """
-    import jax.numpy as jnp
 
     _check(q, k, v, q_lens, kv_lens)
-    if (
-        q_lens is None
-        and kv_lens is None
-        and use_triton()
-        and jnp.dtype(q.dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-        and q.shape[3] in HEAD_DIMS
-        and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] > 0
-    ):
+    if q_lens is None and kv_lens is None and _triton_ok(q) and k.shape[2] > 0:
         return _differentiable(bool(causal), None if scale is None else float(scale))(q, k, v)
     return attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]

@@ -201,7 +201,7 @@ SCALAR_ARGS = (
 
 def aot_specs(arch: str) -> list:
     from greta_core.kernels._aot import AotSpec
-    from greta_core.ops.attention_bwd import kernel_configs
+    from greta_core.ops.attention_bwd import kernel_configs, split_config
 
     specs = []
     for head_dim in (64, 128):
@@ -216,8 +216,7 @@ def aot_specs(arch: str) -> list:
                     signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
                     signature |= {arg: "i32" for arg in SCALAR_ARGS}
                     signature |= {out: "*fp32" for out in outs}
-                    blocks = {k: v for k, v in config.items() if k.startswith("BLOCK_")}
-                    options = {k: v for k, v in config.items() if not k.startswith("BLOCK_")}
+                    blocks, options = split_config(config)
                     specs.append(
                         AotSpec(
                             name=f"attention_bwd_{name}[{dtype},d{head_dim}"

@@ -54,7 +54,8 @@ def kernel_configs(arch: str, head_dim: int) -> tuple[dict[str, int], dict[str, 
     return dict(dkdv), dict(dq)
 
 
-def _split(config: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+def split_config(config: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(block-size constexprs, launch options) of a kernel config."""
     blocks = {k: v for k, v in config.items() if k.startswith("BLOCK_")}
     return blocks, {k: v for k, v in config.items() if not k.startswith("BLOCK_")}
 
@@ -100,36 +101,35 @@ def launch(
     )  # fmt: skip
     common = {"HEAD_DIM": dim, "CAUSAL": bool(causal), "UPCAST": arch == "cpu"}
     grid_bh = batch * heads_q
-    blocks, options = _split(dkdv_cfg)
-    wrap(attention_bwd_dkdv_kernel)[(triton.cdiv(seq_kv, blocks["BLOCK_N"]), grid_bh)](
-        *args, dk_heads, dv_heads, **common, **blocks, **options
+    # A config is block-size constexprs + num_warps/num_stages: all launch keywords.
+    wrap(attention_bwd_dkdv_kernel)[(triton.cdiv(seq_kv, dkdv_cfg["BLOCK_N"]), grid_bh)](
+        *args, dk_heads, dv_heads, **common, **dkdv_cfg
     )
-    blocks, options = _split(dq_cfg)
-    wrap(attention_bwd_dq_kernel)[(triton.cdiv(seq_q, blocks["BLOCK_M"]), grid_bh)](
-        *args, dq, **common, **blocks, **options
+    wrap(attention_bwd_dq_kernel)[(triton.cdiv(seq_q, dq_cfg["BLOCK_M"]), grid_bh)](
+        *args, dq, **common, **dq_cfg
     )
     record(OP, "triton-interpret" if arch == "cpu" else "triton", arch)
 
 
 def attention_bwd(
     do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool = False,
-    scale: float | None = None,
+    scale: float | None = None, wrap: Wrap = _identity,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """Gradients of ``attention(q, k, v, causal, scale)`` given its output ``o``, its
     logsumexp ``lse`` (``attention_with_lse``) and ``do`` = dL/do: (dq, dk, dv) in q's dtype;
-    dk/dv summed over each group of query heads sharing a KV head."""
+    dk/dv summed over each group of query heads sharing a KV head. `wrap` is
+    `torch.library.wrap_triton` inside a triton_op."""
     import torch
 
     arch = validate_bwd(do, q, k, v, o, lse)
     batch, heads_q, seq_q, dim = q.shape
     heads_kv, seq_kv = k.shape[1], k.shape[2]
     delta = (o.float() * do.float()).sum(-1).contiguous()
-    dq = torch.empty((batch, heads_q, seq_q, dim), dtype=torch.float32, device=q.device)
+    # Zeros: an empty sequence launches nothing and must still give zero gradients.
+    dq = torch.zeros((batch, heads_q, seq_q, dim), dtype=torch.float32, device=q.device)
     dk = torch.zeros((batch, heads_q, seq_kv, dim), dtype=torch.float32, device=q.device)
     dv = torch.zeros_like(dk)
-    if seq_q == 0:
-        dq.zero_()
-    launch(do, q, k, v, lse, delta, causal, scale, dq, dk, dv, arch)
+    launch(do, q, k, v, lse, delta, causal, scale, dq, dk, dv, arch, wrap=wrap)
     group = heads_q // heads_kv
     dk = dk.view(batch, heads_kv, group, seq_kv, dim).sum(2)
     dv = dv.view(batch, heads_kv, group, seq_kv, dim).sum(2)

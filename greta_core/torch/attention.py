@@ -239,18 +239,7 @@ def attention_bwd(
     """(dq, dk, dv) of greta::attention without lengths, from its output and logsumexp."""
     if q.device.type == "cpu":
         return _reference_grads(grad, q, k, v, causal, scale)
-    arch = raw_bwd.validate_bwd(grad, q, k, v, out, lse)
-    batch, heads_q, seq_q, dim = q.shape
-    heads_kv, seq_kv = k.shape[1], k.shape[2]
-    delta = (out.float() * grad.float()).sum(-1).contiguous()
-    dq = torch.zeros((batch, heads_q, seq_q, dim), dtype=torch.float32, device=q.device)
-    dk = torch.zeros((batch, heads_q, seq_kv, dim), dtype=torch.float32, device=q.device)
-    dv = torch.zeros_like(dk)
-    raw_bwd.launch(grad, q, k, v, lse, delta, causal, scale, dq, dk, dv, arch, wrap=wrap_triton)
-    group = heads_q // heads_kv
-    dk = dk.view(batch, heads_kv, group, seq_kv, dim).sum(2)
-    dv = dv.view(batch, heads_kv, group, seq_kv, dim).sum(2)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return raw_bwd.attention_bwd(grad, q, k, v, out, lse, causal, scale, wrap=wrap_triton)
 
 
 @attention_bwd.register_kernel("cpu")
