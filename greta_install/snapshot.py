@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from greta import __version__
+from greta_install.doctor.multi_gpu_facts import SNAPSHOT_FILES, scrub_cmdline
 from greta_install.evidence import (
     AMDGPU_MODULE_VERSION,
     DRM_CLASS,
@@ -44,7 +45,7 @@ _PRIVATE_KFD = re.compile(r"^(?P<key>unique_id[ \t]+)(?P<value>\S+)$", re.MULTIL
 
 def redact(text: str) -> str:
     """The text with identifying values (serials, UUIDs, unique ids) replaced."""
-    text = _PRIVATE.sub(lambda m: f"{m['key']}REDACTED", text)
+    text = scrub_cmdline(_PRIVATE.sub(lambda m: f"{m['key']}REDACTED", text))
     return _PRIVATE_KFD.sub(lambda m: f"{m['key']}REDACTED", text)
 
 
@@ -73,7 +74,7 @@ def _write(view: SystemView, root: Path) -> list[str]:
         if _CARD.match(card):
             for name in CARD_FILES:
                 _copy(view, root, f"{DRM_CLASS}/{card}/device/{name}", written)
-    for path in (NVIDIA_VERSION, ROCM_VERSION_FILE, AMDGPU_MODULE_VERSION):
+    for path in (NVIDIA_VERSION, ROCM_VERSION_FILE, AMDGPU_MODULE_VERSION, *SNAPSHOT_FILES):
         _copy(view, root, path, written)
     env = dict(view.env())
     rocm_path = env.get("ROCM_PATH")

@@ -33,6 +33,12 @@ TOOL_COMMANDS: dict[str, tuple[str, ...]] = {
     ),
     "nvidia-smi-plain": ("nvidia-smi",),
     "hipconfig": ("hipconfig", "--version"),
+    # For the multi_gpu.* doctor checks: links between GPUs, and ACS on the PCIe bridges.
+    "amd-smi-topology": ("amd-smi", "topology"),
+    "rocm-smi-topo": ("rocm-smi", "--showtopo"),
+    "nvidia-smi-topo": ("nvidia-smi", "topo", "-m"),
+    "nvidia-smi-topo-p2p": ("nvidia-smi", "topo", "-p2p", "r"),
+    "lspci-vvv": ("lspci", "-vvv", "-D"),
 }
 
 # Environment variables that matter to GPU selection and ROCm behaviour.
@@ -45,6 +51,9 @@ RELEVANT_ENV: tuple[str, ...] = (
     "ROCM_PATH",
     "TORCH_BLAS_PREFER_HIPBLASLT",
     "PYTORCH_ROCM_ARCH",
+    "HSA_FORCE_FINE_GRAIN_PCIE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
 )
 
 MAX_READ_BYTES = 4 * 1024 * 1024  # a /sys or tool output larger than this is garbage anyway

@@ -31,6 +31,7 @@ from greta_install.doctor.facts import (
     UserGroups,
 )
 from greta_install.doctor.index_query import query_index
+from greta_install.doctor.multi_gpu_facts import collect_multi_gpu
 from greta_install.doctor.probe_runner import probe_argv, run_probe
 from greta_install.system_view import RELEVANT_ENV, SystemView
 
@@ -139,6 +140,12 @@ def _has_gid(gid: int) -> bool:
         return True
     except KeyError:
         return False
+
+
+def _gpus_seen(facts: Facts) -> int:
+    from greta_install.doctor.checks._common import detection_gpus, lspci_gpus
+
+    return max(len(detection_gpus(facts)), len(lspci_gpus(facts.lspci)))
 
 
 def collect_python() -> PythonInfo:
@@ -256,6 +263,8 @@ def collect_facts(
         facts.container = collect_container(view, os.environ if live else None)
     with contextlib.suppress(Exception):
         facts.device_nodes = collect_device_nodes(view)
+    with contextlib.suppress(Exception):
+        facts.multi_gpu = collect_multi_gpu(view, _gpus_seen(facts))
     if not live:
         return facts
     facts.groups = collect_groups()

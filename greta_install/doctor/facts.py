@@ -7,7 +7,10 @@ was not collected (snapshot mode, or the source was missing); checks then skip.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
 
 ProbeOutcome = Literal["ok", "timeout", "crashed", "garbled", "not_run"]
 
@@ -101,6 +104,7 @@ class Facts:
     check_index: bool = False
     index_status: dict[str, str] | None = None  # "name==version" -> found | missing | unknown: why
     backends: list[dict[str, str]] | None = None  # greta_core.backends.doctor_summary()
+    multi_gpu: MultiGpuFacts | None = None  # texts the multi_gpu.* checks read
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():

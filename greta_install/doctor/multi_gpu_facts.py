@@ -1,0 +1,66 @@
+"""What the multi_gpu.* checks read, gathered from a `SystemView` (live or snapshot).
+
+Raw texts only: parsing happens in the checks, so a snapshot taken by an older GRETA
+is judged by the newest parsers. A None is "not available here" (no such tool, no such
+file, or a snapshot that did not record it); the checks then skip with that reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from greta_install.system_view import SystemView
+
+CMDLINE = "/proc/cmdline"
+NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
+NUMA_ONLINE = "/sys/devices/system/node/online"
+# Files `greta snapshot` copies for these checks (tool outputs go through TOOL_COMMANDS).
+SNAPSHOT_FILES: tuple[str, ...] = (CMDLINE, NUMA_BALANCING, NUMA_ONLINE)
+TOOLS = ("lspci-vvv", "nvidia-smi-topo", "nvidia-smi-topo-p2p", "amd-smi-topology", "rocm-smi-topo")
+
+# root=UUID=..., resume=PARTUUID=...: identifies the user's disks, nothing the checks need.
+_FS_ID = re.compile(r"\b((?:PART)?UUID=)\S+")
+
+
+def scrub_cmdline(text: str) -> str:
+    return _FS_ID.sub(r"\1REDACTED", text)
+
+
+@dataclass(frozen=True)
+class MultiGpuFacts:
+    cmdline: str | None = None
+    numa_balancing: str | None = None  # "0", "1" (a bitmask on newer kernels)
+    numa_online: str | None = None  # "0-1"
+    lspci_vvv: str | None = None
+    nvidia_topo: str | None = None
+    nvidia_p2p: str | None = None
+    amd_topology: str | None = None
+    rocm_topo: str | None = None
+
+
+def _text(value: str | None) -> str | None:
+    return value.strip() if value and value.strip() else None
+
+
+def collect_multi_gpu(view: SystemView, gpus_seen: int) -> MultiGpuFacts:
+    """Everything for a snapshot; on a live machine with fewer than two GPUs only the
+    cheap files (the checks skip there anyway, and the vendor tools take seconds)."""
+    cmdline = _text(view.read_text(CMDLINE))
+    files = MultiGpuFacts(
+        cmdline=scrub_cmdline(cmdline) if cmdline else None,
+        numa_balancing=_text(view.read_text(NUMA_BALANCING)),
+        numa_online=_text(view.read_text(NUMA_ONLINE)),
+    )
+    if view.is_live and gpus_seen < 2:
+        return files
+    return MultiGpuFacts(
+        cmdline=files.cmdline,
+        numa_balancing=files.numa_balancing,
+        numa_online=files.numa_online,
+        lspci_vvv=_text(view.run("lspci-vvv")),
+        nvidia_topo=_text(view.run("nvidia-smi-topo")),
+        nvidia_p2p=_text(view.run("nvidia-smi-topo-p2p")),
+        amd_topology=_text(view.run("amd-smi-topology")),
+        rocm_topo=_text(view.run("rocm-smi-topo")),
+    )
