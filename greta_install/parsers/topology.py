@@ -109,7 +109,7 @@ def parse_nvidia_topo(text: str | None) -> Topology | None:
         tail = cells[1 + len(devices) :]
         if "NUMA Affinity" in columns and len(tail) >= 2:
             topo.numa[row] = _int(tail[1]) if tail[1] not in ("", "N/A") else None
-    return topo if topo.kinds or len(gpus) > 1 else None
+    return topo if topo.kinds else None
 
 
 def _matrix_rows(lines: list[str], start: int) -> tuple[list[str], list[list[str]]]:
