@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 from greta_install.model import TARGETS
@@ -40,6 +41,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time limit for each framework probe subprocess (default: 120)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="also list skipped checks")
+    coll = parser.add_argument_group("collective test (--collective)")
+    coll.add_argument(
+        "--collective",
+        action="store_true",
+        help="run an all-reduce and an all-gather across the GPUs (torch.distributed; "
+        "NCCL/RCCL, or gloo on the CPU) and report the bus bandwidth",
+    )
+    coll.add_argument(
+        "--nproc", type=int, metavar="N", help="ranks (default: one per visible GPU; 2 on CPU)"
+    )
+    coll.add_argument("--cpu", action="store_true", help="use gloo on the CPU even with GPUs")
+    coll.add_argument(
+        "--size-mb", type=float, default=64.0, metavar="MB", help="message size (default: 64)"
+    )
+    coll.add_argument("--iters", type=int, default=20, help="timed iterations (default: 20)")
+    coll.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="stop every rank after this long and call it a hang (default: 180)",
+    )
+    coll.add_argument("--out", type=Path, metavar="DIR", help="also write the result JSON here")
 
 
 def _internal_error(exc: BaseException) -> Any:
@@ -78,6 +102,10 @@ def _diagnose(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.collective:
+        from greta_install.commands.doctor_collective import run_command
+
+        return run_command(args)
     from greta_install.doctor.model import exit_code
     from greta_install.doctor.render import as_json, human
 

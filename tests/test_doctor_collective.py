@@ -1,0 +1,188 @@
+"""`greta doctor --collective`: a real gloo run on the CPU, and the launcher's handling of
+ranks that hang, crash or sum wrong (stand-in workers), leaving no process behind."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from greta_install.commands.doctor_collective import human, plan
+from greta_install.doctor.collective import CollectiveRun, free_port, run_collective
+from greta_install.doctor.collective_worker import bus_bandwidth
+from greta_install.doctor.model import CheckResult
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it holds nothing but its process-table entry.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone(pids: list[int], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _worker(tmp_path: Path, body: str) -> list[str]:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import json, os, signal, subprocess, sys, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "result = os.environ['GRETA_COLLECTIVE_RESULT']\n"
+        f"pids = {str(tmp_path / 'pids')!r}\n" + textwrap.dedent(body)
+    )
+    (tmp_path / "pids").mkdir()
+    return [sys.executable, str(script)]
+
+
+def test_bus_bandwidth_follows_nccl_tests() -> None:
+    assert bus_bandwidth("all_reduce", 10**9, 1.0, 8) == pytest.approx((1.0, 1.75))
+    assert bus_bandwidth("all_gather", 10**9, 0.5, 4) == pytest.approx((2.0, 1.5))
+    assert bus_bandwidth("all_reduce", 10**9, 1.0, 2) == pytest.approx((1.0, 1.0))
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_gloo_run_on_cpu_through_the_cli() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "greta", "doctor", "--collective", "--nproc", "2",
+         "--size-mb", "0.25", "--iters", "2", "--collective-timeout", "120", "--json"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(done.stdout)
+    assert data["status"] == "ok" and data["backend"] == "gloo" and data["nproc"] == 2
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    for rank in data["ranks"]:
+        assert rank["all_reduce_ok"] and rank["all_gather_ok"]
+        assert rank["bytes"] == 2**18 and rank["all_reduce_busbw"] > 0
+        # busbw = algbw * 2(n-1)/n = algbw for two ranks; all-gather: algbw / 2.
+        assert rank["all_reduce_busbw"] == pytest.approx(rank["all_reduce_algbw"])
+        assert rank["all_gather_busbw"] == pytest.approx(rank["all_gather_algbw"] / 2)
+
+
+def test_hanging_ranks_are_killed_with_everything_they_started(tmp_path: Path) -> None:
+    worker = _worker(
+        tmp_path,
+        """
+        # A grandchild in the rank's session, then a rank that ignores SIGTERM and hangs.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        open(os.path.join(pids, f"{rank}"), "w").write(f"{os.getpid()} {child.pid}")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(300)
+        """,
+    )
+    start = time.monotonic()
+    run = run_collective(2, "gloo", 1024, 1, timeout_s=4.0, worker=worker)
+    assert time.monotonic() - start < 60
+    assert run.status == "hang" and "no rank finished within 4 s" in run.message
+    pids = [int(p) for f in (tmp_path / "pids").iterdir() for p in f.read_text().split()]
+    assert len(pids) == 4
+    assert _gone(pids), [p for p in pids if _alive(p)]
+
+
+def test_a_crashed_rank_stops_the_waiting_one(tmp_path: Path) -> None:
+    worker = _worker(
+        tmp_path,
+        """
+        open(os.path.join(pids, f"{rank}"), "w").write(str(os.getpid()))
+        if rank == 1:
+            json.dump({"rank": 1, "error": "RuntimeError: NCCL error: unhandled system error"},
+                      open(result, "w"))
+            sys.exit(1)
+        time.sleep(300)
+        """,
+    )
+    start = time.monotonic()
+    run = run_collective(2, "gloo", 1024, 1, timeout_s=120.0, worker=worker)
+    assert time.monotonic() - start < 30  # did not wait for the timeout
+    assert run.status == "hang" and "[0]" in run.message and "NCCL error" in run.message
+    pids = [int(f.read_text()) for f in (tmp_path / "pids").iterdir()]
+    assert _gone(pids)
+
+
+def test_wrong_sum_is_reported(tmp_path: Path) -> None:
+    worker = _worker(
+        tmp_path,
+        """
+        json.dump({"rank": rank, "all_reduce_ok": rank == 0, "all_gather_ok": True,
+                   "all_reduce_error": "element 0 is 2.0, expected 3.0",
+                   "env": {k: os.environ.get(k) for k in
+                           ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                            "NVSHMEM_DISABLE_NVLS", "MASTER_ADDR")}},
+                  open(result, "w"))
+        """,
+    )
+    run = run_collective(2, "gloo", 1024, 1, timeout_s=60.0, worker=worker)
+    assert run.status == "wrong"
+    assert run.message == "rank 1: the all-reduce result is wrong element 0 is 2.0, expected 3.0"
+    assert run.ranks[0]["env"] == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"nproc": None, "cpu": False, **kw})
+
+
+@pytest.mark.parametrize(
+    ("offer", "kw", "want"),
+    [
+        ({"gpus": 2, "nccl": True, "gloo": True}, {}, ("nccl", 2)),
+        ({"gpus": 8, "nccl": True, "gloo": True}, {"nproc": 4}, ("nccl", 4)),
+        ({"gpus": 2, "nccl": True, "gloo": True}, {"nproc": 3}, "more ranks than"),
+        ({"gpus": 1, "nccl": True, "gloo": True}, {}, "one GPU visible"),
+        ({"gpus": 0, "nccl": False, "gloo": True}, {}, ("gloo", 2)),
+        ({"gpus": 2, "nccl": True, "gloo": True}, {"cpu": True, "nproc": 3}, ("gloo", 3)),
+        ({"gpus": 2, "nccl": False, "gloo": True}, {}, "without NCCL"),
+        ({"error": "torch probe exited with 1: ImportError"}, {}, "ImportError"),
+    ],
+)
+def test_plan(offer: dict, kw: dict, want: object) -> None:
+    got = plan(_args(**kw), offer)
+    if isinstance(want, tuple):
+        assert got == want
+    else:
+        assert isinstance(got, str) and str(want) in got
+
+
+def test_report_of_a_hang_points_at_the_failing_checks() -> None:
+    run = CollectiveRun("nccl", 2, 2**26, 20, 180.0, status="hang", message="no rank finished")
+    run.stderr_tail = {0: 'NCCL WARN Missing "iommu=pt" from kernel command line'}
+    acs = CheckResult("multi_gpu.acs", "PCIe ACS", "fail", "PCIe ACS is on", "sudo setpci ...")
+    text = human(run, {"hip": "6.4", "torch": "2.11"}, [acs])
+    assert "FAIL  collective  no rank finished" in text and "(RCCL)" in text
+    assert "multi_gpu.acs  PCIe ACS is on" in text and "fix: sudo setpci ..." in text
+    assert 'Missing "iommu=pt"' in text
