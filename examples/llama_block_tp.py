@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""The Llama block of examples/llama_block.py, tensor-parallel over torch.distributed.
+
+Megatron-style: QKV and gate/up are column-parallel (each rank owns heads/N attention heads
+and hidden/N MLP columns), the attention output and down projections are row-parallel,
+and one all-reduce per sublayer adds the partial sums. Each shard runs GRETA ops
+(``greta_core.compute``); the sharding lives in ``greta_core.distributed``. Rank 0 checks
+the result against the single-device block and a plain-PyTorch reference.
+
+    torchrun --nproc-per-node 2 examples/llama_block_tp.py            # 2 GPUs (NCCL/RCCL)
+    torchrun --nproc-per-node 2 examples/llama_block_tp.py --device cpu   # gloo
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+if not any(Path(p, "greta_core").is_dir() for p in sys.path):
+    sys.path.insert(0, str(HERE.parent))  # a source checkout, not installed
+sys.path.insert(0, str(HERE))  # the single-device block this one is checked against
+
+from llama_block import (  # noqa: E402
+    TOLERANCE,
+    Config,
+    LlamaBlock,
+    make_weights,
+    reference_run,
+    rel_error,
+    rope_tables,
+)
+
+from greta_core import compute as gc  # noqa: E402
+from greta_core import observe  # noqa: E402
+from greta_core.distributed import GretaShardingError, all_reduce_, shard_llama_weights  # noqa: E402
+
+
+class TensorParallelLlamaBlock(torch.nn.Module):
+    """One rank's shard of LlamaBlock; ``cfg`` holds this rank's heads and MLP width."""
+
+    def __init__(self, cfg: Config, shard: dict[str, torch.Tensor], group: Any = None) -> None:
+        super().__init__()
+        self.cfg, self.group = cfg, group
+        for name, value in shard.items():
+            self.register_buffer(name, value)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cache_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        b, s, d = x.shape
+        hq, hkv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        h = gc.rms_norm(x, self.attn_norm, cfg.eps)
+        qkv = gc.matmul(h.reshape(b * s, d), self.wqkv)  # column-parallel: this rank's heads
+        q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+        q = gc.rope(q.reshape(b, s, hq, hd).contiguous(), cos, sin)
+        k = gc.rope(k.reshape(b, s, hkv, hd).contiguous(), cos, sin)
+        v = v.reshape(b, s, hkv, hd)
+        gc.kv_cache_append(
+            k_cache,
+            v_cache,
+            k.transpose(1, 2).contiguous(),
+            v.transpose(1, 2).contiguous(),
+            cache_lens,
+        )
+        o = gc.attention(
+            q.transpose(1, 2).contiguous(), k_cache, v_cache, causal=True, kv_lens=cache_lens + s
+        )
+        o = o.transpose(1, 2).reshape(b * s, hq * hd)
+        attn = all_reduce_(gc.matmul(o, self.wo), self.group)  # row-parallel: sum of shards
+        x = x + attn.reshape(b, s, d)
+        h = gc.rms_norm(x, self.mlp_norm, cfg.eps)
+        gate, up = gc.matmul(h.reshape(b * s, d), self.w13).chunk(2, dim=-1)
+        mlp = all_reduce_(gc.matmul(F.silu(gate) * up, self.w2), self.group)
+        return x + mlp.reshape(b, s, d)
+
+
+def run_block(
+    block: torch.nn.Module,
+    cfg: Config,
+    prompt: torch.Tensor,
+    steps: torch.Tensor,
+    device: str,
+    dtype: torch.dtype,
+) -> tuple[list[torch.Tensor], float, float]:
+    """Prefill then one decode step per row of ``steps``; outputs and the two latencies."""
+    batch = prompt.shape[0]
+    shape = (batch, cfg.kv_heads, cfg.max_seq, cfg.head_dim)
+    k_cache = torch.zeros(shape, device=device, dtype=dtype)
+    v_cache = torch.zeros(shape, device=device, dtype=dtype)
+    lens = torch.zeros(batch, device=device, dtype=torch.int32)
+    cos, sin = rope_tables(cfg, device, dtype)
+    p = prompt.shape[1]
+    gc.synchronize(device)
+    t0 = time.perf_counter()
+    outputs = [block(prompt, cos[:p], sin[:p], k_cache, v_cache, lens)]
+    gc.synchronize(device)
+    prefill = time.perf_counter() - t0
+    lens.add_(p)
+    t0 = time.perf_counter()
+    for i, x in enumerate(steps):
+        pos = p + i
+        outputs.append(block(x, cos[pos : pos + 1], sin[pos : pos + 1], k_cache, v_cache, lens))
+        lens.add_(1)
+    gc.synchronize(device)
+    decode = (time.perf_counter() - t0) / max(1, len(steps))
+    return [o.clone() for o in outputs], prefill, decode
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--prefill-len", type=int, default=64)
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=0, help="MLP width (default: 2.75 x dim)")
+    ap.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, ...")
+    ap.add_argument("--device", default="auto", help="auto (GPU if present) or cpu")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repetitions (median kept)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="rank 0 writes a JSON result here")
+    args = ap.parse_args(argv)
+    if args.dim % args.heads or args.heads % args.kv_heads or (args.dim // args.heads) % 2:
+        ap.error("--dim must split into --heads of even size, and --heads into --kv-heads groups")
+    return args
+
+
+def init_distributed(device_arg: str) -> tuple[int, int, str]:
+    """Join the torchrun group: NCCL/RCCL with one GPU per rank, or gloo on the CPU."""
+    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+        os.environ.setdefault(key, value)  # NVLink multicast stays off
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    if "RANK" not in os.environ:
+        raise SystemExit("llama_block_tp: start it with torchrun --nproc-per-node N")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    use_gpu = device_arg != "cpu" and torch.cuda.is_available()
+    if use_gpu:
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+        dist.init_process_group("nccl", device_id=torch.device(device))
+    else:
+        device = "cpu"
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank, world, device = init_distributed(args.device)
+    try:
+        return _main(args, rank, world, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _main(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
+    dtype = gc.resolve_dtype(args.dtype, device)
+    hidden = args.hidden or int(2.75 * args.dim) // 32 * 32
+    cfg = Config(args.dim, args.heads, args.kv_heads, hidden, args.prefill_len + args.decode_steps)
+    try:
+        # Every rank builds the same full weights (same seed) and keeps its shard.
+        weights = make_weights(cfg, device, dtype, args.seed)
+        shard = shard_llama_weights(
+            weights, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+            hidden=cfg.hidden, rank=rank, world=world,
+        )  # fmt: skip
+    except GretaShardingError as exc:
+        if rank == 0:
+            print(f"llama_block_tp: {exc}", file=sys.stderr)
+        return 2
+    # The shard's heads and MLP width; dim shrinks with the heads so head_dim stays the
+    # model's (the block reads its input width from x, never from cfg.dim).
+    local_cfg = replace(
+        cfg,
+        dim=cfg.dim // world,
+        heads=cfg.heads // world,
+        kv_heads=cfg.kv_heads // world,
+        hidden=cfg.hidden // world,
+    )
+    block = TensorParallelLlamaBlock(local_cfg, shard)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    prompt = torch.randn(args.batch, args.prefill_len, args.dim, generator=gen).to(device, dtype)
+    steps = torch.randn(args.decode_steps, args.batch, 1, args.dim, generator=gen).to(device, dtype)
+    run_block(block, local_cfg, prompt, steps, device, dtype)  # warm-up: kernels, NCCL rings
+    prefill_times, decode_times = [], []
+    for _ in range(max(1, args.repeats)):
+        outputs, prefill, decode = run_block(block, local_cfg, prompt, steps, device, dtype)
+        prefill_times.append(prefill)
+        decode_times.append(decode)
+    medians = [statistics.median(prefill_times), statistics.median(decode_times)]
+    timings = torch.tensor(medians, device=device, dtype=torch.float64)
+    dist.all_reduce(timings, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    failed = torch.zeros(1, device=device)
+    if rank == 0:
+        single, _, _ = run_block(LlamaBlock(cfg, weights), cfg, prompt, steps, device, dtype)
+        reference = reference_run(cfg, weights, prompt, steps)
+        tol = TOLERANCE[dtype]
+        err_single, err_ref = rel_error(outputs, single), rel_error(outputs, reference)
+        ok = err_single <= tol and err_ref <= tol
+        failed += 0.0 if ok else 1.0
+        impls = {
+            k[8:]: v for k, v in observe.implementations_seen().items() if k.startswith("compute.")
+        }
+        row = {
+            "world": world,
+            "backend": dist.get_backend(),
+            "device": torch.cuda.get_device_name(device) if device != "cpu" else "cpu",
+            "dtype": str(dtype).replace("torch.", ""),
+            "config": asdict(cfg),
+            "batch": args.batch,
+            "prefill_len": args.prefill_len,
+            "decode_steps": args.decode_steps,
+            "prefill_ms": 1e3 * float(timings[0]),
+            "decode_step_ms": 1e3 * float(timings[1]),
+            "rel_err_vs_single_device": err_single,
+            "rel_err_vs_reference": err_ref,
+            "tolerance": tol,
+            "match": ok,
+            "implementations": impls,
+        }
+        print(
+            f"tensor-parallel x{world} ({row['backend']}, {row['device']}, {row['dtype']}): "
+            f"prefill {row['prefill_ms']:.3f} ms, decode {row['decode_step_ms']:.3f} ms/step; "
+            f"rel_err vs single-device {err_single:.2e}, vs reference {err_ref:.2e} "
+            f"(tol {tol:.0e})"
+        )
+        print("implementations: " + ", ".join(f"{k}={v}" for k, v in sorted(impls.items())))
+        print("tensor-parallel check " + ("passed" if ok else "FAILED"))
+        if args.out:
+            now = datetime.datetime.now(datetime.timezone.utc)
+            args.out.mkdir(parents=True, exist_ok=True)
+            tag = row["device"].replace(" ", "_").replace("/", "_")
+            path = args.out / f"llama_block_tp_{tag}_x{world}_{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+            path.write_text(
+                json.dumps({"date": now.isoformat(timespec="seconds"), **row}, indent=2)
+            )
+            print(f"wrote {path}")
+    dist.all_reduce(failed)  # every rank exits with the verdict
+    return 1 if failed.item() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
