@@ -186,3 +186,36 @@ def test_report_of_a_hang_points_at_the_failing_checks() -> None:
     assert "FAIL  collective  no rank finished" in text and "(RCCL)" in text
     assert "multi_gpu.acs  PCIe ACS is on" in text and "fix: sudo setpci ..." in text
     assert 'Missing "iommu=pt"' in text
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _greta_collective(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "greta", "doctor", "--collective", *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_one_visible_gpu_has_no_collective_to_run() -> None:
+    done = _greta_collective(env={"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"})
+    assert done.returncode == 2 and "one GPU visible" in done.stderr
+
+
+@pytest.mark.gpu
+def test_nccl_run_on_two_gpus(tmp_path: Path) -> None:
+    if _gpu_count() < 2:
+        pytest.skip("needs two GPUs")
+    done = _greta_collective("--nproc", "2", "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(done.stdout)
+    assert data["status"] == "ok" and data["backend"] == "nccl"
+    assert all(r["all_reduce_ok"] and r["all_gather_ok"] for r in data["ranks"])
+    assert data["ranks"][0]["all_reduce_busbw"] > 1.0  # GB/s: any GPU link beats this
+    assert list(tmp_path.glob("collective_*_x2_*.json"))

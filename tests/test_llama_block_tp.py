@@ -120,3 +120,22 @@ def test_torchrun_two_cpu_ranks_match_the_single_device_block(tmp_path: Path) ->
     assert data["rel_err_vs_single_device"] <= data["tolerance"] == 1e-4
     assert data["rel_err_vs_reference"] <= data["tolerance"]
     assert {"matmul", "attention", "rms_norm"} <= set(data["implementations"])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_torchrun_two_gpus_match_the_single_device_block(tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           str(ROOT / "examples" / "llama_block_tp.py"), "--dim", "1024", "--heads", "16",
+           "--kv-heads", "4", "--batch", "4", "--prefill-len", "32", "--decode-steps", "8",
+           "--repeats", "3", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (result,) = tmp_path.glob("llama_block_tp_*_x2_*.json")
+    data = json.loads(result.read_text())
+    assert data["backend"] == "nccl" and data["match"] is True
+    assert data["rel_err_vs_single_device"] <= data["tolerance"]
