@@ -219,3 +219,8 @@ def test_nccl_run_on_two_gpus(tmp_path: Path) -> None:
     assert all(r["all_reduce_ok"] and r["all_gather_ok"] for r in data["ranks"])
     assert data["ranks"][0]["all_reduce_busbw"] > 1.0  # GB/s: any GPU link beats this
     assert list(tmp_path.glob("collective_*_x2_*.json"))
+
+
+def test_collective_refuses_a_snapshot(tmp_path: Path) -> None:
+    done = _greta_collective("--snapshot", str(tmp_path))
+    assert done.returncode == 2 and "not on a snapshot" in done.stderr

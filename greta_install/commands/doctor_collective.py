@@ -107,6 +107,9 @@ def write_result(out: Path, run: CollectiveRun, offer: dict[str, Any]) -> Path:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.snapshot:
+        print("greta doctor: --collective runs on this machine, not on a snapshot", file=sys.stderr)
+        return 2
     if not (args.collective_timeout > 0 and args.size_mb > 0 and args.iters > 0):
         print(
             "greta doctor: --collective-timeout, --size-mb and --iters must be positive",

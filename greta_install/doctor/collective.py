@@ -235,6 +235,7 @@ def _judge(run: CollectiveRun, hung: list[int]) -> None:
         detail = bad.get("all_reduce_error", "")
         run.message = f"rank {bad.get('rank')}: the {what} result is wrong {detail}".strip()
     else:
+        run.stderr_tail = {}  # warnings of a run that worked are noise in its record
         r0 = run.ranks[0]
         run.message = (
             f"all-reduce and all-gather correct on {run.nproc} ranks; "

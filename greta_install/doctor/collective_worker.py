@@ -62,6 +62,8 @@ def run_rank() -> dict[str, Any]:
     nbytes = int(os.environ["GRETA_COLLECTIVE_BYTES"])
     iters = int(os.environ["GRETA_COLLECTIVE_ITERS"])
     timeout = float(os.environ["GRETA_COLLECTIVE_TIMEOUT"])
+    # all_gather_single replaces all_gather_into_tensor (deprecated in torch 2.13).
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     if backend == "nccl":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -97,13 +99,13 @@ def run_rank() -> dict[str, Any]:
         # Small integers stay exact in float32 at any size: row r must be pattern + 1024 r.
         pattern = torch.arange(n, device=device, dtype=torch.float32) % 1024
         gathered = torch.empty(world * n, device=device)
-        dist.all_gather_into_tensor(gathered, pattern + 1024 * rank)
+        all_gather(gathered, pattern + 1024 * rank)
         offsets = 1024 * torch.arange(world, device=device, dtype=torch.float32)[:, None]
         out["all_gather_ok"] = bool(torch.equal(gathered.view(world, n), pattern + offsets))
         # Bandwidth on zero-filled buffers (values stay finite however many times summed).
         buf = torch.zeros(n, device=device)
         t_ar = _timed(lambda: dist.all_reduce(buf), iters, sync)
-        t_ag = _timed(lambda: dist.all_gather_into_tensor(gathered, buf), iters, sync)
+        t_ag = _timed(lambda: all_gather(gathered, buf), iters, sync)
         # The slowest rank sets the pace of a collective: report its time.
         times = torch.tensor([t_ar, t_ag], device=device, dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)

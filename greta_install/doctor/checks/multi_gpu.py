@@ -48,6 +48,7 @@ class View:
     topo: Topology | None
     raw: MultiGpuFacts
     products: tuple[str, ...]
+    live: bool = True
 
 
 def _products(facts: Facts) -> tuple[str, ...]:
@@ -81,7 +82,7 @@ def view_of(facts: Facts) -> View:
     if count == 0:
         pci = [f for f in parse_lspci_vvv(raw.lspci_vvv) if f.is_gpu]
         count = max(len(lspci_gpus(facts.lspci)), len(pci))
-    return View(vendor, count, topo, raw, _products(facts))
+    return View(vendor, count, topo, raw, _products(facts), facts.live)
 
 
 def _one_gpu(v: View) -> Finding | None:
@@ -89,7 +90,7 @@ def _one_gpu(v: View) -> Finding | None:
         return None
     if v.count == 1:
         return skip("one GPU: collectives between GPUs do not apply")
-    return skip("no GPU found (or none this snapshot records)")
+    return skip("no GPU found" if v.live else "this snapshot records no GPU")
 
 
 def _pairs_text(pairs: list[Pair], limit: int = 4) -> str:
