@@ -210,7 +210,7 @@ def check_fine_grain(facts: Facts) -> Finding:
 
 
 def _linked_group(topo: Topology, kind: str) -> list[int]:
-    """The largest set of GPUs all joined to GPU 0's group by ``kind`` links."""
+    """The largest set of GPUs one GPU reaches directly over ``kind`` links (itself included)."""
     best: list[int] = []
     for start in range(topo.count):
         group = [start] + [
@@ -359,7 +359,9 @@ def check_visible_devices(facts: Facts) -> Finding:
     if not facts.env_known:
         return skip("this snapshot did not record the environment (env.json)")
     v = view_of(facts)
-    env = {k: facts.env[k] for k in VISIBLE_VARS if k in facts.env}
+    # CUDA reads only CUDA_VISIBLE_DEVICES; ROCm reads all three.
+    relevant = VISIBLE_VARS[2:] if v.vendor == "nvidia" else VISIBLE_VARS
+    env = {k: facts.env[k] for k in relevant if k in facts.env}
     if not env:
         return ok("no *_VISIBLE_DEVICES variable set: every GPU is visible")
     problems: list[str] = []
@@ -388,10 +390,9 @@ def check_visible_devices(facts: Facts) -> Finding:
             problems.append(f"ROCR_VISIBLE_DEVICES names GPU {bad[0]} of {available}")
             fixes.append(f"export ROCR_VISIBLE_DEVICES={','.join(map(str, range(available)))}")
         available = len(_devices(rocr)) or available
-    names = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if v.vendor == "amd" else VISIBLE_VARS
-    for name in names:
+    for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):  # only CUDA's on NVIDIA
         value = env.get(name)
-        if value is None or not available or (v.vendor != "amd" and name != "CUDA_VISIBLE_DEVICES"):
+        if value is None or not available:
             continue
         bad = [t for t in _devices(value) if t.isdigit() and int(t) >= available]
         if bad:
