@@ -52,7 +52,7 @@ class CollectiveRun:
     nbytes: int
     iters: int
     timeout_s: float
-    status: str = "ok"  # ok | hang | wrong | crashed | unavailable
+    status: str = "ok"  # ok | hang | wrong | crashed
     message: str = ""
     ranks: list[dict[str, Any]] = field(default_factory=list)
     stderr_tail: dict[int, str] = field(default_factory=dict)
