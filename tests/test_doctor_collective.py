@@ -224,3 +224,16 @@ def test_nccl_run_on_two_gpus(tmp_path: Path) -> None:
 def test_collective_refuses_a_snapshot(tmp_path: Path) -> None:
     done = _greta_collective("--snapshot", str(tmp_path))
     assert done.returncode == 2 and "not on a snapshot" in done.stderr
+
+
+def test_hang_after_correct_collectives_is_blamed_on_the_graph_capture(tmp_path: Path) -> None:
+    worker = _worker(
+        tmp_path,
+        """
+        assert os.environ["GRETA_COLLECTIVE_CAPTURE"] == "1"
+        json.dump({"rank": rank, "all_reduce_ok": True, "all_gather_ok": True}, open(result, "w"))
+        time.sleep(300)  # as a wedged communicator would
+        """,
+    )
+    run = run_collective(2, "nccl", 1024, 1, timeout_s=4.0, worker=worker, capture=True)
+    assert run.status == "hang" and "inside a graph capture hung" in run.message

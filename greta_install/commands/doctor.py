@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="stop every rank after this long and call it a hang (default: 180)",
     )
+    coll.add_argument(
+        "--capture",
+        action="store_true",
+        help="also capture an all-reduce in a CUDA/HIP graph (RCCL refuses it since ROCm 7.0)",
+    )
     coll.add_argument("--out", type=Path, metavar="DIR", help="also write the result JSON here")
 
 

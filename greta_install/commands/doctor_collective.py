@@ -123,7 +123,9 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     backend, nproc = planned
     nbytes = int(args.size_mb * 2**20)
-    run = run_collective(nproc, backend, nbytes, args.iters, args.collective_timeout)
+    run = run_collective(
+        nproc, backend, nbytes, args.iters, args.collective_timeout, capture=args.capture
+    )
     found = suspects() if run.status != "ok" and backend == "nccl" else []
     if args.json:
         data = {**run.to_json(), "probe": offer, "suspects": [r.to_json() for r in found]}

@@ -138,6 +138,7 @@ def run_collective(
     iters: int,
     timeout_s: float,
     worker: Sequence[str] = WORKER,
+    capture: bool = False,
 ) -> CollectiveRun:
     """Start ``nproc`` ranks, wait at most ``timeout_s``, and judge what they report."""
     run = CollectiveRun(backend, nproc, nbytes, iters, timeout_s)
@@ -162,6 +163,7 @@ def run_collective(
                     "GRETA_COLLECTIVE_ITERS": str(iters),
                     "GRETA_COLLECTIVE_TIMEOUT": str(timeout_s),
                     "GRETA_COLLECTIVE_RESULT": str(work / f"rank{rank}.json"),
+                    "GRETA_COLLECTIVE_CAPTURE": "1" if capture else "0",
                     # gloo must not wander onto another interface than loopback.
                     "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                 }
@@ -214,7 +216,14 @@ def _judge(run: CollectiveRun, hung: list[int]) -> None:
         for r in run.ranks
         if r.get("error") and r.get("rank") not in hung
     ]
-    if hung and len(hung) == run.nproc:
+    measured = all(r.get("all_reduce_ok") and r.get("all_gather_ok") for r in run.ranks)
+    if hung and measured:
+        run.status = "hang"
+        run.message = (
+            "both collectives were correct, then an all-reduce inside a graph capture hung "
+            "(capture the computation only; call collectives outside the graph)"
+        )
+    elif hung and len(hung) == run.nproc:
         run.status = "hang"
         run.message = (
             f"no rank finished within {run.timeout_s:g} s: the collective hung "
@@ -228,7 +237,7 @@ def _judge(run: CollectiveRun, hung: list[int]) -> None:
     elif errors:
         run.status = "crashed"
         run.message = f"rank {errors[0][0]} failed: {errors[0][1]}"
-    elif not all(r.get("all_reduce_ok") and r.get("all_gather_ok") for r in run.ranks):
+    elif not measured:
         run.status = "wrong"
         bad = next(r for r in run.ranks if not (r.get("all_reduce_ok") and r.get("all_gather_ok")))
         what = "all-reduce" if not bad.get("all_reduce_ok") else "all-gather"
@@ -242,3 +251,5 @@ def _judge(run: CollectiveRun, hung: list[int]) -> None:
             f"busbw all-reduce {r0['all_reduce_busbw']:.2f} GB/s, "
             f"all-gather {r0['all_gather_busbw']:.2f} GB/s at {r0['bytes'] / 2**20:g} MiB"
         )
+        if "graph_capture" in r0:
+            run.message += f"; all-reduce in a graph capture: {r0['graph_capture']}"

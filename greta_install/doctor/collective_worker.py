@@ -52,7 +52,30 @@ def _timed(fn: Any, iters: int, sync: Any) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def run_rank() -> dict[str, Any]:
+def _capture(dist: Any, buf: Any) -> str:
+    """Whether an all-reduce can be captured in a CUDA/HIP graph and replayed.
+
+    NCCL allows it; RCCL refuses collectives during graph capture since ROCm 7.0.
+    """
+    import torch
+
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dist.all_reduce(buf)
+        graph.replay()
+        torch.cuda.synchronize()
+        return "ok"
+    except Exception as exc:
+        return f"refused: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _write(path: str, result: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+
+
+def run_rank(result_path: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -119,6 +142,10 @@ def run_rank() -> dict[str, Any]:
             "all_gather", world * n * 4, t_ag, world
         )
         dist.barrier()
+        if backend == "nccl" and os.environ.get("GRETA_COLLECTIVE_CAPTURE") == "1":
+            # Written first: a capture that wedges the communicator must not lose the rest.
+            _write(result_path, out)
+            out["graph_capture"] = _capture(dist, buf)
         return out
     finally:
         dist.destroy_process_group()
@@ -130,14 +157,12 @@ def main(argv: list[str]) -> int:
         return 0
     result_path = os.environ["GRETA_COLLECTIVE_RESULT"]
     try:
-        result = run_rank()
+        result = run_rank(result_path)
     except Exception as exc:  # reported by the launcher, with the rank that failed
-        result = {"rank": int(os.environ.get("RANK", -1)), "error": f"{type(exc).__name__}: {exc}"}
-        with open(result_path, "w", encoding="utf-8") as fh:
-            json.dump(result, fh)
+        rank = int(os.environ.get("RANK", -1))
+        _write(result_path, {"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    with open(result_path, "w", encoding="utf-8") as fh:
-        json.dump(result, fh)
+    _write(result_path, result)
     return 0
 
 
