@@ -212,13 +212,15 @@ def test_one_visible_gpu_has_no_collective_to_run() -> None:
 def test_nccl_run_on_two_gpus(tmp_path: Path) -> None:
     if _gpu_count() < 2:
         pytest.skip("needs two GPUs")
-    done = _greta_collective("--nproc", "2", "--json", "--out", str(tmp_path))
+    done = _greta_collective("--nproc", "2", "--capture", "--json", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(done.stdout)
     assert data["status"] == "ok" and data["backend"] == "nccl"
     assert all(r["all_reduce_ok"] and r["all_gather_ok"] for r in data["ranks"])
     assert data["ranks"][0]["all_reduce_busbw"] > 1.0  # GB/s: any GPU link beats this
     assert list(tmp_path.glob("collective_*_x2_*.json"))
+    if data["probe"]["hip"] is None:  # NCCL captures collectives; RCCL >= ROCm 7.0 refuses
+        assert data["ranks"][0]["graph_capture"] == "ok"
 
 
 def test_collective_refuses_a_snapshot(tmp_path: Path) -> None:
