@@ -371,3 +371,12 @@ def test_snapshot_records_multi_gpu_inputs_and_redacts_disk_ids(tmp_path: Path) 
     assert status("multi_gpu.numa_balancing", facts)[0] == "warn"
     assert status("multi_gpu.links", facts)[0] == "warn"
     assert status("multi_gpu.iommu", facts)[0] == "ok"
+
+
+def test_four_mi300a_apus_are_not_told_to_use_eight() -> None:
+    four = with_texts(
+        facts_of("mi300a-x4-amdsmi"),  # real amd-smi static of a 4x MI300A node
+        amd_topology=_amd_smi_first(4),
+    )
+    got, finding, _ = status("multi_gpu.links", four)
+    assert got == "ok" and "XGMI" in finding

@@ -35,7 +35,9 @@ NUMA_FIX = (
 VISIBLE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 # Cards whose NVLink/XGMI is on the board, so a PCIe-only matrix means a link is down.
 _NVLINK_BOARDS = re.compile(r"SXM|HGX|H100 80GB HBM3|H200|B200|B100|GB200|GH200", re.I)
-_MI300_CLASS = re.compile(r"MI300X|MI325X|MI308X|MI355X|MI350X|gfx942|gfx950", re.I)
+# Eight-way XGMI boards. MI300A shares gfx942 but is an APU of up to four per node.
+_MI300_CLASS = re.compile(r"MI300X|MI325X|MI308X|MI355X|MI350X", re.I)
+_MI300_ARCH = re.compile(r"gfx942|gfx950")
 _CONSUMER = re.compile(r"GeForce|RTX \d{4}\b|Radeon RX|Radeon\(TM\) RX", re.I)
 
 
@@ -223,6 +225,12 @@ def _linked_group(topo: Topology, kind: str) -> list[int]:
     return best
 
 
+def _eight_way(products: tuple[str, ...]) -> bool:
+    if any(_MI300_CLASS.search(p) for p in products):
+        return True
+    return any(_MI300_ARCH.search(p) for p in products) and not any("MI300A" in p for p in products)
+
+
 def check_links(facts: Facts) -> Finding:
     v = view_of(facts)
     if (s := _one_gpu(v)) is not None:
@@ -258,7 +266,7 @@ def check_links(facts: Facts) -> Finding:
                 **details,
             )
         return ok(f"no {label}: the {topo.count} GPUs talk over PCIe", **details)
-    if fast == "xgmi" and any(_MI300_CLASS.search(p) for p in v.products) and topo.count < 8:
+    if fast == "xgmi" and _eight_way(v.products) and topo.count < 8:
         return warn(
             f"{topo.count} MI300-class GPUs: each has 7 XGMI links, one per peer of an 8-GPU "
             f"node, so {topo.count} GPUs use {topo.count - 1} of them and collectives reach "
