@@ -97,7 +97,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_torchrun_two_cpu_ranks_match_the_single_device_block(tmp_path: Path) -> None:
     # As a user runs it: torch ops on CPU take the torch paths, not the Triton interpreter.
     env = {
@@ -123,7 +122,6 @@ def test_torchrun_two_cpu_ranks_match_the_single_device_block(tmp_path: Path) ->
 
 
 @pytest.mark.gpu
-@pytest.mark.slow
 def test_torchrun_two_gpus_match_the_single_device_block(tmp_path: Path) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
