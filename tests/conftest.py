@@ -60,3 +60,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+# --- one small gfx942 kernel wheel per test session ----------------------------------------
+
+# Two kernels with different launcher signatures, both variants: enough for the AOT report,
+# the wheel's RECORD/manifest/config checks and the host-launcher descriptions, and built
+# in seconds (the whole-library AOT run is the `slow` test in test_aot.py).
+SHARED_WHEEL_ARCH = "gfx942"
+SHARED_WHEEL_KERNELS = ("vec_add", "col_sum")
+# The shipped table with vec_add's block changed, so "the wheel's table won" is observable.
+SHARED_WHEEL_VEC_ADD_BLOCK = 512
+
+
+@pytest.fixture(scope="session")
+def gfx942_wheel(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Build outcome of the shared gfx942 wheel (`build_all`'s dict: wheel, results, ...).
+
+    Built once per session: under xdist the workers share the run's base folder and take a
+    file lock, so one builds and the others read its outcome."""
+    import fcntl
+
+    from greta_core.commands.build_kernels import build_all, shipped_table
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, shared by its workers only
+    out = base / "shared-gfx942-wheel"
+    outcome_file = out / "outcome.json"
+    out.mkdir(exist_ok=True)
+    with (base / "shared-gfx942-wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not outcome_file.is_file():
+            table = json.loads(shipped_table(SHARED_WHEEL_ARCH))
+            table["ops"]["vec_add"]["default"]["BLOCK"] = SHARED_WHEEL_VEC_ADD_BLOCK
+            [outcome] = build_all(
+                [SHARED_WHEEL_ARCH],
+                out,
+                only=list(SHARED_WHEEL_KERNELS),
+                configs_text=json.dumps(table),
+                jobs=1,
+            )
+            assert "fatal" not in outcome, outcome
+            outcome_file.write_text(json.dumps(outcome))
+    return json.loads(outcome_file.read_text())
