@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+
+try:  # the fuzz tests' examples are the same on every run (reproducible failures)
+    from hypothesis import settings
+
+    settings.register_profile("greta", derandomize=True, print_blob=True)
+    settings.load_profile("greta")
+except ImportError:
+    pass
 
 
 def _has_nvidia_or_amd_gpu() -> bool:
@@ -29,6 +39,20 @@ if not _has_nvidia_or_amd_gpu():
     os.environ.setdefault("GRETA_TRITON_ON_CPU", "1")
 
 DATA = Path(__file__).parent / "data"
+SEED = 0
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rngs() -> None:
+    """Every test starts from the same random state: Python's, NumPy's global one and
+    torch's (CPU and every GPU), whichever of them the test's modules imported."""
+    random.seed(SEED)
+    if (np := sys.modules.get("numpy")) is not None:
+        np.random.seed(SEED)
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.manual_seed(SEED)  # seeds the CUDA/ROCm generators too
+
+
 SNAPSHOTS = DATA / "snapshots"
 
 

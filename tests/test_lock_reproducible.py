@@ -191,9 +191,7 @@ def test_lock_ignores_what_the_index_published_after_exclude_newer(
     assert all(p.verified for p in parsed.packages)
 
 
-def test_lock_moves_only_when_the_matrix_does(
-    uv: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_lock_moves_only_when_the_matrix_does(uv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Control for the test above: with a later cutoff, the new versions are picked, so
     the local index really offers them and the exclusion is what kept them out."""
     index = JsonIndex()
