@@ -35,7 +35,11 @@ def test_prototype_runs_from_a_checkout(name: str, tmp_path: Path) -> None:
     # without installation: run them from elsewhere, with neither hint set.
     env.pop("TRITON_INTERPRET", None)
     env.pop("GRETA_TRITON_ON_CPU", None)
-    env.pop("PYTHONPATH", None)
+    # Without this checkout on the path (other entries, e.g. carried wheels, stay).
+    paths = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    kept = [p for p in paths if Path(p).resolve() != REPO]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
     proc = subprocess.run(
         [sys.executable, str(PROTOTYPES[name])],
         cwd=tmp_path,
