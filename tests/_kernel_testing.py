@@ -37,4 +37,14 @@ def assert_close(
 
 
 def expected_impl() -> str:
+    """What the torch ops and raw launches run here: the conftest puts a GPU-less machine
+    on Triton's interpreter, so a fallback to the torch reference is a failure."""
     return "triton" if ON_GPU else "triton-interpret"
+
+
+def expected_jax_impl() -> str:
+    """What greta_core.jax runs here: jax-triton wherever JAX sees a GPU (the GPU suite
+    carries the jax-triton wheel), the jax.numpy reference elsewhere."""
+    import jax
+
+    return "jax-triton" if jax.default_backend() in ("gpu", "cuda", "rocm") else "reference-jnp"

@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+
+try:  # the fuzz tests' examples are the same on every run (reproducible failures)
+    from hypothesis import settings
+
+    settings.register_profile("greta", derandomize=True, print_blob=True)
+    settings.load_profile("greta")
+except ImportError:
+    pass
 
 
 def _has_nvidia_or_amd_gpu() -> bool:
@@ -29,6 +39,20 @@ if not _has_nvidia_or_amd_gpu():
     os.environ.setdefault("GRETA_TRITON_ON_CPU", "1")
 
 DATA = Path(__file__).parent / "data"
+SEED = 0
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rngs() -> None:
+    """Every test starts from the same random state: Python's, NumPy's global one and
+    torch's (CPU and every GPU), whichever of them the test's modules imported."""
+    random.seed(SEED)
+    if (np := sys.modules.get("numpy")) is not None:
+        np.random.seed(SEED)
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.manual_seed(SEED)  # seeds the CUDA/ROCm generators too
+
+
 SNAPSHOTS = DATA / "snapshots"
 
 
@@ -60,3 +84,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+# --- one small gfx942 kernel wheel per test session ----------------------------------------
+
+# Two kernels with different launcher signatures, both variants: enough for the AOT report,
+# the wheel's RECORD/manifest/config checks and the host-launcher descriptions, and built
+# in seconds (the whole-library AOT run is the `slow` test in test_aot.py).
+SHARED_WHEEL_ARCH = "gfx942"
+SHARED_WHEEL_KERNELS = ("vec_add", "col_sum")
+# The shipped table with vec_add's block changed, so "the wheel's table won" is observable.
+SHARED_WHEEL_VEC_ADD_BLOCK = 512
+
+
+@pytest.fixture(scope="session")
+def gfx942_wheel(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Build outcome of the shared gfx942 wheel (`build_all`'s dict: wheel, results, ...).
+
+    Built once per session: under xdist the workers share the run's base folder and take a
+    file lock, so one builds and the others read its outcome."""
+    import fcntl
+
+    from greta_core.commands.build_kernels import build_all, shipped_table
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, shared by its workers only
+    out = base / "shared-gfx942-wheel"
+    outcome_file = out / "outcome.json"
+    out.mkdir(exist_ok=True)
+    with (base / "shared-gfx942-wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not outcome_file.is_file():
+            table = json.loads(shipped_table(SHARED_WHEEL_ARCH))
+            table["ops"]["vec_add"]["default"]["BLOCK"] = SHARED_WHEEL_VEC_ADD_BLOCK
+            [outcome] = build_all(
+                [SHARED_WHEEL_ARCH],
+                out,
+                only=list(SHARED_WHEEL_KERNELS),
+                configs_text=json.dumps(table),
+                jobs=1,
+            )
+            assert "fatal" not in outcome, outcome
+            outcome_file.write_text(json.dumps(outcome))
+    return json.loads(outcome_file.read_text())

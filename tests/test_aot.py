@@ -30,6 +30,22 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_wheel_build_reports_each_compiled_spec(gfx942_wheel: dict) -> None:
+    """The AOT rows of the session's small gfx942 wheel (conftest): every spec compiled,
+    keyed and described; the whole library is the `slow` test below."""
+    assert gfx942_wheel["module_errors"] == []
+    bad = [(r["spec"], r["error"]) for r in gfx942_wheel["results"] if not r["ok"]]
+    assert not bad, bad
+    specs = {(r["spec"], r["variant"]) for r in gfx942_wheel["results"]}
+    assert {(f"vec_add[{d}]", "ragged") for d in ("fp32", "fp16", "bf16")} <= specs
+    for r in gfx942_wheel["results"]:
+        assert r["arch"] == "gfx942"
+        assert len(r["key"]) == 64
+        assert r["signature"]
+        assert r["matrix_instructions"] == []  # elementwise and reduction kernels
+
+
+@pytest.mark.slow
 def test_aot_report_for_gfx942_covers_every_kernel(tmp_path: Path) -> None:
     report = tmp_path / "aot.json"
     # aligned only: one compile per spec keeps this quick; the ragged variant is the

@@ -35,7 +35,11 @@ def test_prototype_runs_from_a_checkout(name: str, tmp_path: Path) -> None:
     # without installation: run them from elsewhere, with neither hint set.
     env.pop("TRITON_INTERPRET", None)
     env.pop("GRETA_TRITON_ON_CPU", None)
-    env.pop("PYTHONPATH", None)
+    # Without this checkout on the path (other entries, e.g. carried wheels, stay).
+    paths = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    kept = [p for p in paths if Path(p).resolve() != REPO]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
     proc = subprocess.run(
         [sys.executable, str(PROTOTYPES[name])],
         cwd=tmp_path,
@@ -47,14 +51,17 @@ def test_prototype_runs_from_a_checkout(name: str, tmp_path: Path) -> None:
     lines = proc.stdout.strip().splitlines()
     assert lines, proc.stderr[-3000:]
     last = lines[-1]
-    assert last == "STATUS=OK" or last.startswith("STATUS=FALLBACK reason="), (
-        proc.stdout[-3000:] + proc.stderr[-3000:]
-    )
+    # Triton's prototype runs the real kernel everywhere (the interpreter on a CPU); the
+    # PyTorch and JAX ones check their GPU path on a GPU (the GPU suite carries jax-triton)
+    # and can only fall back to their CPU references without one.
+    status = "OK" if name == "triton" or _has_gpu() else "FALLBACK"
+    assert last.split(" ")[0] == f"STATUS={status}", proc.stdout[-3000:] + proc.stderr[-3000:]
+    if status == "FALLBACK":
+        assert last.startswith("STATUS=FALLBACK reason=") and len(last) > len(
+            "STATUS=FALLBACK reason="
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     if name == "triton":
-        # On a CPU machine the real kernel runs under the interpreter: still OK.
-        assert last == "STATUS=OK"
         assert ("ran under TRITON_INTERPRET=1" in proc.stdout) != _has_gpu()
     if name == "pytorch":
-        assert (last == "STATUS=OK") == _has_gpu()
         assert "autograd ok" in proc.stdout

@@ -52,15 +52,10 @@ def fake_rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The gfx942 kernel wheel for vec_add and rms_norm, unpacked as pip would install it."""
-    from greta_core.commands.build_kernels import build_all
-
-    out = tmp_path_factory.mktemp("wheels")
-    [outcome] = build_all(["gfx942"], out, only=["vec_add", "rms_norm"], jobs=1)
-    assert "fatal" not in outcome, outcome
+def wheel_dir(gfx942_wheel: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conftest's shared gfx942 kernel wheel, unpacked as pip would install it."""
     site = tmp_path_factory.mktemp("site")
-    with zipfile.ZipFile(outcome["wheel"]) as zf:
+    with zipfile.ZipFile(gfx942_wheel["wheel"]) as zf:
         zf.extractall(site)
     return site / "greta_kernels_gfx942"
 

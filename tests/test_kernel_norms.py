@@ -13,6 +13,7 @@ from _kernel_testing import (  # noqa: E402
     ON_GPU,
     assert_close,
     expected_impl,
+    expected_jax_impl,
     need_triton,
     poisoned,
 )
@@ -147,7 +148,7 @@ def test_torch_op_autograd_matches_float64(op) -> None:
     assert_close(y.detach(), ref.detach(), torch.float32)
     assert_close(gx, rx, torch.float32, scale=2.0)
     assert_close(gw, rw, torch.float32, scale=4.0)
-    assert observe.last_implementation(f"{op}_bwd") in (expected_impl(), "reference-torch")
+    assert observe.last_implementation(f"{op}_bwd") == expected_impl()
 
 
 def test_torch_opcheck() -> None:
@@ -208,7 +209,7 @@ def test_jax_norms_and_grads() -> None:
     np = pytest.importorskip("numpy")
     from greta_core import jax as gj
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 37)).astype(np.float32) + 0.5
     w = rng.standard_normal(37).astype(np.float32)
     b = rng.standard_normal(37).astype(np.float32)
@@ -238,7 +239,7 @@ def test_jax_norms_and_grads() -> None:
         want = jax.grad(lambda *a, ref=ref: jnp.sum(ref(*a) * dy), argnums=nums)(*args)
         for g, r in zip(got, want, strict=True):
             assert np.abs(np.asarray(g) - np.asarray(r)).max() < 1e-3 * max(1, np.abs(r).max())
-    assert observe.last_implementation("layer_norm_bwd") in ("jax-triton", "reference-jnp")
+    assert observe.last_implementation("layer_norm_bwd") == expected_jax_impl()
     with pytest.raises(raw.GretaInputError, match="argument 'weight' has shape"):
         gj.rms_norm(jnp.asarray(x), jnp.ones(5))
 

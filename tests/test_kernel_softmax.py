@@ -13,6 +13,7 @@ from _kernel_testing import (  # noqa: E402
     ON_GPU,
     assert_close,
     expected_impl,
+    expected_jax_impl,
     need_triton,
     poisoned,
 )
@@ -95,7 +96,7 @@ def test_jax_softmax_and_grad() -> None:
 
     from greta_core import jax as gj
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     x = (rng.standard_normal((4, 130)) * 5).astype(np.float32)
     xd = x.astype(np.float64)
     ref = np.exp(xd - xd.max(-1, keepdims=True))
@@ -105,4 +106,4 @@ def test_jax_softmax_and_grad() -> None:
     got = jax.grad(lambda a: jnp.sum(gj.softmax(a) * dy))(jnp.asarray(x))
     want = jax.grad(lambda a: jnp.sum(jax.nn.softmax(a, -1) * dy))(jnp.asarray(x))
     assert np.abs(np.asarray(got) - np.asarray(want)).max() < 1e-5
-    assert observe.last_implementation("softmax_bwd") in ("jax-triton", "reference-jnp")
+    assert observe.last_implementation("softmax_bwd") == expected_jax_impl()

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_WHEEL_ARCH, SHARED_WHEEL_KERNELS, SHARED_WHEEL_VEC_ADD_BLOCK
 
 from greta_core.kernel_wheel import KernelWheelInfo, check_kernel_wheel
 from greta_core.wheelbuild import (
@@ -23,21 +24,14 @@ from greta_core.wheelbuild import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCH = "gfx942"
-# A table that differs from the shipped one, so "the wheel's table won" is observable.
-TUNED_BLOCK = 512
+ARCH = SHARED_WHEEL_ARCH
+TUNED_BLOCK = SHARED_WHEEL_VEC_ADD_BLOCK
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from greta_core.commands.build_kernels import build_all, shipped_table
-
-    table = json.loads(shipped_table(ARCH))
-    table["ops"]["vec_add"]["default"]["BLOCK"] = TUNED_BLOCK
-    out = tmp_path_factory.mktemp("wheels")
-    [outcome] = build_all([ARCH], out, only=["vec_add"], configs_text=json.dumps(table), jobs=1)
-    assert "fatal" not in outcome, outcome
-    return outcome
+def built(gfx942_wheel: dict) -> dict:
+    """conftest's shared gfx942 wheel (vec_add + col_sum, vec_add's BLOCK set to 512)."""
+    return gfx942_wheel
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +81,15 @@ def test_wheel_record_and_manifest(built: dict) -> None:
     assert len(manifest["source_hash"]) == 64
     assert manifest["build_date"].endswith("Z")
     specs = {(k["spec"], k["variant"]) for k in manifest["kernels"]}
-    assert specs == {
+    vec_add = {(s, v) for s, v in specs if s.startswith("vec_add[")}
+    assert vec_add == {
         (f"vec_add[{d}]", v) for d in ("fp32", "fp16", "bf16") for v in ("aligned", "ragged")
     }
+    assert {k["module"] for k in manifest["kernels"]} == set(SHARED_WHEEL_KERNELS)
+    assert len(manifest["kernels"]) == built["compiled"]
     for kernel in manifest["kernels"]:
+        if kernel["module"] != "vec_add":
+            continue
         prefix = f"greta_kernels_gfx942/precompiled/{kernel['dir']}/"
         assert prefix + "vec_add_kernel.hsaco" in names
         assert prefix + "__grp__vec_add_kernel.json" in names
@@ -213,7 +212,7 @@ def test_doctor_checks() -> None:
     assert check_kernel_wheel("sm_90", "3.6.0", [_wheel("sm_90")]) == []
 
 
-def test_installed_kernel_wheel_reads_the_install(venv: Path) -> None:
+def test_installed_kernel_wheel_reads_the_install(venv: Path, built: dict) -> None:
     code = (
         "from greta_core.kernel_wheel import installed_kernel_wheel as f; w = f();"
         "print(w.arch, w.distribution, w.version, w.kernel_count)"
@@ -226,4 +225,4 @@ def test_installed_kernel_wheel_reads_the_install(venv: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert out.stdout.split() == ["gfx942", "greta-kernels-gfx942", "0.1.0", "6"]
+    assert out.stdout.split() == ["gfx942", "greta-kernels-gfx942", "0.1.0", str(built["compiled"])]

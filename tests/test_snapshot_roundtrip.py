@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -165,7 +166,13 @@ def test_cli_detect_json_imports_no_framework() -> None:
     data = json.loads(result["out"])
     assert data["target"] == "mi300x" and data["arch"] == "gfx942" and len(data["gpus"]) == 4
     live = json.loads(json.loads(_cli("detect", "--json").stdout.strip().splitlines()[-1])["out"])
-    assert live["target"] in ("mi300x", "radeon", "instinct", "cuda", "cpu")
+    # The machines this suite runs on: CI's CPU machine and the lent NVIDIA GPU.
+    if Path("/dev/kfd").exists():
+        assert live["target"] in ("mi300x", "radeon", "instinct")
+    elif shutil.which("nvidia-smi"):
+        assert live["target"] == "cuda"
+    else:
+        assert live["target"] == "cpu"
 
 
 def test_cli_human_output_and_missing_snapshot() -> None:

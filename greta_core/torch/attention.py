@@ -14,6 +14,7 @@ import math
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core.observe import record
 from greta_core.ops import attention as raw
 from greta_core.ops import attention_bwd as raw_bwd
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
@@ -269,6 +270,7 @@ def _backward(ctx: object, grad: torch.Tensor) -> tuple:
         out, lse = torch.ops.greta.attention_with_lse(q, k, v, causal, scale)
         dq, dk, dv = torch.ops.greta.attention_bwd(grad, q, k, v, out, lse, causal, scale)
     else:
+        record("attention_bwd", "reference-torch", q.device.type)
         dq, dk, dv = _reference_grads(grad, q, k, v, causal, scale, q_lens, kv_lens)
     return dq, dk, dv, None, None, None, None
 
