@@ -34,7 +34,7 @@ NUMA_FIX = (
 )
 VISIBLE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 # Cards whose NVLink/XGMI is on the board, so a PCIe-only matrix means a link is down.
-_NVLINK_BOARDS = re.compile(r"SXM|HGX|H100 80GB HBM3|H200|B200|B100|GB200|GH200", re.I)
+_NVLINK_BOARDS = re.compile(r"SXM|HGX|H100 80GB HBM3|H200(?! NVL)|B200|B100|GB200", re.I)
 # Eight-way XGMI boards. MI300A shares gfx942 but is an APU of up to four per node.
 _MI300_CLASS = re.compile(r"MI300X|MI325X|MI308X|MI355X|MI350X", re.I)
 _MI300_ARCH = re.compile(r"gfx942|gfx950")
