@@ -86,13 +86,15 @@ def lock_resource_dir() -> Traversable:
         ) from None
 
 
-def lock_filename(target: str, python: str) -> str:
-    return f"{target}-py{python.replace('.', '')}.txt"
+def lock_filename(target: str, python: str, row: str = "current") -> str:
+    """cpu-py311.txt for a target's current row; mi300x-py312-previous.txt for another."""
+    suffix = "" if row == "current" else f"-{row}"
+    return f"{target}-py{python.replace('.', '')}{suffix}.txt"
 
 
-def load_lock(target: str, python: str) -> Lock:
-    """The packaged lock for one target and Python version ("3.11")."""
-    resource = lock_resource_dir() / "targets" / lock_filename(target, python)
+def load_lock(target: str, python: str, row: str = "current") -> Lock:
+    """The packaged lock for one target, Python version ("3.11") and row."""
+    resource = lock_resource_dir() / "targets" / lock_filename(target, python, row)
     try:
         text = resource.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -101,7 +103,9 @@ def load_lock(target: str, python: str) -> Lock:
         raise LockError(
             f"no lock for target {target!r} on Python {python} ({exc.__class__.__name__}).{hint}"
         ) from None
-    return parse_lock(text, target=target, python=python, origin=lock_filename(target, python))
+    return parse_lock(
+        text, target=target, python=python, origin=lock_filename(target, python, row)
+    )
 
 
 def available_locks() -> list[tuple[str, str]]:
@@ -272,8 +276,9 @@ def format_lock(lock: Lock, notes: dict[str, str] | None = None) -> str:
         "# Install exactly this set (it is complete, dependencies included):",
         "#   pip install --no-deps --require-hashes -r THIS_FILE",
         "#   uv pip install --no-deps --require-hashes -r THIS_FILE",
-        "# Unverified pins carry no hash, so --require-hashes refuses them on purpose:",
-        "# `greta install --allow-unverified` downloads them and shows the hash it saw.",
+        "# Pins without a hash are refused by --require-hashes on purpose: `greta install`",
+        "# downloads them, shows the sha256 it saw and records it (trust on first use);",
+        "# `greta install --strict` refuses them.",
     ]
     for url in lock.vendor_indexes:
         lines.append(f"--extra-index-url {url}")
