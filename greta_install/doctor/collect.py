@@ -10,6 +10,7 @@ import grp
 import importlib.metadata as metadata
 import os
 import pwd
+import re
 import stat
 import sys
 import sysconfig
@@ -26,6 +27,7 @@ from greta_install.doctor.facts import (
     DeviceNode,
     Facts,
     InstalledDist,
+    MemoryInfo,
     ProbeResult,
     PythonInfo,
     UserGroups,
@@ -196,6 +198,44 @@ def collect_lock(target: str, python: str) -> tuple[Any, str | None, tuple[str, 
     return lock, error, tuple(available)
 
 
+def collect_memory(view: SystemView) -> MemoryInfo | None:
+    """RAM and the TTM page limit: what an APU's GPU can borrow (live and snapshots)."""
+    ram = None
+    meminfo = view.read_text("/proc/meminfo") or ""
+    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", meminfo, re.M)
+    if match:
+        ram = int(match.group(1)) * 1024
+    pages = None
+    raw = (view.read_text("/sys/module/ttm/parameters/pages_limit") or "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        pages = int(raw)
+    if ram is None and pages is None:
+        return None
+    return MemoryInfo(ram_bytes=ram, ttm_pages_limit=pages)
+
+
+def collect_wheel_archs(
+    target: str, python: str, dists: tuple[InstalledDist, ...] | None
+) -> tuple[str, ...] | None:
+    """gfx archs of the torch wheels of the matrix row this environment has installed.
+
+    The row is the one whose torch pin matches the installed torch; with no torch (or
+    one GRETA did not install), the current row: what `greta install` would install.
+    """
+    from greta_install.matrix import load_matrix
+
+    matrix = load_matrix()
+    if target not in matrix.targets or python not in matrix.pythons:
+        return None
+    installed = next((d.version for d in dists or () if d.name == "torch"), None)
+    rows = [matrix.row(target, python, g) for g in matrix.generations(target)]
+    for row in rows:
+        pin = row.one("torch")
+        if installed and pin is not None and pin.version == installed:
+            return row.torch_archs
+    return rows[0].torch_archs
+
+
 def _probe_env(section: str) -> dict[str, str]:
     env = dict(os.environ)
     if section == "jax":
@@ -240,7 +280,7 @@ def collect_facts(
     live = bool(view.is_live)
     facts = Facts(live=live, snapshot=snapshot, check_index=check_index)
     facts.detection, facts.detection_error = collect_detection(view)
-    facts.target = target or getattr(facts.detection, "target", None)
+    facts.target = target or (facts.detection.target if facts.detection is not None else None)
     facts.target_source = "option" if target else ("detection" if facts.target else None)
     with contextlib.suppress(Exception):
         facts.lspci = view.run("lspci")
@@ -256,7 +296,13 @@ def collect_facts(
         facts.container = collect_container(view, os.environ if live else None)
     with contextlib.suppress(Exception):
         facts.device_nodes = collect_device_nodes(view)
+    with contextlib.suppress(Exception):
+        facts.memory = collect_memory(view)
     if not live:
+        if facts.target:
+            # A snapshot has no environment: judge it against the row greta would install.
+            with contextlib.suppress(Exception):
+                facts.wheel_archs = collect_wheel_archs(facts.target, "3.12", None)
         return facts
     facts.groups = collect_groups()
     facts.python = collect_python()
@@ -266,6 +312,8 @@ def collect_facts(
         facts.lock, facts.lock_error, facts.lock_pythons = collect_lock(
             facts.target, facts.python.minor
         )
+        with contextlib.suppress(Exception):
+            facts.wheel_archs = collect_wheel_archs(facts.target, facts.python.minor, facts.dists)
     sections = ["torch"]
     if facts.dists is None or any(d.name == "jax" for d in facts.dists):
         sections.append("jax")
@@ -281,5 +329,7 @@ def collect_facts(
             facts.backends = doctor_summary(timeout=probe_timeout_s)
     if check_index and facts.lock is not None:
         with contextlib.suppress(Exception):
-            facts.index_status = query_index(list(getattr(facts.lock, "packages", ()) or ()))
+            facts.index_status = query_index(
+                list(facts.lock.packages) if facts.lock is not None else []
+            )
     return facts

@@ -12,9 +12,7 @@ _OVERRIDE_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\.(\d{1,2})\s*$")
 # install plan read too. Experimental overrides exist but GRETA never sets them (the
 # doctor warns); sibling overrides are every override known to run an arch.
 UNOFFICIAL_OVERRIDES: dict[str, str] = {
-    gfx: value
-    for gfx in archs.FAMILY
-    if (value := archs.experimental_override(gfx)) is not None
+    gfx: value for gfx in archs.FAMILY if (value := archs.experimental_override(gfx)) is not None
 }
 SIBLING_OVERRIDES: dict[str, str] = {
     gfx: value for gfx in archs.FAMILY if (value := archs.known_override(gfx)) is not None

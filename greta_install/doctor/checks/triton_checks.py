@@ -73,7 +73,7 @@ def check_providers(facts: Facts) -> Finding:
 def _index_for(facts: Facts, name: str) -> str | None:
     for candidate in (name, "torch"):
         pin = lock_pin(facts, candidate)
-        if pin is not None and getattr(pin, "index", None):
+        if pin is not None and pin.index:
             return str(pin.index)
     return None
 
