@@ -13,13 +13,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from greta_install import commandline
+from greta_install.commandline import STAGE
 from greta_install.lockfile import Lock
 from greta_install.lockgen import kernel_wheel_name
 from greta_install.matrix import Matrix, TargetSpec
 from greta_install.model import Detection
 
 PLAN_SCHEMA = 1
-STAGE = "<stage>"  # placeholder for the temporary staging directory in shown commands
 JIT_NOTE = "kernel wheel: not available, kernels compile on first use (JIT)"
 
 
@@ -62,6 +63,7 @@ class KernelWheel:
     location: str | None  # file or index where it was found
     sha256: str | None  # from SHA256SUMS beside it, when present
     note: str
+    pinned: str | None = None  # "sha256:<hex>" the lock pins for this wheel
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +72,7 @@ class KernelWheel:
             "status": self.status,
             "location": self.location,
             "sha256": self.sha256,
+            "pinned": self.pinned,
             "note": self.note,
         }
 
@@ -234,7 +237,7 @@ def build_plan(
         for p in lock.packages
     ]
 
-    kernel_wheel = _plan_kernel_wheel(spec, lock, kernel_arch, kernel)
+    kernel_wheel = _plan_kernel_wheel(spec, lock, kernel_arch, kernel, allow_unverified)
     if kernel_wheel.status == "not-available":
         warnings.append(kernel_wheel.note)
 
@@ -262,18 +265,25 @@ def build_plan(
             "be obtained where the lock was made"
         )
     plan.commands = plan_commands(
-        plan, download_argv or [python_executable or "python", "-m", "pip", "download"]
+        plan,
+        download_argv
+        or [*commandline.python_module(python_executable or "python", "pip"), "download"],
     )
     return plan
 
 
 def _plan_kernel_wheel(
-    spec: TargetSpec, lock: Lock, arch: str | None, kernel: KernelLookup | None
+    spec: TargetSpec,
+    lock: Lock,
+    arch: str | None,
+    kernel: KernelLookup | None,
+    allow_unverified: bool = False,
 ) -> KernelWheel:
     if not spec.kernel_wheel or not lock.kernel_wheel or arch is None:
         return KernelWheel(None, None, "none", None, None, "this target uses no kernel wheel")
     version = lock.kernel_wheel.split("==", 1)[1] if "==" in lock.kernel_wheel else ""
     requirement = f"{kernel_wheel_name(arch)}=={version}"
+    pinned = lock.kernel_hashes.get(requirement)
     if kernel is None or kernel.source is None:
         return KernelWheel(
             requirement,
@@ -282,47 +292,53 @@ def _plan_kernel_wheel(
             None,
             None,
             f"{JIT_NOTE}: no kernel wheel source configured (--kernel-wheels or GRETA_KERNEL_INDEX)",
+            pinned,
         )
     if kernel.location is None:
         why = kernel.problem or f"{requirement} is not in {kernel.source}"
-        return KernelWheel(requirement, arch, "not-available", None, None, f"{JIT_NOTE}: {why}")
+        return KernelWheel(
+            requirement, arch, "not-available", None, None, f"{JIT_NOTE}: {why}", pinned
+        )
+    if pinned is None and not allow_unverified:
+        # SHA256SUMS comes from where the wheel comes from: it proves integrity, not origin.
+        return KernelWheel(
+            requirement,
+            arch,
+            "not-available",
+            kernel.location,
+            kernel.sha256,
+            f"{JIT_NOTE}: the lock pins no hash for {requirement}; pass --allow-unverified "
+            "to install it anyway (greta shows the hash it saw)",
+        )
     how = (
-        "sha256 from SHA256SUMS"
-        if kernel.sha256
-        else "no SHA256SUMS: its sha256 is computed and shown at staging"
+        "sha256 pinned by the lock"
+        if pinned
+        else "UNVERIFIED: no hash in the lock"
+        + ("; checked against SHA256SUMS" if kernel.sha256 else "; its sha256 is shown at staging")
     )
-    return KernelWheel(requirement, arch, "found", kernel.location, kernel.sha256, how)
+    return KernelWheel(requirement, arch, "found", kernel.location, kernel.sha256, how, pinned)
 
 
 def plan_commands(plan: InstallPlan, download_argv: list[str]) -> dict[str, Any]:
-    """The commands a real install runs, with <stage> for the staging directory."""
-    stage = []
-    for pkg in plan.packages:
-        if not pkg.verified and not plan.allow_unverified:
-            continue
-        argv = [*download_argv, "--no-deps", "--only-binary=:all:", "--dest", STAGE]
-        if pkg.index:
-            argv += ["--extra-index-url", pkg.index]
-        argv.append(pkg.requirement)
-        stage.append(argv)
+    """The commands a real install runs, with <stage> for the staging directory.
+
+    Built by the same functions the installer runs them from (greta_install.commandline).
+    """
+    stage = [
+        commandline.download_argv(download_argv, pkg, STAGE)
+        for pkg in plan.packages
+        if pkg.verified or plan.allow_unverified
+    ]
     if plan.kernel_wheel.status == "found" and plan.kernel_wheel.location:
         stage.append(["copy", plan.kernel_wheel.location, STAGE])
-    py = plan.python_executable or "python"
-    common = [
-        "--no-index",
-        "--find-links",
-        STAGE,
-        "--no-deps",
-        "--require-hashes",
-        "-r",
-        f"{STAGE}/requirements.txt",
-    ]
-    if plan.installer == "uv":
-        install = ["uv", "pip", "install", "--python", py, *common]
-    else:
-        install = [py, "-m", "pip", "install", *common]
+    install = commandline.install_argv(plan, STAGE)
     return {
         "stage": stage,
+        "requirements": {
+            pkg.name: commandline.requirement_line(pkg)
+            for pkg in plan.packages
+            if pkg.verified or plan.allow_unverified
+        },
         "verify": "sha256 of every staged file checked against the lock before anything is installed",
         "install": install,
         "env": "write greta-env.pth and greta-env.json into the environment's site-packages"

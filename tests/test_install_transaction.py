@@ -558,7 +558,7 @@ def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
     served_at = f"{kernels.url.rsplit('/simple/', 1)[0]}/files/{filename}"
     assert f"staging kernel wheel greta-kernels-sm-90==0.1.0 from {served_at}" in good.stdout
     # greta is not in that environment: the launcher build is skipped with a warning.
-    assert "warning: greta warm failed" in good.stdout, good.stdout
+    assert "warning: warm: greta warm failed" in good.stdout, good.stdout
     check = subprocess.run(
         [python_of(fresh_venv), "-c", "import greta_kernels_sm_90, alpha_pkg"],
         capture_output=True,
@@ -612,7 +612,7 @@ def test_failure_inside_the_offline_install_puts_the_environment_back(
     assert proc.returncode == 1, out + err
     assert "failed during the offline install step" in err, err
     # The rollback really had work to do: alpha 2.0 had been installed over 1.0.
-    assert "removed alpha_pkg-2.0" in err and "put back" in err, err
+    assert "files it had added" in err and "put back" in err, err
     assert snapshot(fresh_venv) == before
     check = subprocess.run(
         [python_of(fresh_venv), "-c", "import alpha_pkg; print(alpha_pkg.VERSION)"],
