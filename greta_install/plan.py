@@ -13,7 +13,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from greta_install import archs
+from greta_install import archs, commandline
+from greta_install.commandline import STAGE
 from greta_install.lockfile import Lock
 from greta_install.lockgen import kernel_wheel_name
 from greta_install.matrix import Matrix, Row, TargetSpec
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from greta_install.hashrecord import HashRecord
 
 PLAN_SCHEMA = 1
-STAGE = "<stage>"  # placeholder for the temporary staging directory in shown commands
 JIT_NOTE = "kernel wheel: not available, kernels compile on first use (JIT)"
 BUILD_NOTE = (
     "no index or directory serves it: built on this machine after torch/triton are "
@@ -83,6 +83,7 @@ class KernelWheel:
     location: str | None  # file or index where it was found
     sha256: str | None  # from SHA256SUMS beside it, when present
     note: str
+    pinned: str | None = None  # "sha256:<hex>" the lock pins for this wheel
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +92,7 @@ class KernelWheel:
             "status": self.status,
             "location": self.location,
             "sha256": self.sha256,
+            "pinned": self.pinned,
             "note": self.note,
         }
 
@@ -288,7 +290,9 @@ def build_plan(
         if _keep_for_arch(p.name, templates, kernel_arch)
     ]
 
-    kernel_wheel = _plan_kernel_wheel(spec, lock, kernel_arch, kernel, build_kernels)
+    kernel_wheel = _plan_kernel_wheel(
+        spec, lock, kernel_arch, kernel, allow_unverified or not strict, build_kernels
+    )
     if kernel_wheel.status == "not-available":
         warnings.append(kernel_wheel.note)
 
@@ -322,7 +326,9 @@ def build_plan(
                 "the lock: its sha256 is shown and recorded at download (trust on first use)"
             )
     plan.commands = plan_commands(
-        plan, download_argv or [python_executable or "python", "-m", "pip", "download"]
+        plan,
+        download_argv
+        or [*commandline.python_module(python_executable or "python", "pip"), "download"],
     )
     return plan
 
@@ -401,8 +407,14 @@ def _plan_kernel_wheel(
     lock: Lock,
     arch: str | None,
     kernel: KernelLookup | None,
+    allow_unpinned: bool = True,
     build: bool = True,
 ) -> KernelWheel:
+    """Where the kernel wheel comes from: a source that serves it, or a local build.
+
+    A served wheel the lock pins no hash for is trusted on first use (its hash shown and
+    recorded) unless --strict; a wheel nobody serves is built here after torch/triton.
+    """
     if not spec.kernel_wheel or not lock.kernel_wheel or arch is None:
         return KernelWheel(
             None,
@@ -415,13 +427,20 @@ def _plan_kernel_wheel(
         )
     version = lock.kernel_wheel.split("==", 1)[1] if "==" in lock.kernel_wheel else ""
     requirement = f"{kernel_wheel_name(arch)}=={version}"
-    if kernel is None or kernel.source is None or kernel.location is None:
-        if kernel is None or kernel.source is None:
-            why = "no kernel wheel source configured (--kernel-wheels or GRETA_KERNEL_INDEX)"
-        else:
-            why = kernel.problem or f"{requirement} is not in {kernel.source}"
+    pinned = lock.kernel_hashes.get(requirement)
+    why = None
+    if kernel is None or kernel.source is None:
+        why = "no kernel wheel source configured (--kernel-wheels or GRETA_KERNEL_INDEX)"
+    elif kernel.location is None:
+        why = kernel.problem or f"{requirement} is not in {kernel.source}"
+    elif pinned is None and not allow_unpinned:
+        # SHA256SUMS comes from where the wheel comes from: it proves integrity, not origin.
+        why = f"the lock pins no hash for {requirement} (--strict)"
+    if why is not None:
         if build:
-            return KernelWheel(requirement, arch, "build", None, None, f"{why}; {BUILD_NOTE}")
+            return KernelWheel(
+                requirement, arch, "build", None, None, f"{why}; {BUILD_NOTE}", pinned
+            )
         return KernelWheel(
             requirement,
             arch,
@@ -429,55 +448,36 @@ def _plan_kernel_wheel(
             None,
             None,
             f"{JIT_NOTE}: {why} (--no-build-kernels)",
+            pinned,
         )
+    assert kernel is not None
     how = (
-        "sha256 from SHA256SUMS"
-        if kernel.sha256
-        else "no SHA256SUMS: its sha256 is computed and shown at staging"
+        "sha256 pinned by the lock"
+        if pinned
+        else "no hash in the lock: trusted on first use"
+        + ("; checked against SHA256SUMS" if kernel.sha256 else "; its sha256 is shown at staging")
     )
-    return KernelWheel(requirement, arch, "found", kernel.location, kernel.sha256, how)
+    return KernelWheel(requirement, arch, "found", kernel.location, kernel.sha256, how, pinned)
 
 
 def plan_commands(plan: InstallPlan, download_argv: list[str]) -> dict[str, Any]:
-    """The commands a real install runs, with <stage> for the staging directory."""
-    stage = []
-    for pkg in plan.packages:
-        binary = f"--no-binary={pkg.name}" if pkg.sdist else "--only-binary=:all:"
-        argv = [*download_argv, "--no-deps", binary, "--dest", STAGE]
-        if pkg.index:
-            argv += ["--extra-index-url", pkg.index]
-        argv.append(pkg.requirement)
-        stage.append(argv)
+    """The commands a real install runs, with <stage> for the staging directory.
+
+    Built by the same functions the installer runs them from (greta_install.commandline).
+    Every vendor download is listed, hashed or not: a dry run shows all network access.
+    """
+    stage = [commandline.download_argv(download_argv, pkg, STAGE) for pkg in plan.packages]
     if plan.kernel_wheel.status == "found" and plan.kernel_wheel.location:
         stage.append(["copy", plan.kernel_wheel.location, STAGE])
-    py = plan.python_executable or "python"
-    common = [
-        "--no-index",
-        "--find-links",
-        STAGE,
-        "--no-deps",
-        "--require-hashes",
-        "-r",
-        f"{STAGE}/requirements.txt",
-    ]
-    if plan.installer == "uv":
-        install = ["uv", "pip", "install", "--python", py, *common]
-    else:
-        install = [py, "-m", "pip", "install", *common]
-    after: list[list[str]] = []
-    kw = plan.kernel_wheel
-    if kw.status == "build" and kw.arch:
-        after.append([py, "-m", "greta", "build-kernels", "--arch", kw.arch, "--install"])
-    if plan.smoke:
-        after.append([py, "-m", "greta", "smoke"])
+    install = commandline.install_argv(plan, STAGE)
     return {
         "stage": stage,
+        "requirements": {pkg.name: commandline.requirement_line(pkg) for pkg in plan.packages},
         "verify": "sha256 of every staged file checked against the lock (or, for files the lock "
         "cannot hash, against the trust-on-first-use record) before anything is installed",
         "install": install,
-        "after": after,
         "env": "write greta-env.pth and greta-env.json into the environment's site-packages"
         if plan.env
         else None,
-        "shell": [shlex.join(c) for c in [*stage, install, *after]],
+        "shell": [shlex.join(c) for c in [*stage, install]],
     }

@@ -149,6 +149,7 @@ def test_plan_json_schema(matrix) -> None:
         "status",
         "location",
         "sha256",
+        "pinned",
         "note",
     }
     assert set(data["env_why"]) == set(data["env"])
@@ -159,7 +160,12 @@ def test_kernel_wheel_found_in_a_directory(matrix, tmp_path: Path) -> None:
     wheel.write_bytes(b"not really a wheel")
     (tmp_path / "SHA256SUMS").write_text(f"{'f' * 64}  {wheel.name}\n")
     lookup = find_kernel_wheel(str(tmp_path), "greta-kernels-gfx942==0.1.0")
-    data = plan_for(matrix, "mi300x", kernel=lookup).to_json()
+    # SHA256SUMS comes from where the wheel comes from: without a hash in the lock the
+    # wheel is skipped (JIT) unless the user accepts it unverified.
+    unpinned = plan_for(matrix, "mi300x", kernel=lookup).to_json()
+    assert unpinned["kernel_wheel"]["status"] == "not-available"
+    assert "pins no hash" in unpinned["kernel_wheel"]["note"]
+    data = plan_for(matrix, "mi300x", kernel=lookup, allow_unverified=True).to_json()
     assert data["kernel_wheel"]["status"] == "found"
     assert data["kernel_wheel"]["location"] == str(wheel)
     assert data["kernel_wheel"]["sha256"] == "f" * 64

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from greta_install import pipeline
 
 HELP = "Install the locked, mutually compatible torch / triton / jax set (+ GRETA kernel wheel)."
 
@@ -40,27 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--snapshot", help="plan from a `greta snapshot` directory instead of this machine"
     )
     parser.add_argument(
+        "--allow-http",
+        action="store_true",
+        help="accept plain http:// kernel-wheel indexes (default: https only)",
+    )
+    parser.add_argument(
+        "--force-target",
+        action="store_true",
+        help="install a lock or --target made for another kind of machine than this one",
+    )
+    parser.add_argument(
         "--lock",
         help="install this GRETA lock file instead of the packaged one (its target and Python must match)",
     )
-
-
-def _detect(snapshot: str | None) -> tuple[Any, str | None]:
-    """Detection through greta_install.detect when this build has it; else (None, why)."""
-    try:
-        from greta_install import detect as detect_module  # type: ignore[attr-defined]
-        from greta_install.system_view import open_view
-    except ImportError:
-        return None, "detection is not available in this build"
-    fn = getattr(detect_module, "detect", None)
-    if fn is None:
-        return None, "detection is not available in this build"
-    try:
-        return fn(open_view(snapshot)), None
-    except FileNotFoundError as exc:
-        return None, str(exc)
-    except Exception as exc:  # detection must never take the installer down
-        return None, f"detection failed ({exc.__class__.__name__}: {exc})"
 
 
 def _fail(message: str, as_json: bool, code: int = 2) -> int:
@@ -70,120 +63,44 @@ def _fail(message: str, as_json: bool, code: int = 2) -> int:
     return code
 
 
-def run(args: argparse.Namespace) -> int:
-    from greta_install import installer as inst
-    from greta_install import plan as planning
-    from greta_install.lockfile import LockError, load_lock, parse_lock
-    from greta_install.matrix import MatrixError, load_matrix
-    from greta_install.tools import find_uv, has_pip, python_version_of, site_packages_of
+def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
+    from greta_install import pipeline
 
-    try:
-        matrix = load_matrix()
-    except MatrixError as exc:
-        return _fail(str(exc), args.json)
-
-    executable: str | None
-    if args.python and re.fullmatch(r"3\.\d+", args.python) and not os.path.exists(args.python):
-        if not args.dry_run:
-            return _fail(
-                "a real install needs --python PATH to an interpreter (a version only plans)",
-                args.json,
-            )
-        executable, version = None, args.python
-    else:
-        executable = args.python or sys.executable
-        try:
-            version = python_version_of(executable)
-        except ValueError as exc:
-            return _fail(str(exc), args.json)
-
-    explicit_lock = None
-    if args.lock:
-        try:
-            with open(args.lock, encoding="utf-8") as fh:
-                explicit_lock = parse_lock(fh.read(), origin=args.lock)
-        except (OSError, UnicodeDecodeError) as exc:
-            return _fail(f"cannot read lock file {args.lock}: {exc}", args.json)
-        except LockError as exc:
-            return _fail(str(exc), args.json)
-        if args.target and args.target != explicit_lock.target:
-            return _fail(
-                f"{args.lock} is the lock of {explicit_lock.target}, not {args.target}", args.json
-            )
-        args.target = explicit_lock.target
-
-    detection, why_not = _detect(args.snapshot)
-    try:
-        target = planning.choose_target(args.target, detection, matrix)
-    except planning.PlanError as exc:
-        if detection is None and not args.target:
-            return _fail(
-                f"{why_not}; pass --target (one of {', '.join(matrix.targets)})", args.json
-            )
-        return _fail(str(exc), args.json)
-    if detection is not None and detection.target != target:
-        detection = None  # planning another machine's install: this one's facts do not apply
-
-    if explicit_lock is not None:
-        lock = explicit_lock
-        if lock.python != version:
-            return _fail(
-                f"{args.lock} is for Python {lock.python}, the interpreter is {version}", args.json
-            )
-    else:
-        try:
-            lock = load_lock(target, version)
-        except LockError as exc:
-            return _fail(str(exc), args.json)
-
-    uv = find_uv()
-    installer = args.installer or ("uv" if uv else "pip")
-    if installer == "uv" and uv is None:
-        return _fail(
-            "--installer uv: uv was not found (pip install uv, or use --installer pip)", args.json
-        )
-
-    downloader = inst.downloader_for(
-        executable or "python",
-        version,
-        lock.meta.get("platform", matrix.platform),
-        target_has_pip=executable is None or has_pip(executable),
+    return pipeline.InstallRequest(
+        target=args.target,
+        arch=args.arch,
+        python=args.python,
+        installer=args.installer,
+        dry_run=args.dry_run,
+        allow_unverified=args.allow_unverified,
+        allow_http=args.allow_http,
+        force_target=args.force_target,
+        kernel_wheels=args.kernel_wheels,
+        snapshot=args.snapshot,
+        lock=args.lock,
     )
-    kernel_source = args.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
-    common: dict[str, Any] = {
-        "detection": detection,
-        "arch": args.arch,
-        "python_executable": executable,
-        "installer": installer,
-        "download_argv": downloader.argv(),
-        "allow_unverified": args.allow_unverified,
-    }
-    try:
-        first = planning.build_plan(matrix, lock, **common)
-        lookup = inst.find_kernel_wheel(kernel_source, first.kernel_wheel.requirement)
-        plan = planning.build_plan(matrix, lock, kernel=lookup, **common)
-    except (planning.PlanError, MatrixError) as exc:
-        return _fail(str(exc), args.json)
-    if detection is None and not args.target:
-        plan.warnings.insert(0, f"{why_not}: planning for target {target}")
 
+
+def run(args: argparse.Namespace) -> int:
+    from greta_install import pipeline
+    from greta_install.plan import JIT_NOTE
+
+    try:
+        prepared = pipeline.prepare(request_of(args))
+    except pipeline.InstallFailed as exc:
+        return _fail(exc.message, args.json, exc.exit_code)
+    plan = prepared.plan
     if args.dry_run:
         if args.json:
-            print(json.dumps(plan.to_json(), indent=2))
+            print(json.dumps({**plan.to_json(), "steps": pipeline.describe(prepared)}, indent=2))
         else:
-            print(render_plan(plan))
+            print(render_plan(prepared))
         return 0
-
     if plan.blockers:
-        print(render_plan(plan), file=sys.stderr)
+        print(render_plan(prepared), file=sys.stderr)
         for blocker in plan.blockers:
             print(f"greta install: refused: {blocker}", file=sys.stderr)
         return 1
-    assert executable is not None
-    try:
-        site_packages = site_packages_of(executable)
-    except (ValueError, OSError) as exc:
-        return _fail(str(exc), args.json)
 
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -191,43 +108,33 @@ def run(args: argparse.Namespace) -> int:
     for warning in plan.warnings:
         log(f"warning: {warning}")
     try:
-        staged = inst.execute(plan, downloader, uv, site_packages, log)
-    except inst.InstallError as exc:
-        if exc.package == "install":
-            return _fail(f"failed during the offline install step: {exc.reason}", args.json, 1)
-        return _fail(
-            f"failed: {exc.package}: {exc.reason}. Nothing was installed; the environment is unchanged.",
-            args.json,
-            1,
-        )
-    except KeyboardInterrupt:
-        return _fail(
-            "interrupted while staging: nothing was installed; the environment is unchanged.",
-            args.json,
-            130,
-        )
-    warmed = None
-    if plan.kernel_wheel.status == "found":
-        warmed = inst.warm_kernel_wheel(executable, log)
+        outcome = pipeline.execute(prepared, log)
+    except pipeline.InstallFailed as exc:
+        return _fail(exc.message, args.json, exc.exit_code)
+    staged = outcome.staged
     result = {
         "installed": sorted(f"{n}=={_version(plan, n)}" for n in staged.files),
-        "host_launchers_built": warmed,
+        "steps": outcome.results,
+        "host_launchers_built": outcome.results.get("warm"),
         "unverified_observed": staged.observed_unverified,
         "env": plan.env,
         "kernel_wheel": plan.kernel_wheel.to_json(),
+        "recovered": outcome.recovered,
+        "warnings": outcome.warnings,
+        "commands_run": [*staged.commands],
     }
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        log(f"installed {len(staged.files)} packages for {plan.target} into {executable}")
-        if plan.kernel_wheel.status != "found" and plan.kernel_wheel.requirement:
-            log(planning.JIT_NOTE)
-        if plan.env:
-            log(
-                "environment fixes (applied at start-up of this environment's Python; see `greta env`):"
-            )
-            for key, value in sorted(plan.env.items()):
-                log(f"  {key}={value}")
+        return 0
+    log(f"installed {len(staged.files)} packages for {plan.target} into {prepared.executable}")
+    if plan.kernel_wheel.status != "found" and plan.kernel_wheel.requirement:
+        log(JIT_NOTE)
+    if plan.env:
+        log(
+            "environment fixes (applied at start-up of this environment's Python; see `greta env`):"
+        )
+        for key, value in sorted(plan.env.items()):
+            log(f"  {key}={value}")
     return 0
 
 
@@ -239,7 +146,10 @@ def _version(plan: Any, name: str) -> str:
     return req.split("==", 1)[1] if req.startswith(name) else "?"
 
 
-def render_plan(plan: Any) -> str:
+def render_plan(prepared: pipeline.Prepared) -> str:
+    from greta_install import pipeline
+
+    plan = prepared.plan
     lines = [
         f"GRETA install plan: target {plan.target}"
         + (f", arch {plan.arch}" if plan.arch else "")
@@ -275,8 +185,9 @@ def render_plan(plan: Any) -> str:
     if plan.blockers:
         lines.append("not ready:")
         lines += [f"  - {b}" for b in plan.blockers]
-    lines.append("commands:")
-    lines += [f"  {c}" for c in plan.commands["shell"]]
-    if plan.commands.get("env"):
-        lines.append(f"  ({plan.commands['env']})")
+    lines.append("steps (a failure after `commit` puts the environment back as it was):")
+    for step in pipeline.describe(prepared):
+        optional = "" if step.get("required", True) else " (optional)"
+        lines.append(f"  {step['step']}{optional}")
+        lines += [f"    {c}" for c in step["commands"]]
     return "\n".join(lines)
