@@ -143,7 +143,9 @@ _ARCH_FACTS: dict[str, ArchFacts] = {
         ArchFacts("gfx1033", "10.3.0", True, f"gfx1033 (Van Gogh APU) {_RDNA2_SIBLING}"),
         ArchFacts("gfx1034", "10.3.0", True, f"gfx1034 (RX 6500/6400) {_RDNA2_SIBLING}"),
         ArchFacts("gfx1035", "10.3.0", True, f"gfx1035 (Radeon 660M/680M APU) {_RDNA2_SIBLING}"),
-        ArchFacts("gfx1036", "10.3.0", True, f"gfx1036 (Raphael/Granite Ridge iGPU) {_RDNA2_SIBLING}"),
+        ArchFacts(
+            "gfx1036", "10.3.0", True, f"gfx1036 (Raphael/Granite Ridge iGPU) {_RDNA2_SIBLING}"
+        ),
         ArchFacts(
             "gfx1103",
             "11.0.0",
@@ -197,7 +199,9 @@ class OverrideDecision:
     native: bool = False  # the wheels carry this arch's own code
 
 
-def decide_override(gfx: str | None, wheel_archs: tuple[str, ...] | frozenset[str] | list[str]) -> OverrideDecision:
+def decide_override(
+    gfx: str | None, wheel_archs: tuple[str, ...] | frozenset[str] | list[str]
+) -> OverrideDecision:
     """Pure: the override a GPU of `gfx` needs to run torch wheels carrying `wheel_archs`.
 
     Native code always wins over an override. An override is set only where it is known

@@ -27,19 +27,27 @@ def work_dir(stage: str, name: str) -> str:
     return f"{stage}/.work/{name}"
 
 
-def download_argv(base: Sequence[str], pkg: PlannedPackage, stage: str) -> list[str]:
+def download_argv(
+    base: Sequence[str], pkg: PlannedPackage, stage: str, use_index: bool = True
+) -> list[str]:
     """`pip download` of one package into its own folder, hash-checked by pip when the
-    lock has hashes (they are in the requirements file beside that folder)."""
+    lock has hashes (they are in the requirements file beside that folder).
+
+    `use_index=False` leaves out the vendor index (it did not answer the preflight): the
+    file then comes from the configured default index or find-links, and its hash still
+    has to match. A pure-Python selector the vendor ships only as source (`sdist`) is the
+    one package allowed as a source archive."""
+    binary = f"--no-binary={pkg.name}" if pkg.sdist else "--only-binary=:all:"
     argv = [
         *base,
         "--no-deps",
-        "--only-binary=:all:",
+        binary,
         "--dest",
         work_dir(stage, pkg.name),
     ]
     if pkg.verified:
         argv.append("--require-hashes")
-    if pkg.index:
+    if pkg.index and use_index:
         argv += ["--extra-index-url", pkg.index]
     argv += ["-r", work_dir(stage, f"{pkg.name}.req")]
     return argv

@@ -28,9 +28,11 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from greta_install import boundedio, commandline, wheelfiles
+from greta_install import boundedio, commandline, vendor_index, wheelfiles
+from greta_install.hashrecord import HashRecord, HashRecordError
 from greta_install.lockgen import _Links, sha256_file
 from greta_install.plan import InstallPlan, KernelLookup, PlannedPackage
+from greta_install.vendor_index import Probe
 
 KERNEL_ENV = "GRETA_KERNEL_INDEX"
 DOWNLOAD_TIMEOUT_ENV = "GRETA_DOWNLOAD_TIMEOUT"
@@ -59,6 +61,7 @@ class StageResult:
     files: dict[str, Path] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)  # name -> "sha256:<hex>" actually staged
     observed_unverified: dict[str, str] = field(default_factory=dict)
+    filenames: dict[str, str] = field(default_factory=dict)  # name -> staged file name
     commands: list[list[str]] = field(default_factory=list)  # what staging ran, in order
 
 
@@ -84,9 +87,15 @@ class Downloader:
 
 
 def downloader_for(
-    python: str, python_version: str, platform: str, target_has_pip: bool
+    python: str,
+    python_version: str,
+    platform: str,
+    target_has_pip: bool,
+    uv: str | None = None,
+    here_has_pip: bool | None = None,
 ) -> Downloader:
-    """The target's own pip; else this interpreter's pip told the target's tags."""
+    """The target's own pip; else this interpreter's pip told the target's tags; else,
+    in a `uv venv` without pip anywhere, pip run by uv (`uv tool run`, cached by uv)."""
     if target_has_pip:
         return Downloader(tuple(commandline.python_module(python, "pip")))
     major, minor = python_version.split(".")
@@ -105,6 +114,12 @@ def downloader_for(
         for m in range(glibc, max(16, glibc - MAX_PLATFORM_FLAGS), -1):
             flags += ["--platform", f"manylinux_2_{m}_{arch}"]
         flags += ["--platform", f"manylinux2014_{arch}"]
+    if here_has_pip is None:
+        from greta_install.tools import has_pip
+
+        here_has_pip = has_pip(sys.executable)
+    if not here_has_pip and uv is not None:
+        return Downloader((uv, "tool", "run", "--from", "pip", "pip"), tuple(flags))
     return Downloader(tuple(commandline.python_module(sys.executable, "pip")), tuple(flags))
 
 
@@ -321,9 +336,13 @@ def _reason(stderr: str) -> str:
 
 
 def _download_one(
-    pkg: PlannedPackage, downloader: Downloader, stage: Path, env: dict[str, str]
+    pkg: PlannedPackage,
+    downloader: Downloader,
+    stage: Path,
+    env: dict[str, str],
+    use_index: bool = True,
 ) -> tuple[Path, list[str]]:
-    argv = commandline.download_argv(downloader.argv(), pkg, str(stage))
+    argv = commandline.download_argv(downloader.argv(), pkg, str(stage), use_index)
     target_dir = Path(commandline.work_dir(str(stage), pkg.name))
     target_dir.mkdir(parents=True)
     Path(commandline.work_dir(str(stage), f"{pkg.name}.req")).write_text(
@@ -362,17 +381,43 @@ def stage_plan(
     log: Log = print,
     env: dict[str, str] | None = None,
     allow_http: bool = False,
+    record: HashRecord | None = None,
+    probe: Probe | None = None,
 ) -> StageResult:
-    """Download and verify everything; raise InstallError naming the first failure."""
+    """Download and verify everything; raise InstallError naming the first failure.
+
+    Files the lock has no hash for are checked against `record` (trust on first use):
+    a file recorded earlier with another hash is refused. Vendor indexes are probed
+    first (`probe`), so an unreachable one fails here, before any download, with its
+    DNS or connection error, unless every file needed from it has a known hash.
+    """
     if plan.blockers:
-        raise InstallError(plan.unverified[0], plan.blockers[0])
+        raise InstallError(plan.blockers[0].split(":", 1)[0], plan.blockers[0])
     result = StageResult(directory)
     run_env = dict(os.environ if env is None else env)
     run_env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    down = vendor_index.unreachable(
+        [p.index for p in plan.packages if p.index], probe or vendor_index.probe
+    )
+    for pkg in plan.packages:
+        if pkg.index in down and not (pkg.verified or pkg.recorded):
+            raise InstallError(
+                pkg.name,
+                f"vendor index {pkg.index} is unreachable: {down[pkg.index]}. Nothing was "
+                "downloaded. Check the network/DNS or a proxy, or install from a wheelhouse "
+                "(--from-record FILE with a local bundle)",
+            )
+    for url, why in down.items():
+        log(
+            f"warning: vendor index {url}: {why}; its files are fetched from the configured "
+            "index instead, and must match their known hashes"
+        )
     total = len(plan.packages)
     for i, pkg in enumerate(plan.packages, start=1):
-        log(f"[{i}/{total}] staging {pkg.requirement} from {pkg.index or 'the default index'}")
-        path, argv = _download_one(pkg, downloader, directory, run_env)
+        use_index = pkg.index not in down
+        source = pkg.index if pkg.index and use_index else "the configured index"
+        log(f"[{i}/{total}] staging {pkg.requirement} from {source}")
+        path, argv = _download_one(pkg, downloader, directory, run_env, use_index)
         result.commands.append(argv)
         observed = "sha256:" + sha256_file(path)
         if pkg.verified and observed not in pkg.hashes:
@@ -386,10 +431,29 @@ def stage_plan(
                     pkg.name,
                     f"network error: {path.name} is not a complete wheel (download cut short?)",
                 )
+            if pkg.recorded and observed not in pkg.recorded:
+                raise InstallError(
+                    pkg.name,
+                    f"{path.name} has {observed}, but an earlier install recorded "
+                    f"{', '.join(pkg.recorded)} for {pkg.requirement}: refused (the file changed "
+                    "since it was first trusted)",
+                )
+            if record is not None:
+                try:
+                    known = record.check(path.name, observed)
+                except HashRecordError as exc:
+                    raise InstallError(pkg.name, str(exc)) from None
+            else:
+                known = None
             result.observed_unverified[pkg.name] = observed
-            log(
-                f"    UNVERIFIED {pkg.requirement}: {path.name} has {observed} (compare it with the vendor's)"
-            )
+            result.filenames[pkg.name] = path.name
+            if known is not None:
+                log(f"    {path.name}: {observed} matches the recorded hash")
+            else:
+                log(
+                    f"    FIRST USE {pkg.requirement}: {path.name} has {observed}; recorded "
+                    "now, later installs must see the same (compare it with the vendor's)"
+                )
         final = directory / path.name
         os.replace(path, final)
         result.files[pkg.name] = final

@@ -157,8 +157,7 @@ def build_or_reuse(
         out = Path(work) / "out"
         scratch = Path(work) / "tmp"
         scratch.mkdir()
-        argv = [python, "-m", "greta", "build-kernels", "--arch", arch, "--out", str(out)]
-        argv += ["--jobs", str(jobs or os.cpu_count() or 1)]
+        argv = build_argv(python, arch, str(out), jobs or os.cpu_count() or 1)
         log(
             f"building the kernel wheel for {arch} with the installed Triton "
             "(one-time; the result is cached)"
@@ -178,6 +177,22 @@ def build_or_reuse(
     seconds = time.perf_counter() - start
     log(f"kernel wheel for {arch} built in {seconds:.0f}s, cached in {entry}")
     return BuiltWheel(final, arch, _sha256(final), False, seconds)
+
+
+def build_argv(python: str, arch: str, out: str, jobs: int) -> list[str]:
+    """The build command (shown by --dry-run, run by build_or_reuse)."""
+    return [
+        python,
+        "-m",
+        "greta",
+        "build-kernels",
+        "--arch",
+        arch,
+        "--out",
+        out,
+        "--jobs",
+        str(jobs),
+    ]
 
 
 def _run_with_progress(

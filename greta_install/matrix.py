@@ -354,9 +354,13 @@ def _hashes(raw: Any, where: str, problems: list[str]) -> dict[str, tuple[str, .
         return {}
     out = {}
     for py, items in value.items():
-        if not isinstance(items, list) or not all(
-            isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in items
-        ) or not (py == "any" or re.fullmatch(r"3\.\d+", py)):
+        if (
+            not isinstance(items, list)
+            or not all(
+                isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in items
+            )
+            or not (py == "any" or re.fullmatch(r"3\.\d+", py))
+        ):
             problems.append(
                 f"{where}: hashes.{py} must be a list of 'sha256:<64 hex>' keyed by a Python "
                 "version like 3.12 (or `any`)"

@@ -71,6 +71,12 @@ class InstallRequest:
     kernel_wheels: str | None = None
     snapshot: str | None = None
     lock: str | None = None
+    row: str = "current"  # which row of the target: "current" or "previous"
+    strict: bool = False  # refuse files without a lock hash (no trust on first use)
+    from_record: str | None = None  # another install's hash record (cluster installs)
+    build_kernels: bool = True  # build the kernel wheel here when nobody serves it
+    smoke: bool = True  # smoke-test the environment before calling the install done
+    keep_failed: bool = False  # keep an environment whose smoke test failed
 
 
 @dataclass
@@ -83,6 +89,7 @@ class Prepared:
     uv: str | None
     executable: str | None  # None when planning for a Python version only (dry run)
     steps: list[PostCommitStep]
+    record: Any = None  # greta_install.hashrecord.HashRecord: hashes trusted so far
 
 
 def prepare(request: InstallRequest) -> Prepared:
@@ -312,7 +319,13 @@ def execute(
             stage, stage_fd = _make_stage(parent)
             try:
                 staged = installer.stage_plan(
-                    plan, stage, prepared.downloader, log, env, prepared.request.allow_http
+                    plan,
+                    stage,
+                    prepared.downloader,
+                    log,
+                    env,
+                    prepared.request.allow_http,
+                    record=prepared.record,
                 )
                 installer.write_stage_requirements(plan, staged)
             except InstallError as exc:

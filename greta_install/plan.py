@@ -129,6 +129,8 @@ class InstallPlan:
     row: str = "current"
     row_label: str = ""
     smoke: bool = True
+    keep_failed: bool = False
+    wheelhouse: str | None = None  # --save-wheelhouse DIR
 
     @property
     def unverified(self) -> list[str]:

@@ -131,7 +131,7 @@ def prepare(request: InstallRequest) -> Prepared:
             )
     else:
         try:
-            lock = load_lock(target, version)
+            lock = load_lock(target, version, request.row)
         except LockError as exc:
             raise InstallFailed(str(exc), 2) from None
     try:
@@ -150,7 +150,9 @@ def prepare(request: InstallRequest) -> Prepared:
         version,
         lock.meta.get("platform", matrix.platform),
         target_has_pip=executable is None or has_pip(executable),
+        uv=uv,
     )
+    record = _record(executable, request)
     kernel_source = request.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
     common: dict[str, Any] = {
         "detection": detection,
@@ -159,6 +161,10 @@ def prepare(request: InstallRequest) -> Prepared:
         "installer": installer,
         "download_argv": downloader.argv(),
         "allow_unverified": request.allow_unverified,
+        "strict": request.strict,
+        "record": record,
+        "build_kernels": request.build_kernels,
+        "smoke": request.smoke,
     }
     try:
         first = planning.build_plan(matrix, lock, **common)
@@ -170,4 +176,30 @@ def prepare(request: InstallRequest) -> Prepared:
         raise InstallFailed(str(exc), 2) from None
     if detection is None and not target_arg:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")
-    return Prepared(request, plan, downloader, uv, executable, steps_for(plan))
+    plan.keep_failed = request.keep_failed
+    return Prepared(request, plan, downloader, uv, executable, steps_for(plan), record)
+
+
+def _record(executable: str | None, request: InstallRequest) -> Any:
+    """Every hash trusted so far for this install: the user's, the environment's, and
+    the one given with --from-record (InstallFailed when they disagree)."""
+    from pathlib import Path
+
+    from greta_install.hashrecord import HashRecordError, known_record
+    from greta_install.tools import site_packages_of
+
+    site = None
+    if executable is not None:
+        try:
+            site = site_packages_of(executable)
+        except (ValueError, OSError):
+            site = None
+    extra = Path(request.from_record) if request.from_record else None
+    if extra is not None and extra.is_dir():  # a wheelhouse: its record sits inside
+        from greta_install.hashrecord import RECORD_NAME
+
+        extra = extra / RECORD_NAME
+    try:
+        return known_record(site, extra)
+    except HashRecordError as exc:
+        raise InstallFailed(str(exc), 2) from None

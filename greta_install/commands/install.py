@@ -54,6 +54,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lock",
         help="install this GRETA lock file instead of the packaged one (its target and Python must match)",
     )
+    parser.add_argument(
+        "--row",
+        choices=("current", "previous"),
+        default="current",
+        help="which row of the target: current (default) or the previous generation "
+        "(older drivers / ROCm user space); see docs/en/framework_versions.md",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse every file without a hash in the lock or in --from-record "
+        "(no trust on first use)",
+    )
+    parser.add_argument(
+        "--from-record",
+        metavar="FILE_OR_DIR",
+        help="another install's hash record (greta-hashes.json), or a wheelhouse folder made "
+        "with --save-wheelhouse: install exactly those files (offline for a wheelhouse)",
+    )
+    parser.add_argument(
+        "--save-wheelhouse",
+        metavar="DIR",
+        help="after a successful install, copy every installed file and their hashes into DIR",
+    )
+    parser.add_argument(
+        "--no-build-kernels",
+        action="store_true",
+        help="do not build the kernel wheel here when no source serves it (kernels JIT instead)",
+    )
+    parser.add_argument(
+        "--no-smoke", action="store_true", help="skip the smoke test (not recommended)"
+    )
+    parser.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="keep the environment when the smoke test fails (for debugging; exit status 1)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="STEPS",
+        help="run only these post-install steps against the environment as it is, e.g. "
+        "--only kernels,smoke (after installing torch by other means)",
+    )
+    parser.add_argument(
+        "--reinstall",
+        action="store_true",
+        help="install even when the environment already matches the lock",
+    )
 
 
 def _fail(message: str, as_json: bool, code: int = 2) -> int:
@@ -78,6 +126,12 @@ def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
         kernel_wheels=args.kernel_wheels,
         snapshot=args.snapshot,
         lock=args.lock,
+        row=args.row,
+        strict=args.strict,
+        from_record=args.from_record,
+        build_kernels=not args.no_build_kernels,
+        smoke=not args.no_smoke,
+        keep_failed=args.keep_failed,
     )
 
 
@@ -85,17 +139,23 @@ def run(args: argparse.Namespace) -> int:
     from greta_install import pipeline
     from greta_install.plan import JIT_NOTE
 
+    if args.only:
+        from greta_install.commands import install_only
+
+        return install_only.run(args)
     try:
         prepared = pipeline.prepare(request_of(args))
     except pipeline.InstallFailed as exc:
         return _fail(exc.message, args.json, exc.exit_code)
     plan = prepared.plan
+    plan.wheelhouse = args.save_wheelhouse
     if args.dry_run:
         if args.json:
             print(json.dumps({**plan.to_json(), "steps": pipeline.describe(prepared)}, indent=2))
         else:
             print(render_plan(prepared))
-        return 0
+        # Not ready is not success: scripts that plan before installing must see it.
+        return 1 if plan.blockers else 0
     if plan.blockers:
         print(render_plan(prepared), file=sys.stderr)
         for blocker in plan.blockers:
@@ -105,12 +165,25 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    if not args.reinstall and not args.save_wheelhouse:
+        from greta_install import noop
+
+        same = noop.already_installed(plan, prepared.executable or sys.executable)
+        if same is not None:
+            if args.json:
+                print(json.dumps({"installed": [], "nothing_to_do": same}, indent=2))
+            else:
+                log(f"nothing to do: {same} (--reinstall to install anyway)")
+            return 0
     for warning in plan.warnings:
         log(f"warning: {warning}")
+    env = _wheelhouse_env(args.from_record)
     try:
-        outcome = pipeline.execute(prepared, log)
+        outcome = pipeline.execute(prepared, log, env=env)
     except pipeline.InstallFailed as exc:
         return _fail(exc.message, args.json, exc.exit_code)
+    smoke = outcome.results.get("smoke-test")
+    smoke_failed = isinstance(smoke, dict) and not smoke.get("ok", True)
     staged = outcome.staged
     result = {
         "installed": sorted(f"{n}=={_version(plan, n)}" for n in staged.files),
@@ -125,17 +198,39 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
+        return 1 if smoke_failed else 0
     log(f"installed {len(staged.files)} packages for {plan.target} into {prepared.executable}")
-    if plan.kernel_wheel.status != "found" and plan.kernel_wheel.requirement:
+    built = outcome.results.get("kernel-build")
+    if plan.kernel_wheel.status == "none":
+        log(f"kernel wheel: none ({plan.kernel_wheel.note})")
+    elif plan.kernel_wheel.status == "build" and built:
+        how = "reused from the cache" if built.get("cached") else f"built in {built['seconds']}s"
+        log(f"kernel wheel: {built['wheel']} ({how})")
+    elif plan.kernel_wheel.status != "found" and plan.kernel_wheel.requirement:
         log(JIT_NOTE)
+    if isinstance(smoke, dict):
+        status = "passed" if smoke.get("ok") else "FAILED (environment kept: --keep-failed)"
+        log(f"smoke test {status} in {smoke.get('seconds')}s")
     if plan.env:
         log(
             "environment fixes (applied at start-up of this environment's Python; see `greta env`):"
         )
         for key, value in sorted(plan.env.items()):
             log(f"  {key}={value}")
-    return 0
+    return 1 if smoke_failed else 0
+
+
+def _wheelhouse_env(source: str | None) -> dict[str, str] | None:
+    """A wheelhouse folder (--from-record DIR) is the only source: offline, no index."""
+    import os
+    from pathlib import Path
+
+    if not source or not Path(source).is_dir():
+        return None
+    env = dict(os.environ)
+    env["PIP_NO_INDEX"] = "1"
+    env["PIP_FIND_LINKS"] = str(Path(source).resolve())
+    return env
 
 
 def _version(plan: Any, name: str) -> str:
@@ -162,7 +257,7 @@ def render_plan(prepared: pipeline.Prepared) -> str:
     width = max(len(p.name) for p in plan.packages)
     vwidth = max(len(p.version) for p in plan.packages)
     for p in plan.packages:
-        status = "verified" if p.verified else "UNVERIFIED"
+        status = {"verified": "verified", "recorded": "recorded"}.get(p.hash_status, "FIRST-USE")
         role = f"  [{p.role}]" if p.role else ""
         lines.append(
             f"  {p.name:<{width}}  {p.version:<{vwidth}}  {status:<10}  {p.index or 'default index'}{role}"
