@@ -88,6 +88,8 @@ def pip_env(index: Index, tmp_path: Path) -> dict[str, str]:
         PYTHONPATH=str(REPO),
         GRETA_KERNEL_INDEX="",
         TMPDIR=str(tmp_path / "tmp"),
+        GRETA_HASH_RECORD=str(tmp_path / "user-hashes.json"),
+        GRETA_KERNEL_CACHE=str(tmp_path / "kernel-cache"),
     )
     (tmp_path / "tmp").mkdir(exist_ok=True)
     return env
@@ -109,6 +111,7 @@ def greta_install(env_dir: Path, lock: Path, installer: str, env: dict[str, str]
         python_of(env_dir),
         "--installer",
         installer,
+        "--no-smoke",  # these tiny wheels are not torch: the smoke test has its own tests
     ]
     return subprocess.Popen(
         argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
@@ -249,7 +252,11 @@ def test_success_installs_verifies_and_persists_env(
     assert after.stdout.strip() == "None"
 
 
-def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
+def test_unverified_pin_is_trusted_on_first_use_and_held_to_it(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    """A pin without a lock hash: --strict refuses it; the default installs it, shows and
+    records its sha256; a later install that gets a different file is refused."""
     name = "alpha-pkg"
     lock = Lock(
         target="cpu",
@@ -261,32 +268,36 @@ def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
     )
     path = tmp_path / "unverified.txt"
     path.write_text(format_lock(lock), encoding="utf-8")
+
+    def install(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "greta", "install", "--lock", str(path),
+                "--python", python_of(fresh_venv), "--installer", "pip", "--no-smoke", *extra]  # fmt: skip
+        return subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+
+    filename, data = WHEELS[name]
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
     with Index(dict(WHEELS.values()), {}) as index:
         env = pip_env(index, tmp_path)
         before = snapshot(fresh_venv)
-        refused = greta_install(fresh_venv, path, "pip", env)
-        _out, err = refused.communicate(timeout=120)
-        assert refused.returncode == 1 and "refused: alpha-pkg" in err
+        strict = install(env, "--strict")
+        assert strict.returncode == 1 and "no hash in the lock and none recorded" in strict.stderr
         assert snapshot(fresh_venv) == before
-        argv = [
-            sys.executable,
-            "-m",
-            "greta",
-            "install",
-            "--lock",
-            str(path),
-            "--python",
-            python_of(fresh_venv),
-            "--installer",
-            "pip",
-            "--allow-unverified",
-        ]
-        allowed = subprocess.run(
-            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
-        )
-    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
-    digest = hashlib.sha256(WHEELS[name][1]).hexdigest()
-    assert "UNVERIFIED alpha-pkg==1.0" in allowed.stdout and digest in allowed.stdout
+        first = install(env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"FIRST USE alpha-pkg==1.0: {filename} has {digest}" in first.stdout
+    record = (Path(tmp_path) / "user-hashes.json").read_text()
+    assert filename in record and digest in record
+    # Same file name, other bytes (a re-published or tampered wheel): refused, untouched.
+    installed = snapshot(fresh_venv)
+    _, other = make_wheel(name, "1.0", payload_kib=2)
+    with Index({filename: other}, {}) as index:
+        changed = install(pip_env(index, tmp_path), "--reinstall")
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert "the file changed since it was first trusted" in changed.stderr, changed.stderr
+    assert digest in changed.stderr
+    assert snapshot(fresh_venv) == installed
 
 
 def write_kernel_lock(tmp_path: Path) -> Path:
@@ -336,6 +347,7 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
         str(wheels),
         "--allow-unverified",  # the lock pins no hash: SHA256SUMS is all there is
         "--force-target",  # a cuda lock on this CPU machine
+        "--no-smoke",
     ]
     with Index(dict(WHEELS.values()), {}) as index:
         env = pip_env(index, tmp_path)
@@ -390,7 +402,7 @@ def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
         return [sys.executable, "-m", "greta", "install", "--lock", str(path),
                 "--python", python_of(fresh_venv), "--installer", "pip", "--arch", "sm_90",
                 "--kernel-wheels", kernel_index, "--allow-unverified", "--force-target",
-                "--allow-http"]  # fmt: skip
+                "--allow-http", "--no-smoke"]  # fmt: skip
 
     files = dict(WHEELS.values())
     with Index(files, {}) as index, Index({filename: data}, {filename: "drop"}) as kernels:
