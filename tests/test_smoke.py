@@ -141,7 +141,14 @@ def _lock(tmp_path: Path, target: str) -> Path:
         )
         for filename, data in WHEELS.items()
     )
-    lock = Lock(target, PY, packages, None, {}, {"target": target, "python": PY})
+    lock = Lock(
+        target=target,
+        python=PY,
+        packages=packages,
+        kernel_wheel=None,
+        env={},
+        meta={"target": target, "python": PY},
+    )
     path = tmp_path / f"{target}-lock.txt"
     path.write_text(format_lock(lock), encoding="utf-8")
     return path

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                     "sha256": built.sha256,
                     "cached": built.cached,
                     "seconds": round(built.seconds, 1),
+                    "launchers_built": _warm(python, log),
                 }
             except kernel_build.KernelBuildError as exc:
                 log(f"kernels: FAILED: {exc}")
@@ -94,3 +95,27 @@ def _has_pip(python: str) -> bool:
     from greta_install.tools import has_pip
 
     return has_pip(python)
+
+
+def _warm(python: str, log: Any) -> bool:
+    """`greta warm` in the environment: the wheel's host launchers, so a first call runs no
+    C compiler (optional, as in `greta install`)."""
+    import subprocess
+
+    log("building the kernel wheel's host launchers (greta warm)")
+    try:
+        proc = subprocess.run(
+            [python, "-m", "greta", "warm"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log(f"warning: greta warm did not finish ({exc}); the first kernel calls build them")
+        return False
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        log(f"warning: greta warm failed ({tail[0]}); the first kernel calls build them")
+        return False
+    return True
