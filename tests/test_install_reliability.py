@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -93,6 +95,8 @@ def state(env_dir: Path) -> dict[str, str]:
                 continue
             if path.is_symlink():
                 out[str(path.relative_to(env_dir))] = "->" + os.readlink(path)
+            elif path.name == "uv_cache.json":  # uv's timestamps: present, contents vary
+                out[str(path.relative_to(env_dir))] = "uv-cache"
             elif path.is_file():
                 out[str(path.relative_to(env_dir))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
@@ -353,3 +357,41 @@ def test_disk_full_midway_removes_the_half_written_wheel(
     assert state(venv) == before
     assert not list((venv / "lib").rglob("big_pkg"))
     assert leftovers(venv, tmp_path) == []
+
+
+def test_dry_run_shows_exactly_the_commands_it_runs(base_venv: Path, tmp_path: Path) -> None:
+    """Every Python child of the real install logs its own argv (a sitecustomize in the
+    target venv); the list must equal what `--dry-run` showed, <stage> filled in."""
+    venv = copy_venv(base_venv, tmp_path / "venv")
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    log = tmp_path / "argv.log"
+    (site / "sitecustomize.py").write_text(
+        "import os, sys, shlex\n"
+        "p = os.environ.get('GRETA_TEST_ARGV_LOG')\n"
+        "if p:\n"
+        "    open(p, 'a').write(shlex.join(sys.orig_argv) + '\\n')\n"
+    )
+    lock = write_lock(tmp_path, ["alpha-pkg", "many-pkg"], "shown")
+    argv = ["install", "--lock", str(lock), "--python", python_of(venv), "--installer", "pip"]
+    with Index(NEW, {}) as index:
+        env = env_of(index, tmp_path, GRETA_TEST_ARGV_LOG=str(log))
+        shown = subprocess.run(
+            [sys.executable, "-m", "greta", *argv, "--dry-run", "--json"],
+            cwd=REPO, env={**env, "GRETA_TEST_ARGV_LOG": ""}, capture_output=True, text=True,
+            timeout=120, check=True,
+        )  # fmt: skip
+        real = subprocess.run(
+            [sys.executable, "-m", "greta", *argv],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+    assert real.returncode == 0, real.stdout + real.stderr
+    steps = {s["step"]: s["commands"] for s in json.loads(shown.stdout)["steps"]}
+    expected = steps["stage"] + steps["commit"]
+    ran = [
+        line for line in log.read_text().splitlines() if " download " in line or " install " in line
+    ]
+    ran_argv = [shlex.split(line) for line in ran]
+    stage = ran_argv[0][ran_argv[0].index("--dest") + 1].split("/.work/", 1)[0]
+    shown_argv = [[a.replace("<stage>", stage) for a in shlex.split(c)] for c in expected]
+    assert shown_argv == ran_argv
+    assert len(ran) == 3  # two downloads, one install
