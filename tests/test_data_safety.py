@@ -424,3 +424,45 @@ def test_bad_python_is_explained(tmp_path: Path) -> None:
     proc = greta("install", "--python", "/bin/false", "--dry-run")
     assert proc.returncode == 2
     assert "exited with status 1 and printed nothing" in proc.stderr, proc.stderr
+
+
+def test_an_orphaned_kernel_package_is_not_an_installed_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files of a half-written kernel wheel without its dist-info are not reported."""
+    from greta_core import precompiled
+
+    (tmp_path / "greta_kernels_sm_90").mkdir()
+    (tmp_path / "greta_kernels_sm_90" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "sm_90" not in [arch for arch, _ in precompiled.installed_wheel_dirs()]
+    info = tmp_path / "greta_kernels_sm_90-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: greta-kernels-sm-90\nVersion: 0.1.0\n"
+    )
+    assert "sm_90" in [arch for arch, _ in precompiled.installed_wheel_dirs()]
+
+
+def test_build_kernels_reports_only_wheels_it_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from greta_core.commands import build_kernels
+
+    empty = tmp_path / "greta_kernels_gfx9999-0.1.0-py3-none-any.whl"
+    empty.write_bytes(b"PK")
+    outcomes = [
+        {"arch": "gfx9999", "wheel": str(empty), "compiled": 0, "seconds": 0.1,
+         "module_errors": [], "results": []},
+        {"arch": "sm_90", "fatal": "RuntimeError: boom"},
+    ]  # fmt: skip
+    monkeypatch.setattr(build_kernels, "build_all", lambda *a, **k: outcomes)
+    args = argparse.Namespace(arch="gfx9999,sm_90", out=tmp_path, kernels="", variants="aligned",
+                              configs=None, jobs=1, report=None)  # fmt: skip
+    monkeypatch.setattr("greta_core.aot.parse_archs", lambda text: text.split(","))
+    assert build_kernels.run(args) == 1
+    out, err = capsys.readouterr()
+    assert "built 0 of 2 wheel(s)" in out
+    assert "gfx9999: FAILED: no kernel compiled" in err and not empty.exists()
