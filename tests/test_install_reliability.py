@@ -150,6 +150,22 @@ def next_greta_run(venv: Path, env: dict[str, str]) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
+def orphans(marker: Path) -> list[str]:
+    """Live processes whose command line names `marker` (our staging folders)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        if str(marker) in cmdline and "State:\tZ" not in status:
+            found.append(cmdline)
+    return found
+
+
 def leftovers(venv: Path, tmp_path: Path) -> list[str]:
     found = [str(p) for p in venv.rglob(".greta-txn*")]
     found += [str(p) for p in venv.rglob(".greta-rollback-*")]
@@ -223,6 +239,9 @@ def kill_at(
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         err = seen + err
+        # No installer child runs on after GRETA is gone (it dies with its parent).
+        time.sleep(0.3)
+        assert orphans(tmp_path / "tmp") == []
         if sig != signal.SIGKILL:
             assert "Traceback" not in err, err
             if proc.returncode == 0:  # the signal came after the install had finished
@@ -395,3 +414,19 @@ def test_dry_run_shows_exactly_the_commands_it_runs(base_venv: Path, tmp_path: P
     shown_argv = [[a.replace("<stage>", stage) for a in shlex.split(c)] for c in expected]
     assert shown_argv == ran_argv
     assert len(ran) == 3  # two downloads, one install
+
+
+def test_env_fixes_that_cannot_be_written_undo_the_install(base_venv: Path, tmp_path: Path) -> None:
+    venv = copy_venv(base_venv, tmp_path / "venv")
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    (site / "greta-env.json").mkdir()  # the fixes cannot be written there
+    before = state(venv)
+    lock = write_lock(tmp_path, ["alpha-pkg", "many-pkg"], "fixes")
+    with Index(NEW, {}) as index:
+        proc = start(venv, lock, "pip", env_of(index, tmp_path))
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out + err
+    assert "failed: env-fixes: cannot write the environment fixes" in err, err
+    assert "The environment was put back as it was" in err and "Traceback" not in err
+    assert state(venv) == before
+    assert leftovers(venv, tmp_path) == []
