@@ -311,7 +311,14 @@ def execute(
         stage_fd = None
         stage: Path | None = None
         try:
-            recovered = transaction.recover(site, log)
+            try:
+                recovered = transaction.recover(site, log)
+            except OSError as exc:
+                raise InstallFailed(
+                    f"an earlier, interrupted install left {site / transaction.TXN_DIR} and "
+                    f"undoing it failed ({exc}); nothing was installed. Fix the cause and run "
+                    "greta install again (it retries the undo)"
+                ) from None
             transaction.sweep_stale_stages(parent, log)
             stage, stage_fd = _make_stage(parent)
             try:

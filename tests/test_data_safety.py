@@ -466,3 +466,24 @@ def test_build_kernels_reports_only_wheels_it_built(
     out, err = capsys.readouterr()
     assert "built 0 of 2 wheel(s)" in out
     assert "gfx9999: FAILED: no kernel compiled" in err and not empty.exists()
+
+
+def test_undo_restores_a_directory_the_install_replaced_by_a_file(tmp_path: Path) -> None:
+    """uv replaced the alpha/ package directory by a wheel's *file* named alpha."""
+    import shutil
+
+    env = tmp_path / "env"
+    scheme = _scheme(env)
+    site = scheme.purelib
+    (env / "bin").mkdir(parents=True)
+    _dist(site, "alpha", "1.0", {"alpha/__init__.py": "v1"})
+    clash_name, clash = make_wheel("aaa-clash", "1.0", extra={"alpha": b"x"})
+    (tmp_path / clash_name).write_bytes(clash)
+    before = _state(env)
+    txn = transaction.Transaction(site, scheme, None)
+    txn.begin()
+    txn.add_wheels([tmp_path / clash_name])
+    shutil.rmtree(site / "alpha")
+    (site / "alpha").write_text("x")
+    txn.undo()
+    assert _state(env) == before

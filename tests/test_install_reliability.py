@@ -97,6 +97,9 @@ def state(env_dir: Path) -> dict[str, str]:
                 out[str(path.relative_to(env_dir))] = "->" + os.readlink(path)
             elif path.name == "uv_cache.json":  # uv's timestamps: present, contents vary
                 out[str(path.relative_to(env_dir))] = "uv-cache"
+            elif path.name == "RECORD":  # the same, less uv_cache.json's line
+                lines = [ln for ln in path.read_bytes().splitlines() if b"uv_cache.json" not in ln]
+                out[str(path.relative_to(env_dir))] = hashlib.sha256(b"\n".join(lines)).hexdigest()
             elif path.is_file():
                 out[str(path.relative_to(env_dir))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
