@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from greta_install import commandline, transaction
+from greta_install.commandline import STAGE
 from greta_install.installer import Downloader, InstallError, StageResult
 from greta_install.plan import InstallPlan
 from greta_install.transaction import Interrupted, Transaction, TransactionError
@@ -209,7 +210,10 @@ def describe(prepared: Prepared) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"step": "plan", "commands": []},
         {"step": "stage", "commands": [commandline.shell(c) for c in plan.commands["stage"]]},
-        {"step": "commit", "commands": [commandline.shell(plan.commands["install"])]},
+        {
+            "step": "commit",
+            "commands": [commandline.shell(commandline.install_argv(plan, STAGE, prepared.uv))],
+        },
     ]
     for step in prepared.steps:
         out.append({"step": step.name, "required": step.required, "commands": step.describe(plan)})
@@ -314,7 +318,14 @@ def execute(
         stage_fd = None
         stage: Path | None = None
         try:
-            recovered = transaction.recover(site, log)
+            try:
+                recovered = transaction.recover(site, log)
+            except OSError as exc:
+                raise InstallFailed(
+                    f"an earlier, interrupted install left {site / transaction.TXN_DIR} and "
+                    f"undoing it failed ({exc}); nothing was installed. Fix the cause and run "
+                    "greta install again (it retries the undo)"
+                ) from None
             transaction.sweep_stale_stages(parent, log)
             stage, stage_fd = _make_stage(parent)
             try:

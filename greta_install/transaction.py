@@ -278,6 +278,11 @@ class Transaction:
             self._count += 1
             _save(p, self.backup / name)
             self.journal.saved.append((key, name))
+        elif p.is_dir():
+            # A wheel file where a directory stands: an installer may delete the directory.
+            for inner in sorted(p.rglob("*")):
+                if inner.is_file() or inner.is_symlink():
+                    self.track_file(inner, _write=False)
         elif not p.exists():
             self.journal.created.append(key)
             parent = p.parent
@@ -352,8 +357,8 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def _put_back(copy: Path, original: Path) -> None:
-    original.parent.mkdir(parents=True, exist_ok=True)
+def _put_back(copy: Path, original: Path, roots: Iterable[str] = ()) -> None:
+    _make_dir(original.parent, roots)
     if original.is_dir() and not original.is_symlink():
         shutil.rmtree(original)
     try:
@@ -365,6 +370,19 @@ def _put_back(copy: Path, original: Path) -> None:
         shutil.copy2(copy, tmp, follow_symlinks=False)
         os.replace(tmp, original)
         copy.unlink()
+
+
+def _make_dir(directory: Path, roots: Iterable[str]) -> None:
+    """Make `directory` a directory again. A file or symlink in its place (or in a parent's,
+    inside the environment) was put there by the install being undone: the saved file
+    below it proves a directory stood there before."""
+    inside = [Path(r) for r in roots]
+    for parent in [*reversed(directory.parents), directory]:
+        if not any(parent != r and parent.is_relative_to(r) for r in inside):
+            continue
+        if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+            parent.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
 
 
 def _remove(path: Path) -> bool:
@@ -409,7 +427,7 @@ def _undo(journal: Journal, backup: Path) -> list[str]:
             continue  # put back by an earlier, interrupted undo
         if (target.exists() or target.is_symlink()) and _same(target, copy):
             continue
-        _put_back(copy, target)
+        _put_back(copy, target, journal.temp_roots)
         put_back += 1
     for root, entries in journal.before_entries.items():
         known = set(entries)
