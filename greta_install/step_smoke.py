@@ -15,7 +15,9 @@ class SmokeTest:
     required = True
 
     def applies(self, plan: InstallPlan) -> bool:
-        return plan.smoke
+        # It proves what a row promises (torch and what runs on it): a lock that installs
+        # no torch (a partial lock of your own) promises none of it.
+        return plan.smoke and any(p.name == "torch" for p in plan.packages)
 
     def describe(self, plan: InstallPlan) -> list[str]:
         mode = smoke.default_mode(plan.target)

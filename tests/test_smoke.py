@@ -128,7 +128,11 @@ def template_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return create_venv(tmp_path_factory.mktemp("smoke-template") / "venv")
 
 
-WHEELS = dict([make_wheel("alpha-pkg", "1.0"), make_wheel("beta-pkg", "1.0", 64)])
+# A stand-in "torch" wheel makes the lock a torch row (the smoke test applies); the real
+# torch the smoke child imports comes first on its path, the injected fault before it.
+WHEELS = dict(
+    [make_wheel("alpha-pkg", "1.0"), make_wheel("beta-pkg", "1.0", 64), make_wheel("torch", "1.0")]
+)
 
 
 def _lock(tmp_path: Path, target: str) -> Path:
