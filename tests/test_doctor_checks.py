@@ -805,3 +805,17 @@ def test_jax_plugin_fix_follows_the_lock() -> None:
         "jax.gpu", dataclasses.replace(base, lock=lock, dists=no_plugin, jax_probe=jax_probe("cpu"))
     )
     assert_status(result, "warn", "jax-cuda13-plugin==0.6.0", "jax-cuda13-pjrt==0.6.0")
+
+
+def test_triton_provider_must_be_the_rows_pinned_distribution() -> None:
+    # ROCm row: the lock pins triton-rocm; jax-triton's dependency pulled the default
+    # index's `triton` in instead of it.
+    installed = tuple(
+        d if d.name != "pytorch-triton-rocm" else InstalledDist("triton", "3.8.0", True)
+        for d in healthy_mi300x().dists or ()
+    )
+    facts = healthy_mi300x(dists=installed)
+    result = check("triton.providers", facts)
+    assert_status(result, "fail", "pip uninstall -y triton")
+    assert "pins pytorch-triton-rocm" in result.finding
+    assert_status(check("triton.providers", healthy_mi300x()), "ok")
