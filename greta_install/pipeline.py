@@ -78,6 +78,7 @@ class InstallRequest:
     build_kernels: bool = True  # build the kernel wheel here when nobody serves it
     smoke: bool = True  # smoke-test the environment before calling the install done
     keep_failed: bool = False  # keep an environment whose smoke test failed
+    wheelhouse: str | None = None  # --save-wheelhouse DIR
 
 
 @dataclass

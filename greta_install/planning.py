@@ -177,6 +177,7 @@ def prepare(request: InstallRequest) -> Prepared:
     if detection is None and not target_arg:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")
     plan.keep_failed = request.keep_failed
+    plan.wheelhouse = request.wheelhouse
     return Prepared(request, plan, downloader, uv, executable, steps_for(plan), record)
 
 

@@ -43,7 +43,7 @@ def _env(index_url: str, tmp_path: Path) -> dict[str, str]:
         GRETA_HASH_RECORD=str(tmp_path / "user-hashes.json"),
         TMPDIR=str(tmp_path / "tmp"),
     )
-    (tmp_path / "tmp").mkdir(exist_ok=True)
+    (tmp_path / "tmp").mkdir(parents=True, exist_ok=True)
     return env
 
 

@@ -132,6 +132,7 @@ def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
         build_kernels=not args.no_build_kernels,
         smoke=not args.no_smoke,
         keep_failed=args.keep_failed,
+        wheelhouse=args.save_wheelhouse,
     )
 
 
@@ -148,7 +149,6 @@ def run(args: argparse.Namespace) -> int:
     except pipeline.InstallFailed as exc:
         return _fail(exc.message, args.json, exc.exit_code)
     plan = prepared.plan
-    plan.wheelhouse = args.save_wheelhouse
     if args.dry_run:
         if args.json:
             print(json.dumps({**plan.to_json(), "steps": pipeline.describe(prepared)}, indent=2))
