@@ -508,7 +508,10 @@ def lock_stage(directory: Path) -> int:
 
 
 def sweep_stale_stages(parent: Path, log: Log) -> int:
-    """Remove `greta-stage-*` folders whose process died (no one holds their lock)."""
+    """Remove `greta-stage-*` folders whose process died (no one holds their lock).
+
+    A stage is locked before it is renamed to its `greta-stage-` name, so an unlocked one
+    is never one being set up."""
     swept = 0
     try:
         candidates = [p for p in parent.iterdir() if p.name.startswith(STAGE_PREFIX)]
@@ -526,8 +529,6 @@ def sweep_stale_stages(parent: Path, log: Log) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # a live install owns it
-            if time.time() - path.stat().st_mtime < 5:
-                continue  # just created, its owner may not hold it yet
             shutil.rmtree(path, ignore_errors=True)
             swept += 1
         finally:

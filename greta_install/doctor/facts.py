@@ -101,6 +101,8 @@ class Facts:
     check_index: bool = False
     index_status: dict[str, str] | None = None  # "name==version" -> found | missing | unknown: why
     backends: list[dict[str, str]] | None = None  # greta_core.backends.doctor_summary()
+    # greta-env.json of this environment: "absent", "ok", or why it is unusable
+    env_fixes: str | None = None
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():
