@@ -127,7 +127,8 @@ class EnvFixError(Exception):
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # ".tmp" prefix: an undo sweeps what a killed write left (transaction._TEMP_PREFIXES).
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp.{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -350,6 +350,11 @@ def execute(
                     "interrupted while staging: nothing was installed; the environment is unchanged.",
                     128 + exc.signum,
                 ) from None
+            except Exception as exc:  # e.g. the temporary directory's disk is full
+                raise InstallFailed(
+                    f"failed while staging: {exc.__class__.__name__}: {exc}. Nothing was "
+                    "installed; the environment is unchanged."
+                ) from None
             results = _commit(prepared, staged, stage, scheme, lock, log, env, warnings)
             return Outcome(staged, results, recovered, warnings)
         finally:
@@ -421,24 +426,47 @@ def _commit(
         _checkpoint(step)
         txn.finish()
         return ctx.results
-    except Interrupted as exc:
+    except BaseException as exc:
+        if txn.journal.state == "done":  # the install completed before this arrived
+            if isinstance(exc, Interrupted):
+                raise InstallFailed(
+                    "interrupted after the install had completed: it is complete.",
+                    128 + exc.signum,
+                ) from None
+            raise
+        # Undoing now; a further Ctrl-C must not interrupt the undo or its message.
+        transaction.ignore_signals()
         done = _undo(txn, site)
-        raise InstallFailed(
+        raise InstallFailed(*_failure(exc, step, done)) from None
+
+
+def _failure(exc: BaseException, step: str, done: str) -> tuple[str, int]:
+    """The message and exit status for an install undone at `step` because of `exc`."""
+    if isinstance(exc, Interrupted):
+        return (
             f"interrupted during the install ({step}): the environment was put back as it "
             f"was{done}.",
             128 + exc.signum,
-        ) from None
-    except (InstallError, StepFailed, TransactionError, OSError) as exc:
-        reason = exc.reason if isinstance(exc, (InstallError, StepFailed)) else str(exc)
-        where = (
-            "failed during the offline install step"
-            if step == "commit"
-            else f"failed: {getattr(exc, 'step', step)}"
         )
-        done = _undo(txn, site)
-        raise InstallFailed(
-            f"{where}: {reason}. The environment was put back as it was{done}."
-        ) from None
+    if isinstance(exc, KeyboardInterrupt):
+        return (
+            f"interrupted during the install ({step}): the environment was put back as it was{done}.",
+            130,
+        )
+    if isinstance(exc, (InstallError, StepFailed)):
+        reason = exc.reason
+    else:
+        reason = (
+            f"{exc.__class__.__name__}: {exc}"
+            if not isinstance(exc, (OSError, TransactionError))
+            else str(exc)
+        )
+    where = (
+        "failed during the offline install step"
+        if step == "commit"
+        else f"failed: {getattr(exc, 'step', step)}"
+    )
+    return f"{where}: {reason}. The environment was put back as it was{done}.", 1
 
 
 def _undo(txn: Transaction, site: Path) -> str:

@@ -141,6 +141,14 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def ignore_signals() -> None:
+    """From now on SIGINT/SIGTERM/SIGHUP are ignored (an undo is under way); the handlers
+    `interruptible()` saved are restored when it exits."""
+    if _main_thread():
+        for s in CRITICAL_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def critical() -> Iterator[None]:
     """Hold SIGINT/SIGTERM/SIGHUP while the journal and the environment are made consistent;
@@ -226,6 +234,7 @@ class Transaction:
         self.journal = Journal("prepare", str(site), str(stage) if stage else None)
         self._count = 0
         self._tracked: set[str] = set()
+        self._begun = False
 
     # -- intent ---------------------------------------------------------------------------
 
@@ -234,6 +243,7 @@ class Transaction:
             raise TransactionError(f"{self.dir} exists: an earlier install was not recovered")
         with critical():
             self.dir.mkdir()
+            self._begun = True
             self.backup.mkdir()
             self.journal.temp_roots = sorted({str(r) for r in self.scheme.roots if r.is_dir()})
             self.journal.before_entries = {
@@ -322,6 +332,8 @@ class Transaction:
 
     def undo(self) -> list[str]:
         """Put the environment back as it was before `begin`; what was done, in words."""
+        if not self._begun:
+            return []  # nothing of ours to undo (and the folder, if any, is not ours)
         with critical():
             done = _undo(self.journal, self.backup)
             _discard(self.dir)
@@ -508,7 +520,10 @@ def lock_stage(directory: Path) -> int:
 
 
 def sweep_stale_stages(parent: Path, log: Log) -> int:
-    """Remove `greta-stage-*` folders whose process died (no one holds their lock)."""
+    """Remove `greta-stage-*` folders whose process died (no one holds their lock).
+
+    A stage is locked before it is renamed to its `greta-stage-` name, so an unlocked one
+    is never one being set up."""
     swept = 0
     try:
         candidates = [p for p in parent.iterdir() if p.name.startswith(STAGE_PREFIX)]
@@ -526,8 +541,6 @@ def sweep_stale_stages(parent: Path, log: Log) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # a live install owns it
-            if time.time() - path.stat().st_mtime < 5:
-                continue  # just created, its owner may not hold it yet
             shutil.rmtree(path, ignore_errors=True)
             swept += 1
         finally:

@@ -487,3 +487,27 @@ def test_undo_restores_a_directory_the_install_replaced_by_a_file(tmp_path: Path
     (site / "alpha").write_text("x")
     txn.undo()
     assert _state(env) == before
+
+
+def test_doctor_reports_a_bad_env_file() -> None:
+    from greta_install.doctor.checks.env_fixes import check_env_fixes
+    from greta_install.doctor.facts import Facts
+
+    bad = check_env_fixes(Facts(live=True, env_fixes="greta-env.json is corrupt (ValueError)"))
+    assert bad.status == "warn" and "ignored at start-up" in bad.finding
+    assert bad.fix and "greta env --clear" in bad.fix
+    assert check_env_fixes(Facts(live=True, env_fixes="ok")).status == "ok"
+
+
+def test_stale_stages_of_dead_installs_are_swept(tmp_path: Path) -> None:
+    dead = tmp_path / "greta-stage-dead"
+    (dead / ".work").mkdir(parents=True)
+    (dead / "torch.whl").write_bytes(b"x" * 1000)
+    alive = tmp_path / "greta-stage-alive"
+    alive.mkdir()
+    fd = transaction.lock_stage(alive)  # a running install holds its stage
+    try:
+        assert transaction.sweep_stale_stages(tmp_path, lambda m: None) == 1
+        assert not dead.exists() and alive.exists()
+    finally:
+        os.close(fd)

@@ -272,12 +272,20 @@ def test_sigkill_in_the_commit_is_undone_by_the_next_run(
     assert outcome == "before"  # killed after the installer ran: the next run undid it
 
 
-def test_sigint_while_the_installer_runs_puts_everything_back(
-    base_venv: Path, completed: Completed, tmp_path: Path
+@pytest.mark.parametrize(
+    ("sig", "point", "delay"),
+    [(signal.SIGINT, "installer", 0.3), (signal.SIGHUP, "env-fixes", None)],
+    ids=["SIGINT-installer", "SIGHUP-env-fixes"],
+)
+def test_a_signal_in_the_commit_puts_everything_back(
+    base_venv: Path,
+    completed: Completed,
+    tmp_path: Path,
+    sig: int,
+    point: str,
+    delay: float | None,
 ) -> None:
-    assert (
-        kill_at(base_venv, completed, tmp_path, "pip", "installer", 0.3, signal.SIGINT) == "before"
-    )
+    assert kill_at(base_venv, completed, tmp_path, "pip", point, delay, sig) == "before"
 
 
 @pytest.mark.slow
@@ -433,3 +441,40 @@ def test_env_fixes_that_cannot_be_written_undo_the_install(base_venv: Path, tmp_
     assert "The environment was put back as it was" in err and "Traceback" not in err
     assert state(venv) == before
     assert leftovers(venv, tmp_path) == []
+
+
+def test_a_kernel_wheel_that_would_run_code_is_refused(base_venv: Path, tmp_path: Path) -> None:
+    """Pinned in the lock and matching its hash, but carrying a .pth: refused at staging."""
+    from _install_helpers import make_kernel_wheel
+
+    marker = tmp_path / "pwned"
+    filename, data = make_kernel_wheel(
+        "sm_90",
+        extra={"greta_kernels_sm_90-zz.pth": f"import os; open({str(marker)!r}, 'w')\n".encode()},
+    )
+    wheels = tmp_path / "kernels"
+    wheels.mkdir()
+    (wheels / filename).write_bytes(data)
+    alpha = NEW[_file("alpha-pkg")]
+    lock = Lock(
+        target="cuda", python=PY,
+        packages=(LockedPackage("alpha-pkg", "2.0", None, ("sha256:" + hashlib.sha256(alpha).hexdigest(),)),),
+        kernel_wheel="greta-kernels-sm-90==0.1.0",
+        kernel_hashes={"greta-kernels-sm-90==0.1.0": "sha256:" + hashlib.sha256(data).hexdigest()},
+        env={}, meta={"target": "cuda", "python": PY},
+    )  # fmt: skip
+    path = tmp_path / "cuda-lock.txt"
+    path.write_text(format_lock(lock), encoding="utf-8")
+    venv = copy_venv(base_venv, tmp_path / "venv")
+    before = state(venv)
+    with Index(NEW, {}) as index:
+        proc = subprocess.run(
+            [sys.executable, "-m", "greta", "install", "--lock", str(path), "--python",
+             python_of(venv), "--installer", "pip", "--arch", "sm_90", "--force-target",
+             "--kernel-wheels", str(wheels)],
+            cwd=REPO, env=env_of(index, tmp_path), capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "greta-kernels-sm-90: refused" in proc.stderr and ".pth" in proc.stderr, proc.stderr
+    assert "the environment is unchanged" in proc.stderr
+    assert state(venv) == before and not marker.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 HELP = 'Print the environment fixes of an environment as shell exports (eval "$(greta env)").'
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         lock.acquire(say)
         transaction.recover(site_packages, say)
+        transaction.sweep_stale_stages(Path(tempfile.gettempdir()), say)
     except (transaction.TransactionError, OSError) as exc:
         say(f"greta env: {exc}")
         return 1

@@ -143,6 +143,19 @@ def _has_gid(gid: int) -> bool:
         return False
 
 
+def collect_env_fixes() -> str:
+    """State of this environment's persisted fixes (the start-up hook stays silent)."""
+    from pathlib import Path
+
+    from greta_install import envfix
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    try:
+        return "absent" if envfix.read_env_fixes(site) is None else "ok"
+    except envfix.EnvFixError as exc:
+        return str(exc)
+
+
 def collect_python() -> PythonInfo:
     stdlib = sysconfig.get_paths().get("stdlib", "")
     return PythonInfo(
@@ -306,6 +319,8 @@ def collect_facts(
         return facts
     facts.groups = collect_groups()
     facts.python = collect_python()
+    with contextlib.suppress(Exception):
+        facts.env_fixes = collect_env_fixes()
     with contextlib.suppress(Exception):
         facts.dists = collect_dists()
     if facts.target:

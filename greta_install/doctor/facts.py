@@ -118,6 +118,8 @@ class Facts:
     # None when unknown. Decides whether HSA_OVERRIDE_GFX_VERSION is needed.
     wheel_archs: tuple[str, ...] | None = None
     memory: MemoryInfo | None = None  # RAM and the GPU-visible (GTT/TTM) limit
+    # greta-env.json of this environment: "absent", "ok", or why it is unusable
+    env_fixes: str | None = None
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():
