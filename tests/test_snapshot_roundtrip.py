@@ -174,7 +174,9 @@ def test_cli_detect_json_imports_no_framework() -> None:
 def test_cli_human_output_and_missing_snapshot() -> None:
     proc = _cli("detect", "--snapshot", str(SNAPSHOTS / "rx6700xt-override"))
     out = json.loads(proc.stdout.strip().splitlines()[-1])["out"]
-    assert "target: radeon" in out and "runs gfx1030 code via HSA_OVERRIDE_GFX_VERSION=10.3.0" in out
+    assert (
+        "target: radeon" in out and "runs gfx1030 code via HSA_OVERRIDE_GFX_VERSION=10.3.0" in out
+    )
     missing = subprocess.run(
         [sys.executable, "-m", "greta", "detect", "--snapshot", "/nonexistent/snap"],
         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False,
