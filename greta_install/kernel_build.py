@@ -29,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import parse_wheel_filename
+
+from greta_install.lockgen import kernel_wheel_name  # the one naming function (issue 12 unifies it)
 
 Log = Callable[[str], None]
 BUILD_TIMEOUT_S = 3 * 3600
@@ -115,7 +117,7 @@ def cached_wheel(directory: Path, arch: str) -> Path | None:
             name, _, _, _ = parse_wheel_filename(wheel.name)
         except ValueError:
             continue
-        if name == canonicalize_name(f"greta-kernels-{arch}") and _intact(wheel):
+        if name == kernel_wheel_name(arch) and _intact(wheel):
             return wheel
     return None
 
