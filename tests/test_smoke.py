@@ -207,3 +207,18 @@ def test_failed_smoke_test_leaves_the_environment_byte_identical(
     assert "doctor:" in proc.stderr and "fix:" in proc.stderr
     assert "put back as it was" in proc.stderr
     assert snapshot(venv) == before
+
+
+@pytest.mark.gpu
+def test_gpu_smoke_passes_on_the_gpu_machine() -> None:
+    """On the GPU machine: every step on the device, and the first GRETA op call of a new
+    process (kernel wheel installed and warmed, or JIT) reported beside a warm one."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": _child_pythonpath()}
+    env.pop("TRITON_INTERPRET", None)
+    report = smoke.run_smoke(sys.executable, "gpu", env=env)
+    assert report.ok, report.to_json()
+    timing = next(s.detail for s in report.steps if s.name == "greta-torch")
+    assert timing["first_ms"] > 0 and timing["warm_ms"] > 0
+    print(f"first call {timing['first_ms']:.2f} ms, warm {timing['warm_ms']:.3f} ms")
