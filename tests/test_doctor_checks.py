@@ -819,3 +819,19 @@ def test_triton_provider_must_be_the_rows_pinned_distribution() -> None:
     assert_status(result, "fail", "pip uninstall -y triton")
     assert "pins pytorch-triton-rocm" in result.finding
     assert_status(check("triton.providers", healthy_mi300x()), "ok")
+
+
+def test_doctor_judges_an_environment_against_the_row_it_holds() -> None:
+    from greta_install.doctor.collect import collect_lock, installed_row
+
+    old = (InstalledDist("torch", "2.11.0+rocm7.2"),)
+    row = installed_row("radeon", "3.12", old)
+    assert row is not None and row.generation == "previous"
+    assert "gfx1103" not in row.torch_archs  # so gfx1103 is judged against classic wheels
+    current = installed_row("radeon", "3.12", (InstalledDist("torch", "2.14.1+rocm7.14"),))
+    assert (
+        current is not None and current.generation == "current" and "gfx1103" in current.torch_archs
+    )
+    assert installed_row("radeon", "3.12", None).generation == "current"  # type: ignore[union-attr]
+    lock, error, _ = collect_lock("radeon", "3.12", "previous")
+    assert error is None and lock.package("torch").version == "2.11.0+rocm7.2"

@@ -193,14 +193,16 @@ def collect_dists() -> tuple[InstalledDist, ...]:
     return tuple(sorted(seen.values(), key=lambda d: d.name))
 
 
-def collect_lock(target: str, python: str) -> tuple[Any, str | None, tuple[str, ...]]:
+def collect_lock(
+    target: str, python: str, row: str = "current"
+) -> tuple[Any, str | None, tuple[str, ...]]:
     try:
         from greta_install.lockfile import load_lock
     except Exception as exc:
         return None, _describe_error(exc), ()
     lock, error = None, None
     try:
-        lock = load_lock(target, python)
+        lock = load_lock(target, python, row)
     except Exception as exc:
         error = str(exc) or type(exc).__name__
     available = []
@@ -227,14 +229,10 @@ def collect_memory(view: SystemView) -> MemoryInfo | None:
     return MemoryInfo(ram_bytes=ram, ttm_pages_limit=pages)
 
 
-def collect_wheel_archs(
-    target: str, python: str, dists: tuple[InstalledDist, ...] | None
-) -> tuple[str, ...] | None:
-    """gfx archs of the torch wheels of the matrix row this environment has installed.
-
-    The row is the one whose torch pin matches the installed torch; with no torch (or
-    one GRETA did not install), the current row: what `greta install` would install.
-    """
+def installed_row(target: str, python: str, dists: tuple[InstalledDist, ...] | None) -> Any:
+    """The matrix row this environment holds: the one whose torch pin matches the installed
+    torch; with no torch (or one GRETA did not install), the current row (what
+    `greta install` would install). None when the matrix has no such target or Python."""
     from greta_install.matrix import load_matrix
 
     matrix = load_matrix()
@@ -245,8 +243,16 @@ def collect_wheel_archs(
     for row in rows:
         pin = row.one("torch")
         if installed and pin is not None and pin.version == installed:
-            return row.torch_archs
-    return rows[0].torch_archs
+            return row
+    return rows[0]
+
+
+def collect_wheel_archs(
+    target: str, python: str, dists: tuple[InstalledDist, ...] | None
+) -> tuple[str, ...] | None:
+    """gfx archs of the torch wheels of the matrix row this environment has installed."""
+    row = installed_row(target, python, dists)
+    return row.torch_archs if row is not None else None
 
 
 def _probe_env(section: str) -> dict[str, str]:
@@ -324,8 +330,13 @@ def collect_facts(
     with contextlib.suppress(Exception):
         facts.dists = collect_dists()
     if facts.target:
+        row = "current"
+        with contextlib.suppress(Exception):
+            found = installed_row(facts.target, facts.python.minor, facts.dists)
+            row = found.generation if found is not None else "current"
+        # An environment installed with `--row previous` is checked against that row's lock.
         facts.lock, facts.lock_error, facts.lock_pythons = collect_lock(
-            facts.target, facts.python.minor
+            facts.target, facts.python.minor, row
         )
         with contextlib.suppress(Exception):
             facts.wheel_archs = collect_wheel_archs(facts.target, facts.python.minor, facts.dists)
