@@ -107,6 +107,7 @@ def greta_install(env_dir: Path, lock: Path, installer: str, env: dict[str, str]
         str(lock),
         "--python",
         python_of(env_dir),
+        "--force-target",  # a cpu lock also on a GPU test machine
         "--installer",
         installer,
     ]
@@ -277,6 +278,7 @@ def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
             str(path),
             "--python",
             python_of(fresh_venv),
+            "--force-target",  # a cpu lock also on a GPU test machine
             "--installer",
             "pip",
             "--allow-unverified",
