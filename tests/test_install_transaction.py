@@ -109,6 +109,7 @@ def greta_install(env_dir: Path, lock: Path, installer: str, env: dict[str, str]
         str(lock),
         "--python",
         python_of(env_dir),
+        "--force-target",  # a cpu lock also on a GPU test machine
         "--installer",
         installer,
         "--no-smoke",  # these tiny wheels are not torch: the smoke test has its own tests
@@ -271,7 +272,8 @@ def test_unverified_pin_is_trusted_on_first_use_and_held_to_it(
 
     def install(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "greta", "install", "--lock", str(path),
-                "--python", python_of(fresh_venv), "--installer", "pip", "--no-smoke", *extra]  # fmt: skip
+                "--python", python_of(fresh_venv), "--force-target", "--installer", "pip",
+                "--no-smoke", *extra]  # fmt: skip
         return subprocess.run(
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
         )
