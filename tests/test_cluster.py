@@ -69,7 +69,8 @@ def test_wheelhouse_gives_other_nodes_the_same_bytes_offline(tmp_path: Path) -> 
 
     def install(venv: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "greta", "install", "--lock", str(path),
-                "--python", python_of(venv), "--installer", "pip", *extra]  # fmt: skip
+                "--python", python_of(venv), "--force-target", "--installer", "pip",
+                *extra]  # fmt: skip
         return subprocess.run(
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
         )
