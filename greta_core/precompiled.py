@@ -58,9 +58,21 @@ def installed_wheel_dirs() -> list[tuple[str, Path]]:
             spec = importlib.util.find_spec(wheel_package(arch))
         except (ImportError, ValueError):
             spec = None
-        if spec is not None and spec.submodule_search_locations:
+        if spec is not None and spec.submodule_search_locations and _installed(arch):
             found.append((arch, Path(next(iter(spec.submodule_search_locations)))))
     return found
+
+
+def _installed(arch: str) -> bool:
+    """The package has its distribution metadata: files an interrupted install left
+    behind without a dist-info are not a kernel wheel."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("greta-kernels-" + arch.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def read_manifest(package_dir: Path) -> dict[str, Any] | None:

@@ -109,39 +109,132 @@ class Override:
     warning: str | None = None
 
 
-# The wheels carry gfx1030/gfx1100 but not their smaller siblings; the ISA is the same
-# family, so the runtime can be told to load the sibling's code objects.
-_OVERRIDES: dict[str, Override] = {
-    **{
-        g: Override("10.3.0")
-        for g in ("gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")
-    },
-    "gfx1103": Override(
-        "11.0.0",
-        "gfx1103 (Radeon 760M/780M) runs gfx1100 code through HSA_OVERRIDE_GFX_VERSION=11.0.0: "
-        "experimental, and reported to hang on some APUs",
-    ),
+# --- the one table of per-arch facts -------------------------------------------------
+# Detection, the install plan and the doctor all read these; a parametrised test holds
+# them together for every arch of the matrix.
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    """What GRETA knows about one AMD gfx arch beyond its family."""
+
+    gfx: str
+    # HSA_OVERRIDE_GFX_VERSION that runs a same-family sibling's code on this GPU, for
+    # torch wheels that carry no code for it; None: no sibling is known to work.
+    override: str | None = None
+    # Whether GRETA may set that override by itself. Never on gfx1103/gfx115x: public
+    # reports of page faults and whole-system hangs, and TheRock ships native gfx1103
+    # and gfx1150-1153 builds instead.
+    auto_override: bool = False
+    warning: str | None = None  # shown whenever the override is in play
+
+    @property
+    def runs_as(self) -> str | None:
+        """The arch whose code runs under the override (its kernel-wheel arch)."""
+        return override_to_gfx(self.override) if self.override else None
+
+
+_RDNA2_SIBLING = "runs gfx1030 code via HSA_OVERRIDE_GFX_VERSION=10.3.0 (unofficial, widely used)"
+_ARCH_FACTS: dict[str, ArchFacts] = {
+    f.gfx: f
+    for f in (
+        ArchFacts("gfx1031", "10.3.0", True, f"gfx1031 (RX 6700/6750 XT) {_RDNA2_SIBLING}"),
+        ArchFacts("gfx1032", "10.3.0", True, f"gfx1032 (RX 6600 class) {_RDNA2_SIBLING}"),
+        ArchFacts("gfx1033", "10.3.0", True, f"gfx1033 (Van Gogh APU) {_RDNA2_SIBLING}"),
+        ArchFacts("gfx1034", "10.3.0", True, f"gfx1034 (RX 6500/6400) {_RDNA2_SIBLING}"),
+        ArchFacts("gfx1035", "10.3.0", True, f"gfx1035 (Radeon 660M/680M APU) {_RDNA2_SIBLING}"),
+        ArchFacts(
+            "gfx1036", "10.3.0", True, f"gfx1036 (Raphael/Granite Ridge iGPU) {_RDNA2_SIBLING}"
+        ),
+        ArchFacts(
+            "gfx1103",
+            "11.0.0",
+            False,
+            "gfx1103 (Radeon 740M/760M/780M) has no code in the classic ROCm torch wheels; "
+            "HSA_OVERRIDE_GFX_VERSION=11.0.0 is reported to cause page faults and system hangs, "
+            "so GRETA never sets it: the ROCm 7.14 (TheRock) row carries native gfx1103 code",
+        ),
+        ArchFacts(
+            "gfx1152",
+            None,
+            False,
+            "gfx1152 (Krackan Point) has no code in the classic ROCm torch wheels and no safe "
+            "override: the ROCm 7.14 (TheRock) row carries native gfx1152 code",
+        ),
+        ArchFacts(
+            "gfx1153",
+            None,
+            False,
+            "gfx1153 has no code in the classic ROCm torch wheels and no safe override: the "
+            "ROCm 7.14 (TheRock) row carries native gfx1153 code",
+        ),
+    )
 }
 
 
-# Radeon archs the ROCm 7 torch wheels do not carry and no override is known to fix.
-_NOT_IN_WHEELS: frozenset[str] = frozenset({"gfx1152", "gfx1153"})
+def arch_facts(gfx: str | None) -> ArchFacts:
+    """The facts of an arch (an empty record for archs that need nothing special)."""
+    key = (gfx or "").split(":", 1)[0].strip().lower()
+    return _ARCH_FACTS.get(key, ArchFacts(key))
 
 
-def wheel_gap_warning(gfx: str | None) -> str | None:
-    """A warning for a radeon arch that the locked wheels lack and no override covers."""
-    if (gfx or "") not in _NOT_IN_WHEELS:
-        return None
-    return (
-        f"{gfx} is not in the gfx list of the ROCm 7 torch wheels (they carry gfx1150/gfx1151) "
-        "and no HSA_OVERRIDE_GFX_VERSION is known to be safe for it: GPU code may fail with "
-        "'invalid device function'"
+def known_override(gfx: str | None) -> str | None:
+    """The sibling override known to run this arch, whether or not GRETA sets it itself."""
+    return arch_facts(gfx).override
+
+
+def experimental_override(gfx: str | None) -> str | None:
+    """An override that exists but that GRETA never sets (the doctor warns about it)."""
+    facts = arch_facts(gfx)
+    return facts.override if facts.override and not facts.auto_override else None
+
+
+@dataclass(frozen=True)
+class OverrideDecision:
+    """What to do about HSA_OVERRIDE_GFX_VERSION for one GPU and one set of torch wheels."""
+
+    value: str | None  # the override to set; None: set none
+    kernel_arch: str | None  # the arch whose code runs (kernel wheel arch)
+    warnings: tuple[str, ...] = ()
+    native: bool = False  # the wheels carry this arch's own code
+
+
+def decide_override(
+    gfx: str | None, wheel_archs: tuple[str, ...] | frozenset[str] | list[str]
+) -> OverrideDecision:
+    """Pure: the override a GPU of `gfx` needs to run torch wheels carrying `wheel_archs`.
+
+    Native code always wins over an override. An override is set only where it is known
+    and allowed (`auto_override`); otherwise the decision says why none is set.
+    """
+    if not gfx:
+        return OverrideDecision(None, None)
+    if gfx in wheel_archs or not gfx.startswith("gfx"):
+        return OverrideDecision(None, gfx, native=True)
+    facts = arch_facts(gfx)
+    if facts.override and facts.auto_override and facts.runs_as in wheel_archs:
+        return OverrideDecision(facts.override, facts.runs_as, tuple(filter(None, [facts.warning])))
+    why = facts.warning or (
+        f"the torch wheels have no {gfx} code and no override is known: "
+        "expect 'HIP error: invalid device function'"
     )
+    return OverrideDecision(None, gfx, (why,))
 
 
 def hsa_override(gfx: str | None) -> Override | None:
-    """The override an arch needs to run the locked wheels, if any."""
-    return _OVERRIDES.get(gfx or "")
+    """The override GRETA sets for an arch on the classic (non-TheRock) ROCm wheels."""
+    facts = arch_facts(gfx)
+    if facts.override and facts.auto_override:
+        return Override(facts.override, facts.warning)
+    return None
+
+
+def wheel_gap_warning(gfx: str | None) -> str | None:
+    """A warning for an arch that the classic wheels lack and no automatic override covers."""
+    facts = arch_facts(gfx)
+    if facts.auto_override or not facts.warning:
+        return None
+    return facts.warning
 
 
 def override_to_gfx(value: str | None) -> str | None:

@@ -366,20 +366,18 @@ def _env_fixes(det: Detection, ev: Evidence, amd: list[tuple[int, Gpu]]) -> list
                 f"HSA_OVERRIDE_GFX_VERSION={seen_override} is set but there is no AMD GPU: unset it"
             )
         return warnings
-    gap = archs.wheel_gap_warning(gpu.arch)
-    if gap:
-        warnings.append(gap)
-    override = archs.hsa_override(gpu.arch)
-    if override:
-        det.env["HSA_OVERRIDE_GFX_VERSION"] = override.value
-        if override.warning:
-            warnings.append(override.warning)
-        if seen_override and seen_override.strip() != override.value:
-            warnings.append(
-                f"HSA_OVERRIDE_GFX_VERSION={seen_override} is set, but {gpu.arch} needs "
-                f"{override.value}"
-            )
-    elif seen_override:
+    # Whether an override is needed depends on the torch wheels (the ROCm 7.14 row
+    # carries every Radeon arch natively): the install plan decides, from archs.py.
+    facts = archs.arch_facts(gpu.arch)
+    if facts.warning:
+        warnings.append(facts.warning)
+    known = facts.override
+    if seen_override and known and seen_override.strip() != known:
+        warnings.append(
+            f"HSA_OVERRIDE_GFX_VERSION={seen_override} is set, but {gpu.arch} can only run as "
+            f"{facts.runs_as} ({known})"
+        )
+    elif seen_override and not known:
         warnings.append(
             f"HSA_OVERRIDE_GFX_VERSION={seen_override} is set, but {gpu.arch} needs no "
             "override: unset it (it makes the runtime load code for another GPU)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from greta_install import archs
 from greta_install.matrix import Matrix, Pin
 
 TEXT = {
@@ -12,8 +13,11 @@ TEXT = {
             "Each target is one row of the version matrix per Python version. `greta install` "
             "installs exactly the locked set for your machine's target (see [install](install.md)). "
             "Packages without an index come from your configured default index; the others from "
-            "the vendor index named. *Unverified* means the lock could not obtain the file's hash "
-            "where it was made: `greta install` refuses it unless you pass `--allow-unverified`."
+            "the vendor index named. A pin without a hash in the lock is installed trust-on-first-use: "
+            "`greta install` shows the sha256 it downloaded and records it, and refuses a different "
+            "file later; `--strict` refuses such pins (see the hash policy in [install](install.md)). "
+            "Targets with a *previous* row keep the older stack selectable with "
+            "`greta install --row previous`."
         ),
         "summary": "Summary",
         "target": "target",
@@ -34,11 +38,16 @@ TEXT = {
         "source": "Sources",
         "uncertain": "uncertain",
         "default_index": "default",
-        "archs": "Architectures that need an override",
+        "archs": "Architectures with special handling (from greta_install/archs.py)",
         "arch": "arch",
-        "override": "HSA_OVERRIDE_GFX_VERSION",
-        "kernel_arch": "kernel wheel of",
+        "override": "HSA_OVERRIDE_GFX_VERSION (previous row only)",
+        "auto": "set by greta",
+        "yes": "yes",
+        "no": "never",
         "note": "note",
+        "current": "Current row",
+        "previous": "Previous row",
+        "hash": "hash",
         "py": "Python {py}",
         "lock": "Lock settings: platform `{platform}`, resolved with nothing newer than `{date}`.",
     },
@@ -49,9 +58,11 @@ TEXT = {
             "Cada target es una fila de la matriz de versiones por versión de Python. `greta install` "
             "instala exactamente el conjunto bloqueado para el target de tu máquina (ver "
             "[instalación](install.md)). Los paquetes sin índice vienen de tu índice por defecto "
-            "configurado; los demás, del índice del fabricante indicado. *No verificado* significa que "
-            "el lock no pudo obtener el hash del archivo donde se generó: `greta install` lo rechaza "
-            "salvo que pases `--allow-unverified`."
+            "configurado; los demás, del índice del fabricante indicado. Un pin sin hash en el lock se "
+            "instala con confianza en el primer uso: `greta install` muestra el sha256 que descargó y lo "
+            "registra, y rechaza después un archivo distinto; `--strict` rechaza esos pines (ver la "
+            "política de hashes en [instalación](install.md)). Los targets con una fila *previous* "
+            "mantienen seleccionable la pila anterior con `greta install --row previous`."
         ),
         "summary": "Resumen",
         "target": "target",
@@ -72,11 +83,16 @@ TEXT = {
         "source": "Fuentes",
         "uncertain": "incierto",
         "default_index": "por defecto",
-        "archs": "Arquitecturas que necesitan un override",
+        "archs": "Arquitecturas con tratamiento especial (de greta_install/archs.py)",
         "arch": "arch",
-        "override": "HSA_OVERRIDE_GFX_VERSION",
-        "kernel_arch": "wheel de kernels de",
+        "override": "HSA_OVERRIDE_GFX_VERSION (solo fila previous)",
+        "auto": "lo pone greta",
+        "yes": "sí",
+        "no": "nunca",
         "note": "nota",
+        "current": "Fila actual",
+        "previous": "Fila anterior (previous)",
+        "hash": "hash",
         "py": "Python {py}",
         "lock": "Ajustes del lock: plataforma `{platform}`, resuelto sin nada más nuevo que `{date}`.",
     },
@@ -93,7 +109,8 @@ def _pin_row(pin: Pin, t: dict[str, str]) -> str:
     index = f"`{pin.index}`" if pin.index else t["default_index"]
     extras = f"[{','.join(pin.extras)}]" if pin.extras else ""
     flag = " (*)" if pin.uncertain else ""
-    return f"| {pin.role} | `{pin.name}{extras}` | `{pin.version}`{flag} | {index} |"
+    hashes = ", ".join(sorted(pin.hashes)) if pin.hashes else ""
+    return f"| {pin.role} | `{pin.name}{extras}` | `{pin.version}`{flag} | {index} | {hashes} |"
 
 
 def render(matrix: Matrix, lang: str) -> str:
@@ -104,7 +121,7 @@ def render(matrix: Matrix, lang: str) -> str:
     out += [f"## {t['summary']}", ""]
     header = (
         f"| {t['target']} | " + " | ".join(t["py"].format(py=py) for py in matrix.pythons) + " |"
-    )
+    )  # current rows; previous rows are listed per target below
     out += [header, "|---" * (len(matrix.pythons) + 1) + "|"]
     for name in matrix.targets:
         cells = []
@@ -132,36 +149,50 @@ def render(matrix: Matrix, lang: str) -> str:
         if spec.same_as:
             out += ["", t["same_as"].format(other=spec.same_as), ""]
             continue
-        for py in matrix.pythons:
-            row = matrix.row(name, py)
-            out += ["", f"### {t['py'].format(py=py)}", ""]
-            out += [
-                f"| {t['role']} | {t['package']} | {t['version']} | {t['index']} |",
-                "|---|---|---|---|",
-            ]
-            out += [_pin_row(p, t) for p in row.pins]
+        generations = matrix.generations(name)
+        for gen in generations:
+            label = (
+                spec.label if gen == "current" else (spec.previous.label if spec.previous else "")
+            )
+            out += ["", f"### {t[gen]}: {label}", ""]
+            if gen == "previous" and spec.previous:
+                out += [spec.previous.why, ""]
+                if spec.previous.torch_archs:
+                    out += [f"- {t['torch_archs']}: {', '.join(spec.previous.torch_archs)}", ""]
+            for py in matrix.pythons:
+                row = matrix.row(name, py, gen)
+                out += [f"#### {t['py'].format(py=py)}", ""]
+                out += [
+                    f"| {t['role']} | {t['package']} | {t['version']} | {t['index']} | {t['hash']} |",
+                    "|---|---|---|---|---|",
+                ]
+                out += [_pin_row(p, t) for p in row.pins]
+                out.append("")
         out += ["", f"**{t['source']}**", ""]
         seen: set[tuple[str, str]] = set()
-        for pin in spec.pins:
+        pins = list(spec.pins) + (list(spec.previous.pins) if spec.previous else [])
+        for pin in pins:
             key = (pin.name, pin.version)
             if key in seen:
                 continue
             seen.add(key)
             line = f"- `{pin.name}=={pin.version}`: {_cell(pin.source)}"
+            if pin.hash_source:
+                line += f" {t['hash']}: {_cell(pin.hash_source)}"
             if pin.uncertain:
                 line += f" (*) {t['uncertain']}: {_cell(pin.uncertain)}"
             out.append(line)
         out.append("")
 
-    if matrix.archs:
+    special = [archs.arch_facts(g) for g in archs.FAMILY if archs.arch_facts(g).warning]
+    if special:
         out += [f"## {t['archs']}", ""]
         out += [
-            f"| {t['arch']} | {t['override']} | {t['kernel_arch']} | {t['note']} |",
+            f"| {t['arch']} | {t['override']} | {t['auto']} | {t['note']} |",
             "|---|---|---|---|",
         ]
-        for rule in matrix.archs.values():
-            out.append(
-                f"| `{rule.arch}` | `{rule.override or ''}` | `{rule.kernel_arch}` | {_cell(rule.warning or '')} |"
-            )
+        for f in special:
+            auto = t["yes"] if f.auto_override else t["no"]
+            out.append(f"| `{f.gfx}` | `{f.override or ''}` | {auto} | {_cell(f.warning or '')} |")
         out.append("")
     return "\n".join(out)

@@ -4,56 +4,122 @@
 
 - `greta-env.json`: the fixes (and why each is needed);
 - `_greta_env.py`: sets each fix in `os.environ` unless the variable is already set;
-- `greta-env.pth`: `import _greta_env`, which Python's `site` runs at every start-up.
+- `greta-env.pth`: imports `_greta_env` at every start-up (Python's `site` runs it).
 
 So a plain `python script.py` in a new shell gets the fixes, while a value the user
 exports explicitly still wins. `GRETA_ENV_DISABLE=1` skips them for one run;
 `greta env --clear` removes the files.
+
+The files are data that must never become code or crash an interpreter: only variable
+names from an allowlist of GPU-runtime prefixes are ever set (never LD_PRELOAD, PATH or
+PYTHON*), the JSON is read with a size cap, and the start-up hook swallows every error
+(`greta doctor` and `greta env` report a bad file instead). `greta env` prints only valid
+names with quoted values and one-line comments, so `eval "$(greta env)"` is safe for
+any file content.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from greta_install.boundedio import ENV_FILE_MAX_BYTES, read_bytes
+
 JSON_NAME = "greta-env.json"
 PTH_NAME = "greta-env.pth"
 HOOK_NAME = "_greta_env.py"
+FILES = (JSON_NAME, HOOK_NAME, PTH_NAME)
 ENV_SCHEMA = 1
+MAX_VALUE_CHARS = 4096
+MAX_VARIABLES = 64
 
-HOOK_SOURCE = '''"""Written by `greta install`: GRETA's environment fixes for this environment.
+# The variables GRETA may set: GPU runtimes, frameworks, GRETA itself. Nothing that
+# changes what the dynamic loader or Python loads (LD_*, PATH, PYTHON*).
+ALLOWED_PREFIXES = (
+    "HSA_", "HIP_", "ROCR_", "ROCM_", "ROCBLAS_", "HIPBLASLT_", "MIOPEN_", "AMD_", "GPU_",
+    "CUDA_", "NCCL_", "RCCL_", "NVIDIA_", "PYTORCH_", "TORCH_", "TRITON_", "XLA_", "JAX_",
+    "GRETA_", "OMP_", "MKL_",
+)  # fmt: skip
+_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def allowed_name(key: object) -> bool:
+    """A variable name GRETA may set: a shell identifier with an allowed prefix."""
+    return (
+        isinstance(key, str)
+        and len(key) <= 128
+        and _NAME.fullmatch(key) is not None
+        and key.startswith(ALLOWED_PREFIXES)
+    )
+
+
+def allowed_value(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_VALUE_CHARS and "\0" not in value
+
+
+HOOK_SOURCE = f'''"""Written by `greta install`: GRETA's environment fixes for this environment.
 
 Sets each variable in greta-env.json at interpreter start-up unless it is already set.
-Set GRETA_ENV_DISABLE=1 to skip; `greta env --clear` removes this file.
+Set GRETA_ENV_DISABLE=1 to skip; `greta env --clear` removes this file. It never raises:
+a bad greta-env.json is reported by `greta doctor` and `greta env`, not by every Python.
 """
 
-import json as _json
 import os as _os
+import re as _re
+
+_PREFIXES = {ALLOWED_PREFIXES!r}
+_NAME = _re.compile(r"[A-Z_][A-Z0-9_]*")
+_MAX_BYTES = {ENV_FILE_MAX_BYTES}
 
 
-def _apply() -> None:
+def _apply():
+    import json
+
     path = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "greta-env.json")
+    fd = _os.open(path, _os.O_RDONLY | _os.O_NONBLOCK)
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = _json.load(fh)
-    except (OSError, ValueError):
-        return
+        import stat
+
+        info = _os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
+            return
+        data = _os.read(fd, _MAX_BYTES + 1)
+    finally:
+        _os.close(fd)
+    data = json.loads(data.decode("utf-8"))
     env = data.get("env") if isinstance(data, dict) else None
     if not isinstance(env, dict):
         return
-    for key, value in env.items():
-        if isinstance(key, str) and isinstance(value, str) and key not in _os.environ:
+    for key, value in list(env.items())[:{MAX_VARIABLES}]:
+        if (
+            isinstance(key, str)
+            and len(key) <= 128
+            and _NAME.fullmatch(key)
+            and key.startswith(_PREFIXES)
+            and isinstance(value, str)
+            and len(value) <= {MAX_VALUE_CHARS}
+            and "\\0" not in value
+            and key not in _os.environ
+        ):
             _os.environ[key] = value
 
 
 if _os.environ.get("GRETA_ENV_DISABLE") != "1":
-    _apply()
+    try:
+        _apply()
+    except BaseException:  # never break an interpreter's start-up (deep JSON included)
+        pass
 '''
+
+# One line: `site` executes .pth lines that start with "import". A missing or broken
+# helper module must not print a traceback at every start-up either.
+PTH_SOURCE = 'import sys; exec("try:\\n import _greta_env\\nexcept BaseException:\\n pass")\n'
 
 
 class EnvFixError(Exception):
@@ -61,7 +127,8 @@ class EnvFixError(Exception):
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # ".tmp" prefix: an undo sweeps what a killed write left (transaction._TEMP_PREFIXES).
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp.{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -69,6 +136,19 @@ def _atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def validate_env(env: Mapping[str, str]) -> None:
+    for key, value in env.items():
+        if not allowed_name(key):
+            raise EnvFixError(
+                f"refusing to persist {key!r}: GRETA sets only variables named "
+                f"{', '.join(p + '*' for p in ALLOWED_PREFIXES[:6])}..."
+            )
+        if not allowed_value(value):
+            raise EnvFixError(
+                f"refusing to persist {key}: its value is not a short, NUL-free string"
+            )
 
 
 def write_env_fixes(
@@ -82,6 +162,7 @@ def write_env_fixes(
     if not env:
         clear_env_fixes(site_packages)
         return []
+    validate_env(env)
     data: dict[str, Any] = {
         "schema": ENV_SCHEMA,
         "target": target,
@@ -93,34 +174,45 @@ def write_env_fixes(
         site_packages.mkdir(parents=True, exist_ok=True)
         _atomic_write(site_packages / JSON_NAME, json.dumps(data, indent=2) + "\n")
         _atomic_write(site_packages / HOOK_NAME, HOOK_SOURCE)
-        _atomic_write(site_packages / PTH_NAME, "import _greta_env\n")
+        _atomic_write(site_packages / PTH_NAME, PTH_SOURCE)
     except OSError as exc:
         raise EnvFixError(
             f"cannot write the environment fixes into {site_packages}: {exc}"
         ) from None
-    return [site_packages / n for n in (JSON_NAME, HOOK_NAME, PTH_NAME)]
+    return [site_packages / n for n in FILES]
 
 
 def read_env_fixes(site_packages: Path) -> dict[str, Any] | None:
-    """The persisted record, or None when this environment has none."""
+    """The persisted record, or None when this environment has none. EnvFixError when it
+    is unreadable, too large, not UTF-8, too deep, or names a variable GRETA never sets."""
     path = site_packages / JSON_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_bytes(path, ENV_FILE_MAX_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise EnvFixError(f"cannot read {path}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
         raise EnvFixError(
-            f"{path} is corrupt ({exc}); remove it with `greta env --clear`"
+            f"cannot read {path}: {exc}; remove it with `greta env --clear`"
+        ) from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise EnvFixError(
+            f"{path} is corrupt ({exc.__class__.__name__}); remove it with `greta env --clear`"
         ) from None
     env = data.get("env") if isinstance(data, dict) else None
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
+    if not isinstance(env, dict):
         raise EnvFixError(f"{path} has no valid `env` table; remove it with `greta env --clear`")
+    bad = [k for k, v in env.items() if not (allowed_name(k) and allowed_value(v))]
+    if bad:
+        shown = ", ".join(repr(k)[:40] for k in bad[:3])
+        raise EnvFixError(
+            f"{path} names variables GRETA never sets ({shown}); remove it with `greta env --clear`"
+        )
+    why = data.get("why")
+    data["why"] = (
+        {k: v for k, v in why.items() if isinstance(v, str)} if isinstance(why, dict) else {}
+    )
     return data
 
 
@@ -128,17 +220,28 @@ def clear_env_fixes(site_packages: Path) -> list[Path]:
     removed = []
     for name in (PTH_NAME, HOOK_NAME, JSON_NAME):
         path = site_packages / name
-        if path.exists():
+        if path.exists() or path.is_symlink():
             path.unlink()
             removed.append(path)
     return removed
 
 
+def _comment(text: str) -> str:
+    """One line of printable text, safe after `#` in a shell script."""
+    flat = "".join(c if c.isprintable() else " " for c in text)
+    return " ".join(flat.split())[:300]
+
+
 def format_exports(env: Mapping[str, str], why: Mapping[str, str] | None = None) -> str:
+    """Shell exports safe to `eval` whatever the mapping holds: invalid names are left
+    out, values are quoted, reasons become single-line comments."""
     lines = []
     for key in sorted(env):
-        reason = (why or {}).get(key)
+        value = env[key]
+        if not (allowed_name(key) and allowed_value(value)):
+            continue
+        reason = _comment(str((why or {}).get(key, "")))
         if reason:
             lines.append(f"# {reason}")
-        lines.append(f"export {key}={shlex.quote(env[key])}")
+        lines.append(f"export {key}={shlex.quote(value)}")
     return "\n".join(lines) + ("\n" if lines else "")

@@ -1,41 +1,47 @@
-"""Carry out an InstallPlan, all or nothing.
+"""Stage an InstallPlan: download and verify every file before the environment is touched.
 
-1. Stage: download every package of the plan (one `pip download` each, so a failure
-   names its package) into a temporary directory and check each file's sha256 against
-   the lock. Network errors, a version missing from the index, a hash mismatch or
-   Ctrl-C all happen here, before the environment is touched; the staging directory is
-   removed whatever happens.
-2. Commit: install offline from the staged, verified files (`--no-index --find-links
-   STAGE --no-deps --require-hashes`), with uv when available, else pip. Nothing can be
-   missing or altered any more; Ctrl-C is deferred until this short step finishes.
-3. Persist the environment fixes (envfix).
+Every package of the plan is downloaded (one `pip download` each, so a failure names its
+package) into a private staging directory and its sha256 checked against the lock. The
+kernel wheel is fetched with a size cap and a deadline, checked against the hash the lock
+pins, its RECORD, its manifest and a content rule (its own package only: no `.pth`, no
+scripts, no files of other packages). Network errors, a missing version, a hash mismatch
+or Ctrl-C all happen here, before anything is installed. The install itself (journalled,
+undoable) is greta_install.pipeline's job.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from greta_install import boundedio, commandline, vendor_index, wheelfiles
+from greta_install.hashrecord import HashRecord, HashRecordError
 from greta_install.lockgen import _Links, sha256_file
-from greta_install.plan import STAGE, InstallPlan, KernelLookup, PlannedPackage
+from greta_install.plan import InstallPlan, KernelLookup, PlannedPackage
+from greta_install.vendor_index import Probe
 
-DOWNLOAD_TIMEOUT_S = 3600
 KERNEL_ENV = "GRETA_KERNEL_INDEX"
+DOWNLOAD_TIMEOUT_ENV = "GRETA_DOWNLOAD_TIMEOUT"
+DEFAULT_DOWNLOAD_TIMEOUT_S = 3600.0
+KERNEL_WHEEL_MAX_BYTES = 512 * 1024 * 1024
+KERNEL_DOWNLOAD_TIMEOUT_S = 600.0
+INDEX_PAGE_TIMEOUT_S = 30.0
+SOCKET_TIMEOUT_S = 30.0
+MAX_PLATFORM_FLAGS = 64
 
 Log = Callable[[str], None]
 
@@ -55,6 +61,15 @@ class StageResult:
     files: dict[str, Path] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)  # name -> "sha256:<hex>" actually staged
     observed_unverified: dict[str, str] = field(default_factory=dict)
+    filenames: dict[str, str] = field(default_factory=dict)  # name -> staged file name
+    commands: list[list[str]] = field(default_factory=list)  # what staging ran, in order
+
+
+def download_timeout() -> float:
+    try:
+        return max(1.0, float(os.environ.get(DOWNLOAD_TIMEOUT_ENV, DEFAULT_DOWNLOAD_TIMEOUT_S)))
+    except ValueError:
+        return DEFAULT_DOWNLOAD_TIMEOUT_S
 
 
 # --- tools ------------------------------------------------------------------------------
@@ -64,7 +79,7 @@ class StageResult:
 class Downloader:
     """How to run `pip download` for the target interpreter."""
 
-    base: tuple[str, ...]  # e.g. (python, "-m", "pip")
+    base: tuple[str, ...]  # e.g. (python, "-I", "-m", "pip")
     flags: tuple[str, ...] = ()  # tag flags when another interpreter's pip downloads
 
     def argv(self) -> list[str]:
@@ -72,11 +87,17 @@ class Downloader:
 
 
 def downloader_for(
-    python: str, python_version: str, platform: str, target_has_pip: bool
+    python: str,
+    python_version: str,
+    platform: str,
+    target_has_pip: bool,
+    uv: str | None = None,
+    here_has_pip: bool | None = None,
 ) -> Downloader:
-    """The target's own pip; else this interpreter's pip told the target's tags."""
+    """The target's own pip; else this interpreter's pip told the target's tags; else,
+    in a `uv venv` without pip anywhere, pip run by uv (`uv tool run`, cached by uv)."""
     if target_has_pip:
-        return Downloader((python, "-m", "pip"))
+        return Downloader(tuple(commandline.python_module(python, "pip")))
     major, minor = python_version.split(".")
     arch, _, libc = platform.partition("-")
     flags = [
@@ -89,26 +110,103 @@ def downloader_for(
     ]
     if libc.startswith("manylinux_"):
         glibc = int(libc.split("_")[2])
-        for m in range(glibc, 16, -1):
+        # The lock parser bounds the version; this bounds the flag count regardless.
+        for m in range(glibc, max(16, glibc - MAX_PLATFORM_FLAGS), -1):
             flags += ["--platform", f"manylinux_2_{m}_{arch}"]
         flags += ["--platform", f"manylinux2014_{arch}"]
-    return Downloader((sys.executable, "-m", "pip"), tuple(flags))
+    if here_has_pip is None:
+        from greta_install.tools import has_pip
+
+        here_has_pip = has_pip(sys.executable)
+    if not here_has_pip and uv is not None:
+        return Downloader((uv, "tool", "run", "--from", "pip", "pip"), tuple(flags))
+    return Downloader(tuple(commandline.python_module(sys.executable, "pip")), tuple(flags))
+
+
+# --- bounded HTTP -----------------------------------------------------------------------
+
+
+class DownloadError(OSError):
+    pass
+
+
+def check_url(url: str, allow_http: bool) -> None:
+    scheme = urllib.parse.urlparse(url).scheme
+    if scheme == "https" or (scheme == "http" and allow_http):
+        return
+    if scheme == "http":
+        raise DownloadError(f"{url}: plain http is refused (use https, or pass --allow-http)")
+    raise DownloadError(f"{url}: unsupported URL scheme {scheme!r}")
+
+
+def fetch(
+    url: str,
+    sink: Callable[[bytes], None],
+    *,
+    max_bytes: int,
+    deadline_s: float,
+    allow_http: bool,
+) -> int:
+    """Stream `url` into `sink`: at most `max_bytes`, within `deadline_s` in all."""
+    check_url(url, allow_http)
+    deadline = time.monotonic() + deadline_s
+    total = 0
+    try:
+        with urllib.request.urlopen(url, timeout=SOCKET_TIMEOUT_S) as response:
+            final = response.geturl()
+            if final != url:
+                check_url(final, allow_http)  # a redirect must not downgrade to http
+            length = response.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > max_bytes:
+                raise DownloadError(f"{url}: {length} bytes, over the {max_bytes}-byte limit")
+            while True:
+                if time.monotonic() > deadline:
+                    raise DownloadError(f"{url}: did not finish in {deadline_s:.0f} s")
+                chunk = (
+                    response.read1(1 << 16)
+                    if hasattr(response, "read1")
+                    else response.read(1 << 16)
+                )
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_bytes:
+                    raise DownloadError(f"{url}: over the {max_bytes}-byte limit")
+                sink(chunk)
+    except DownloadError:
+        raise
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        raise DownloadError(f"{url}: {exc}") from None
+    return total
+
+
+def fetch_text(url: str, allow_http: bool) -> str:
+    parts: list[bytes] = []
+    fetch(
+        url,
+        parts.append,
+        max_bytes=boundedio.PAGE_MAX_BYTES,
+        deadline_s=INDEX_PAGE_TIMEOUT_S,
+        allow_http=allow_http,
+    )
+    return b"".join(parts).decode("utf-8", errors="replace")
 
 
 # --- kernel wheel -----------------------------------------------------------------------
 
 
-def find_kernel_wheel(source: str | None, requirement: str | None) -> KernelLookup:
+def find_kernel_wheel(
+    source: str | None, requirement: str | None, allow_http: bool = False
+) -> KernelLookup:
     """Look for the kernel wheel in a local directory or a simple index (no download)."""
     if source is None or requirement is None:
         return KernelLookup(source)
     name, _, version = requirement.partition("==")
-    if source.startswith(("http://", "https://")):
+    if "://" in source and not source.startswith("file://"):
         page = f"{source.rstrip('/')}/{name}/"
         try:
-            with urllib.request.urlopen(page, timeout=15) as response:
-                html = response.read().decode("utf-8", errors="replace")
-        except (OSError, urllib.error.URLError, ValueError) as exc:
+            html = fetch_text(page, allow_http)
+        except DownloadError as exc:
             return KernelLookup(source, problem=f"kernel index {page} unreachable ({exc})")
         parser = _Links()
         parser.feed(html)
@@ -122,6 +220,10 @@ def find_kernel_wheel(source: str | None, requirement: str | None) -> KernelLook
                     if parsed.fragment.startswith("sha256=")
                     else None
                 )
+                try:
+                    check_url(url, allow_http)
+                except DownloadError as exc:
+                    return KernelLookup(source, problem=str(exc))
                 return KernelLookup(source, url.split("#")[0], sha)
         return KernelLookup(source, problem=f"{requirement} is not on {source}")
     directory = Path(source[len("file://") :] if source.startswith("file://") else source)
@@ -137,15 +239,15 @@ def find_kernel_wheel(source: str | None, requirement: str | None) -> KernelLook
 def _is_wheel_of(filename: str, name: str, version: str) -> bool:
     try:
         dist, wheel_version, _, _ = parse_wheel_filename(filename)
-    except InvalidWheelFilename:
+    except (InvalidWheelFilename, ValueError):
         return False
     return dist == canonicalize_name(name) and wheel_version == Version(version)
 
 
 def _read_sha256sums(path: Path) -> dict[str, str]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        lines = boundedio.read_text(path, boundedio.SUMS_MAX_BYTES).splitlines()
+    except (OSError, UnicodeDecodeError):
         return {}
     sums = {}
     for line in lines:
@@ -153,6 +255,58 @@ def _read_sha256sums(path: Path) -> dict[str, str]:
         if len(parts) == 2 and len(parts[0]) == 64:
             sums[parts[1].lstrip("*")] = parts[0].lower()
     return sums
+
+
+TRITON_NAMES = ("triton", "pytorch-triton-rocm", "pytorch-triton")
+
+
+def kernel_package(requirement: str) -> str:
+    """Import package of a kernel wheel: greta-kernels-sm-90==0.1.0 -> greta_kernels_sm_90."""
+    name = requirement.partition("==")[0]
+    return str(canonicalize_name(name)).replace("-", "_")
+
+
+def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
+    """RECORD, content and manifest of a staged kernel wheel; InstallError naming the
+    problem. Returns its manifest."""
+    kw = plan.kernel_wheel
+    assert kw.requirement is not None
+    name = kw.requirement.partition("==")[0]
+    package = kernel_package(kw.requirement)
+    try:
+        wheelfiles.check_record(path)
+        wheelfiles.check_confined(path, [package])
+        raw = wheelfiles.read_member_text(path, f"{package}/manifest.json")
+    except wheelfiles.WheelError as exc:
+        raise InstallError(name, f"refused: {exc}") from None
+    if raw is None:
+        raise InstallError(name, f"refused: {path.name} has no {package}/manifest.json")
+    try:
+        manifest = json.loads(raw)
+    except ValueError as exc:
+        raise InstallError(name, f"refused: its manifest.json is not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise InstallError(name, "refused: its manifest.json is not a JSON object")
+    if manifest.get("arch") != kw.arch:
+        raise InstallError(
+            name,
+            f"refused: its manifest says arch {manifest.get('arch')!r}, the target is {kw.arch}",
+        )
+    built_with = manifest.get("triton_version")
+    locked = next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
+    if built_with and locked and _release(str(built_with)) != _release(locked):
+        raise InstallError(
+            name,
+            f"refused: built with Triton {built_with}, the lock installs Triton {locked}",
+        )
+    return manifest
+
+
+def _release(version: str) -> tuple[int, ...]:
+    try:
+        return Version(version).release
+    except ValueError:
+        return ()
 
 
 # --- staging ----------------------------------------------------------------------------
@@ -182,32 +336,33 @@ def _reason(stderr: str) -> str:
 
 
 def _download_one(
-    pkg: PlannedPackage, downloader: Downloader, workdir: Path, env: dict[str, str]
-) -> Path:
-    target_dir = workdir / pkg.name
-    target_dir.mkdir()
-    req = workdir / f"{pkg.name}.req"
-    hashes = "".join(f" --hash={h}" for h in pkg.hashes)
-    req.write_text(f"{pkg.requirement}{hashes}\n", encoding="utf-8")
-    argv = [*downloader.argv(), "--no-deps", "--only-binary=:all:", "--dest", str(target_dir)]
-    if pkg.verified:
-        argv.append("--require-hashes")
-    if pkg.index:
-        argv += ["--extra-index-url", pkg.index]
-    argv += ["-r", str(req)]
+    pkg: PlannedPackage,
+    downloader: Downloader,
+    stage: Path,
+    env: dict[str, str],
+    use_index: bool = True,
+) -> tuple[Path, list[str]]:
+    argv = commandline.download_argv(downloader.argv(), pkg, str(stage), use_index)
+    target_dir = Path(commandline.work_dir(str(stage), pkg.name))
+    target_dir.mkdir(parents=True)
+    Path(commandline.work_dir(str(stage), f"{pkg.name}.req")).write_text(
+        commandline.requirement_line(pkg) + "\n", encoding="utf-8"
+    )
+    timeout = download_timeout()
     try:
         proc = subprocess.run(
             argv,
             capture_output=True,
             text=True,
-            timeout=DOWNLOAD_TIMEOUT_S,
+            timeout=timeout,
             check=False,
             env=env,
             stdin=subprocess.DEVNULL,
+            cwd=stage,  # never the user's directory: nothing there is on the child's path
         )
     except subprocess.TimeoutExpired:
         raise InstallError(
-            pkg.name, f"network error: download did not finish in {DOWNLOAD_TIMEOUT_S} s"
+            pkg.name, f"network error: download did not finish in {timeout:.0f} s"
         ) from None
     except OSError as exc:
         raise InstallError(pkg.name, f"could not run pip: {exc}") from None
@@ -216,7 +371,7 @@ def _download_one(
     files = [f for f in target_dir.iterdir() if f.is_file()]
     if len(files) != 1:
         raise InstallError(pkg.name, f"expected one downloaded file, found {len(files)}")
-    return files[0]
+    return files[0], argv
 
 
 def stage_plan(
@@ -225,19 +380,45 @@ def stage_plan(
     downloader: Downloader,
     log: Log = print,
     env: dict[str, str] | None = None,
+    allow_http: bool = False,
+    record: HashRecord | None = None,
+    probe: Probe | None = None,
 ) -> StageResult:
-    """Download and verify everything; raise InstallError naming the first failure."""
+    """Download and verify everything; raise InstallError naming the first failure.
+
+    Files the lock has no hash for are checked against `record` (trust on first use):
+    a file recorded earlier with another hash is refused. Vendor indexes are probed
+    first (`probe`), so an unreachable one fails here, before any download, with its
+    DNS or connection error, unless every file needed from it has a known hash.
+    """
     if plan.blockers:
-        raise InstallError(plan.unverified[0], plan.blockers[0])
+        raise InstallError(plan.blockers[0].split(":", 1)[0], plan.blockers[0])
     result = StageResult(directory)
-    work = directory / ".work"
-    work.mkdir()
     run_env = dict(os.environ if env is None else env)
     run_env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    down = vendor_index.unreachable(
+        [p.index for p in plan.packages if p.index], probe or vendor_index.probe
+    )
+    for pkg in plan.packages:
+        if pkg.index in down and not (pkg.verified or pkg.recorded):
+            raise InstallError(
+                pkg.name,
+                f"vendor index {pkg.index} is unreachable: {down[pkg.index]}. Nothing was "
+                "downloaded. Check the network/DNS or a proxy, or install from a wheelhouse "
+                "(--from-record FILE with a local bundle)",
+            )
+    for url, why in down.items():
+        log(
+            f"warning: vendor index {url}: {why}; its files are fetched from the configured "
+            "index instead, and must match their known hashes"
+        )
     total = len(plan.packages)
     for i, pkg in enumerate(plan.packages, start=1):
-        log(f"[{i}/{total}] staging {pkg.requirement} from {pkg.index or 'the default index'}")
-        path = _download_one(pkg, downloader, work, run_env)
+        use_index = pkg.index not in down
+        source = pkg.index if pkg.index and use_index else "the configured index"
+        log(f"[{i}/{total}] staging {pkg.requirement} from {source}")
+        path, argv = _download_one(pkg, downloader, directory, run_env, use_index)
+        result.commands.append(argv)
         observed = "sha256:" + sha256_file(path)
         if pkg.verified and observed not in pkg.hashes:
             raise InstallError(
@@ -250,10 +431,29 @@ def stage_plan(
                     pkg.name,
                     f"network error: {path.name} is not a complete wheel (download cut short?)",
                 )
+            if pkg.recorded and observed not in pkg.recorded:
+                raise InstallError(
+                    pkg.name,
+                    f"{path.name} has {observed}, but an earlier install recorded "
+                    f"{', '.join(pkg.recorded)} for {pkg.requirement}: refused (the file changed "
+                    "since it was first trusted)",
+                )
+            if record is not None:
+                try:
+                    known = record.check(path.name, observed)
+                except HashRecordError as exc:
+                    raise InstallError(pkg.name, str(exc)) from None
+            else:
+                known = None
             result.observed_unverified[pkg.name] = observed
-            log(
-                f"    UNVERIFIED {pkg.requirement}: {path.name} has {observed} (compare it with the vendor's)"
-            )
+            result.filenames[pkg.name] = path.name
+            if known is not None:
+                log(f"    {path.name}: {observed} matches the recorded hash")
+            else:
+                log(
+                    f"    FIRST USE {pkg.requirement}: {path.name} has {observed}; recorded "
+                    "now, later installs must see the same (compare it with the vendor's)"
+                )
         final = directory / path.name
         os.replace(path, final)
         result.files[pkg.name] = final
@@ -262,18 +462,29 @@ def stage_plan(
     if kw.status == "found" and kw.location and kw.requirement:
         name = kw.requirement.split("==")[0]
         log(f"staging kernel wheel {kw.requirement} from {kw.location}")
-        final = _stage_kernel_wheel(kw.location, directory, name)
+        result.commands.append(["copy", kw.location, str(directory)])
+        final = _stage_kernel_wheel(kw.location, directory, name, allow_http)
         observed = "sha256:" + sha256_file(final)
-        if kw.sha256 and observed != f"sha256:{kw.sha256}":
+        expected = kw.pinned or (f"sha256:{kw.sha256}" if kw.sha256 else None)
+        source = "the lock pins" if kw.pinned else "SHA256SUMS says"
+        if expected and observed != expected:
+            raise InstallError(
+                name, f"hash mismatch: {final.name} has {observed}, {source} {expected}"
+            )
+        if kw.sha256 and kw.pinned and observed != f"sha256:{kw.sha256}":
             raise InstallError(
                 name,
                 f"hash mismatch: {final.name} has {observed}, SHA256SUMS says sha256:{kw.sha256}",
             )
-        if not kw.sha256:
-            log(f"    kernel wheel {final.name}: {observed} (no SHA256SUMS beside it)")
+        if not kw.pinned:
+            log(
+                f"    UNVERIFIED kernel wheel {final.name}: {observed} (no hash pinned in the lock)"
+            )
+            result.observed_unverified[name] = observed
+        verify_kernel_wheel(final, plan)
         result.files[name] = final
         result.hashes[name] = observed
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(directory / ".work", ignore_errors=True)
     return result
 
 
@@ -288,19 +499,28 @@ def _intact_wheel(path: Path) -> bool:
         return False
 
 
-def _stage_kernel_wheel(location: str, directory: Path, name: str) -> Path:
-    if location.startswith(("http://", "https://")):
+def _stage_kernel_wheel(location: str, directory: Path, name: str, allow_http: bool) -> Path:
+    if "://" in location and not location.startswith("file://"):
         filename = urllib.parse.unquote(urllib.parse.urlparse(location).path.rsplit("/", 1)[-1])
+        if "/" in filename or filename in ("", ".", ".."):
+            raise InstallError(name, f"refused: bad file name in {location}")
         final = directory / filename
         try:
-            with urllib.request.urlopen(location, timeout=60) as response, open(final, "wb") as fh:
-                shutil.copyfileobj(response, fh)
-        except (OSError, urllib.error.URLError) as exc:
+            with open(final, "wb") as fh:
+                fetch(
+                    location,
+                    fh.write,
+                    max_bytes=KERNEL_WHEEL_MAX_BYTES,
+                    deadline_s=KERNEL_DOWNLOAD_TIMEOUT_S,
+                    allow_http=allow_http,
+                )
+        except DownloadError as exc:
             raise InstallError(name, f"network error: {exc}") from None
         return final
-    final = directory / Path(location).name
+    source = Path(location[len("file://") :] if location.startswith("file://") else location)
+    final = directory / source.name
     try:
-        shutil.copyfile(location, final)
+        final.write_bytes(boundedio.read_bytes(source, KERNEL_WHEEL_MAX_BYTES))
     except OSError as exc:
         raise InstallError(name, f"cannot copy {location}: {exc}") from None
     return final
@@ -322,154 +542,6 @@ def _version_of(plan: InstallPlan, name: str, staged: StageResult) -> str:
             return pkg.version
     _, version, _, _ = parse_wheel_filename(staged.files[name].name)
     return str(version)
-
-
-# --- commit -----------------------------------------------------------------------------
-
-
-def install_command(plan: InstallPlan, stage_dir: Path, uv: str | None) -> list[str]:
-    argv = [
-        str(stage_dir) if a == STAGE else a.replace(STAGE, str(stage_dir))
-        for a in plan.commands["install"]
-    ]
-    if plan.installer == "uv":
-        if uv is None:
-            raise InstallError("uv", "the plan asks for uv but uv was not found")
-        argv[0] = uv
-        argv.insert(argv.index("--no-index"), "--offline")
-    return argv
-
-
-def commit(argv: list[str], log: Log = print) -> None:
-    """Run the offline install; Ctrl-C waits until it is done rather than half-install."""
-    interrupted: list[int] = []
-
-    def defer(signum: int, frame: FrameType | None) -> None:
-        interrupted.append(signum)
-        log(
-            "greta: interrupt received; finishing the offline install so the environment stays consistent"
-        )
-
-    previous = signal.signal(signal.SIGINT, defer) if _main_thread() else None
-    try:
-        # Own session: a terminal Ctrl-C does not reach the installer child either.
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            check=False,
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    if proc.returncode != 0:
-        raise InstallError(
-            "install",
-            f"the offline install from verified files failed ({argv[0]} exit {proc.returncode}): "
-            f"{(proc.stderr or proc.stdout).strip()[-1500:]}",
-        )
-    if interrupted:
-        raise KeyboardInterrupt
-
-
-def commit_or_restore(
-    argv: list[str], site_packages: Path | None, names: list[str], log: Log = print
-) -> None:
-    """`commit`, and if the installer fails midway, put the replaced packages back."""
-    from greta_install import rollback
-
-    saved = None
-    if site_packages is not None:
-        try:
-            saved = rollback.backup(site_packages, names)
-        except OSError as exc:  # no backup is no reason to refuse; say so
-            log(f"warning: cannot save the packages this install replaces ({exc}): no rollback")
-    try:
-        commit(argv, log)
-    except InstallError as exc:
-        if saved is None:
-            raise
-        try:
-            done = rollback.restore(saved)
-        except OSError as undo:
-            raise InstallError(
-                "install", f"{exc.reason}. Restoring the previous packages failed too: {undo}"
-            ) from None
-        raise InstallError(
-            "install",
-            f"{exc.reason}. The environment was put back as it was ({'; '.join(done) or 'nothing had changed'})",
-        ) from None
-    finally:
-        rollback.discard(saved)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def execute(
-    plan: InstallPlan,
-    downloader: Downloader,
-    uv: str | None,
-    site_packages: Path | None,
-    log: Log = print,
-    env: dict[str, str] | None = None,
-    stage_root: str | None = None,
-) -> StageResult:
-    """Stage, verify, install and persist the environment fixes. Cleans up always."""
-    from greta_install import envfix
-
-    directory = Path(tempfile.mkdtemp(prefix="greta-stage-", dir=stage_root))
-    try:
-        staged = stage_plan(plan, directory, downloader, log, env)
-        write_stage_requirements(plan, staged)
-        argv = install_command(plan, directory, uv)
-        log(f"installing {len(staged.files)} verified files offline with {plan.installer}")
-        commit_or_restore(argv, site_packages, list(staged.files), log)
-        if site_packages is not None:
-            if plan.env:
-                envfix.write_env_fixes(
-                    site_packages, plan.env, plan.env_why, plan.target, plan.arch
-                )
-                log(f"environment fixes persisted in {site_packages / envfix.JSON_NAME}")
-            else:
-                envfix.clear_env_fixes(site_packages)
-        return staged
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def warm_kernel_wheel(executable: str, log: Log = print, timeout: float = 900) -> bool:
-    """Run `greta warm` in the target environment: build the kernel wheel's host launchers.
-
-    Optional by nature: when it cannot run (greta not installed in that environment, no C
-    compiler, no GPU runtime) the kernels still work and build their launchers at first
-    use, so this warns instead of failing the install.
-    """
-    argv = [executable, "-m", "greta", "warm"]
-    log("building the kernel wheel's host launchers (greta warm)")
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log(
-            f"warning: greta warm did not finish ({exc}); the first kernel call builds them instead"
-        )
-        return False
-    for line in (proc.stdout + proc.stderr).strip().splitlines():
-        log(f"    {line}")
-    if proc.returncode != 0:
-        log(
-            "warning: greta warm failed: the first call of each kernel builds its launcher "
-            f"instead. Retry with: {executable} -m greta warm"
-        )
-        return False
-    return True
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -60,6 +60,15 @@ class Pin:
     provides: tuple[str, ...] = ()  # distribution names this pin stands in for
     source: str = ""
     uncertain: str | None = None
+    # sha256 of the wheel per Python version ("3.12" -> ("sha256:...",)), attested by
+    # public records where the vendor index publishes none; `hash_source` says which.
+    hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    hash_source: str | None = None
+    per_arch: bool = False  # name holds "{arch}": one distribution per GPU arch
+    sdist: bool = False  # published only as a (pure-Python) source distribution
+
+    def for_arch(self, arch: str) -> str:
+        return canonicalize_name(self.name.replace("{arch}", arch))
 
     @property
     def requirement(self) -> str:
@@ -68,12 +77,16 @@ class Pin:
 
 
 @dataclass(frozen=True)
-class ArchRule:
-    arch: str
-    override: str | None
-    kernel_arch: str
-    warning: str | None
-    source: str
+class Generation:
+    """An older stack a target keeps as a row users can pick (`--row previous`)."""
+
+    label: str  # e.g. "torch 2.11 + ROCm 7.2"
+    why: str  # who needs it
+    torch_archs: tuple[str, ...]
+    pins: tuple[Pin, ...]
+
+
+ROW_NAMES = ("current", "previous")
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class TargetSpec:
     absent: Mapping[str, str]
     pins: tuple[Pin, ...]
     same_as: str | None = None
+    label: str = ""  # what the current row is, e.g. "torch 2.14.1 + ROCm 7.14 (TheRock)"
+    previous: Generation | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,9 @@ class Row:
     target: str
     python: str
     pins: tuple[Pin, ...]
+    generation: str = "current"  # one of ROW_NAMES
+    torch_archs: tuple[str, ...] = ()
+    label: str = ""
 
     def by_role(self, role: str) -> list[Pin]:
         return [p for p in self.pins if p.role == role]
@@ -111,7 +129,6 @@ class Matrix:
     exclude_newer: str
     platform: str
     pythons: tuple[str, ...]
-    archs: Mapping[str, ArchRule]
     targets: Mapping[str, TargetSpec]
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -123,17 +140,46 @@ class Matrix:
                 f"unknown target {name!r}; the matrix has: {', '.join(self.targets)}"
             ) from None
 
-    def row(self, target: str, python: str) -> Row:
+    def owner(self, target: str) -> TargetSpec:
+        """The spec that holds a target's pins (itself, or the one it is `same_as`)."""
+        spec = self.target(target)
+        return self.targets[spec.same_as] if spec.same_as else spec
+
+    def generations(self, target: str) -> tuple[str, ...]:
+        return ROW_NAMES if self.owner(target).previous else ROW_NAMES[:1]
+
+    def row(self, target: str, python: str, generation: str = "current") -> Row:
         spec = self.target(target)
         if python not in self.pythons:
             raise MatrixError(
                 f"no row for Python {python}: the matrix covers {', '.join(self.pythons)}"
             )
-        owner = self.targets[spec.same_as] if spec.same_as else spec
-        return Row(target, python, tuple(p for p in owner.pins if python in p.pythons))
+        owner = self.owner(target)
+        if generation == "current":
+            pins, archs, label = owner.pins, spec.torch_archs or owner.torch_archs, owner.label
+        elif generation == "previous" and owner.previous is not None:
+            prev = owner.previous
+            pins, archs, label = prev.pins, prev.torch_archs, prev.label
+        else:
+            raise MatrixError(
+                f"target {target} has no {generation!r} row (it has: {', '.join(self.generations(target))})"
+            )
+        return Row(
+            target,
+            python,
+            tuple(p for p in pins if python in p.pythons),
+            generation,
+            archs,
+            label,
+        )
 
     def rows(self) -> list[Row]:
-        return [self.row(t, py) for t in self.targets for py in self.pythons]
+        return [
+            self.row(t, py, g)
+            for t in self.targets
+            for g in self.generations(t)
+            for py in self.pythons
+        ]
 
 
 def default_matrix_path() -> Path:
@@ -224,22 +270,9 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
     exclude_newer = _str(lock, "exclude_newer", "[lock]", problems) or ""
     platform = _str(lock, "platform", "[lock]", problems) or ""
     pythons = _str_list(lock, "pythons", "[lock]", problems)
-    archs: dict[str, ArchRule] = {}
-    raw_archs = data.get("archs", {})
-    if not isinstance(raw_archs, dict):
-        problems.append("[archs] must be a table")
-        raw_archs = {}
-    for arch, table in raw_archs.items():
-        where = f"[archs.{arch}]"
-        if not isinstance(table, dict):
-            problems.append(f"{where} must be a table")
-            continue
-        archs[arch] = ArchRule(
-            arch=arch,
-            override=_str(table, "override", where, problems, required=False),
-            kernel_arch=_str(table, "kernel_arch", where, problems) or arch,
-            warning=_str(table, "warning", where, problems, required=False),
-            source=_str(table, "source", where, problems) or "",
+    if "archs" in data:
+        problems.append(
+            "[archs] is no longer read: arch facts (overrides, warnings) live in greta_install/archs.py"
         )
     targets: dict[str, TargetSpec] = {}
     raw_targets = data.get("targets")
@@ -260,6 +293,10 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
             pin = _build_pin(raw, f"{where} pin #{i + 1}", problems)
             if pin is not None:
                 pins.append(pin)
+        previous = None
+        raw_prev = table.get("previous")
+        if raw_prev is not None:
+            previous = _build_generation(raw_prev, f"{where}.previous", problems)
         kernel_wheel = table.get("kernel_wheel", False)
         if not isinstance(kernel_wheel, bool):
             problems.append(f"{where}: `kernel_wheel` must be true or false")
@@ -277,15 +314,62 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
             absent=_str_map(table, "absent", where, problems),
             pins=tuple(pins),
             same_as=_str(table, "same_as", where, problems, required=False),
+            label=_str(table, "label", where, problems, required=False) or "",
+            previous=previous,
         )
     return Matrix(
         exclude_newer=exclude_newer,
         platform=platform,
         pythons=pythons,
-        archs=archs,
         targets=targets,
         raw=dict(data),
     )
+
+
+def _build_generation(raw: Any, where: str, problems: list[str]) -> Generation | None:
+    if not isinstance(raw, dict):
+        problems.append(f"[{where}] must be a table")
+        return None
+    pins = []
+    raw_pins = raw.get("pins", [])
+    if not isinstance(raw_pins, list):
+        problems.append(f"[{where}]: `pins` must be an array of tables")
+        raw_pins = []
+    for i, item in enumerate(raw_pins):
+        pin = _build_pin(item, f"[{where}] pin #{i + 1}", problems)
+        if pin is not None:
+            pins.append(pin)
+    return Generation(
+        label=_str(raw, "label", where, problems) or "",
+        why=_str(raw, "why", where, problems) or "",
+        torch_archs=_str_list(raw, "torch_archs", where, problems),
+        pins=tuple(pins),
+    )
+
+
+def _hashes(raw: Any, where: str, problems: list[str]) -> dict[str, tuple[str, ...]]:
+    value = raw.get("hashes", {})
+    if not isinstance(value, dict):
+        problems.append(f"{where}: `hashes` must be a table of Python version -> list of sha256")
+        return {}
+    out = {}
+    for py, items in value.items():
+        if (
+            not isinstance(items, list)
+            or not all(
+                isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in items
+            )
+            or not (py == "any" or re.fullmatch(r"3\.\d+", py))
+        ):
+            problems.append(
+                f"{where}: hashes.{py} must be a list of 'sha256:<64 hex>' keyed by a Python "
+                "version like 3.12 (or `any`)"
+            )
+            continue
+        out[py] = tuple(items)
+    if out and not raw.get("hash_source"):
+        problems.append(f"{where}: `hashes` needs `hash_source` (where each hash was attested)")
+    return out
 
 
 def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
@@ -293,6 +377,8 @@ def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
         problems.append(f"{where} must be a table")
         return None
     name = _str(raw, "name", where, problems)
+    if name and (("{arch}" in name) != bool(raw.get("per_arch", False))):
+        problems.append(f"{where}: a per_arch pin's name holds {{arch}}, and only such a pin's")
     version = _str(raw, "version", where, problems)
     role = _str(raw, "role", where, problems)
     source = _str(raw, "source", where, problems)
@@ -314,7 +400,7 @@ def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
     if index is not None and not index.startswith("https://"):
         problems.append(f"{where}: `index` must be an https:// URL, got {index!r}")
     return Pin(
-        name=canonicalize_name(name),
+        name=name.lower() if "{arch}" in name else canonicalize_name(name),
         version=version,
         role=role,
         pythons=_str_list(raw, "pythons", where, problems),
@@ -324,6 +410,10 @@ def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
         provides=tuple(canonicalize_name(p) for p in _str_list(raw, "provides", where, problems)),
         source=source or "",
         uncertain=_str(raw, "uncertain", where, problems, required=False),
+        hashes=_hashes(raw, where, problems),
+        hash_source=_str(raw, "hash_source", where, problems, required=False),
+        per_arch=bool(raw.get("per_arch", False)),
+        sdist=bool(raw.get("sdist", False)),
     )
 
 
@@ -344,14 +434,14 @@ def validate(matrix: Matrix) -> list[str]:
                 problems.append(
                     f"[targets.{name}]: same_as {spec.same_as!r} must name a target with its own pins"
                 )
-            if spec.pins:
+            if spec.pins or spec.previous:
                 problems.append(f"[targets.{name}]: a target with same_as has no pins of its own")
         for key in spec.env:
             if not _ENV_KEY.match(key):
                 problems.append(
                     f"[targets.{name}.env]: {key!r} is not an environment variable name"
                 )
-        for pin in spec.pins:
+        for pin in (*spec.pins, *(spec.previous.pins if spec.previous else ())):
             for py in pin.pythons:
                 if py not in matrix.pythons:
                     problems.append(
@@ -373,7 +463,9 @@ def validate(matrix: Matrix) -> list[str]:
 
 
 def validate_row(row: Row, spec: TargetSpec) -> list[str]:
-    where = f"row {row.target}/py{row.python}"
+    where = f"row {row.target}/py{row.python}" + (
+        f" ({row.generation})" if row.generation != "current" else ""
+    )
     problems: list[str] = []
     names = [p.name for p in row.pins]
     for dup in sorted({n for n in names if names.count(n) > 1}):

@@ -117,3 +117,49 @@ def lookup(device_id: str | int | None, revision: int | None = None) -> PciInfo 
         family=chosen[0].family,
         note="; ".join(notes) if notes else None,
     )
+
+
+def _codename(text: str) -> str:
+    """ "Navi 31" / "RDNA3 / Navi 31" / "Phoenix1 APU" -> "navi31" / "phoenix1"."""
+    text = text.split("/", 1)[1] if "/" in text else text
+    text = re.sub(r"\(.*?\)", "", text).replace("APU", "")
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def lookup_by_name(name: str) -> tuple[str, PciInfo] | None:
+    """(device id, info) for an AMD GPU known only by its lspci name (lspci without -nn).
+
+    "Navi 31 [Radeon RX 7900 XT/7900 XTX/7900M]" names the chip (Navi 31) and the
+    cards. Returns an answer only where the name identifies the arch: every table row
+    of that chip has the same gfx target. The device id is the one whose product the
+    bracket names, else the chip's lowest id (its product name then says which chip).
+    """
+    head, _, bracket = name.partition("[")
+    chip = _codename(head)
+    if not chip:
+        return None
+    candidates = [r for r in rows() if _codename(r.family) == chip]
+    gfxs = {r.gfx for r in candidates if r.gfx}
+    if not candidates or len(gfxs) != 1:
+        return None
+    wanted = [w.strip().lower() for w in re.split(r"[/,]", bracket.rstrip("] ")) if w.strip()]
+    named = sorted(
+        {r.device_id for r in candidates if any(w and w in r.product.lower() for w in wanted)}
+    )
+    if len(named) > 1:  # "Instinct MI300X" also names "... MI300X VF": prefer the exact one
+        exact = sorted(
+            {r.device_id for r in candidates if any(r.product.lower().endswith(w) for w in wanted)}
+        )
+        named = exact if len(exact) == 1 else named
+    device_id = named[0] if len(named) == 1 else sorted({r.device_id for r in candidates})[0]
+    info = lookup(device_id)
+    if info is None:
+        return None
+    if len(named) != 1:
+        info = PciInfo(
+            product=f"AMD {head.strip()} ({bracket.rstrip('] ').strip() or 'model not named'})",
+            gfx=next(iter(gfxs)),
+            family=info.family,
+            note="lspci without -nn: the chip is known from its name, the exact model is not",
+        )
+    return device_id, info

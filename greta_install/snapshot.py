@@ -49,7 +49,29 @@ def redact(text: str) -> str:
     return _PRIVATE_KFD.sub(lambda m: f"{m['key']}REDACTED", text)
 
 
-def _copy(view: SystemView, root: Path, path: str, written: list[str]) -> None:
+# Where the files a snapshot copies may really live. A symlink elsewhere (a ROCm version
+# file linked to /etc/shadow) is not followed: the bundle is meant to be shared.
+_REAL_PREFIXES = ("/sys/", "/proc/", "/opt/", "/usr/")
+
+
+def _confined(view: SystemView, path: str, extra_prefix: str | None = None) -> bool:
+    """`path`, symlinks resolved, stays in the places such files live and keeps its name."""
+    if not view.is_live:
+        return True  # a SnapshotSystem already keeps reads inside its directory
+    root = os.path.realpath(getattr(view, "_root", "/"))
+    real = os.path.realpath(os.path.join(root, path.lstrip("/")))
+    if real != root and not real.startswith(root.rstrip("/") + "/"):
+        return False
+    machine_path = "/" + os.path.relpath(real, root)
+    prefixes = _REAL_PREFIXES + ((extra_prefix,) if extra_prefix else ())
+    return machine_path.startswith(prefixes) and os.path.basename(real) == os.path.basename(path)
+
+
+def _copy(
+    view: SystemView, root: Path, path: str, written: list[str], extra_prefix: str | None = None
+) -> None:
+    if not _confined(view, path, extra_prefix):
+        return
     text = view.read_text(path)
     if text is None:
         return
@@ -79,7 +101,10 @@ def _write(view: SystemView, root: Path) -> list[str]:
     env = dict(view.env())
     rocm_path = env.get("ROCM_PATH")
     if rocm_path and rocm_path.startswith("/") and rocm_path.rstrip("/") != "/opt/rocm":
-        _copy(view, root, rocm_path.rstrip("/") + "/.info/version", written)
+        root = os.path.realpath(getattr(view, "_root", "/"))
+        real_rocm = os.path.realpath(os.path.join(root, rocm_path.lstrip("/")))
+        real_rocm = "/" + os.path.relpath(real_rocm, root).rstrip("/") + "/"
+        _copy(view, root, rocm_path.rstrip("/") + "/.info/version", written, real_rocm)
     (root / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True) + "\n", "utf-8")
     meta = {
         "greta_version": __version__,

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from greta_install.boundedio import read_bytes
+
 # Commands a view can answer; the snapshot file for each is `<name>.txt`.
 TOOL_COMMANDS: dict[str, tuple[str, ...]] = {
     "rocminfo": ("rocminfo",),
@@ -84,30 +86,40 @@ def _decode(data: bytes) -> str:
 
 
 class _TreeView:
-    """Reads files below a root directory; subclasses say what the root is."""
+    """Reads files below a root directory; subclasses say what the root is.
+
+    Regular files only, at most MAX_READ_BYTES each: a FIFO or a device where a file is
+    expected reads as absent instead of hanging or filling memory.
+    """
 
     def __init__(self, root: Path) -> None:
         self._root = root
 
-    def _path(self, path: str) -> Path:
+    def _path(self, path: str) -> Path | None:
         return self._root / path.lstrip("/")
 
     def read_text(self, path: str) -> str | None:
+        where = self._path(path)
+        if where is None:
+            return None
         try:
-            with open(self._path(path), "rb") as fh:
-                return _decode(fh.read(MAX_READ_BYTES))
+            return _decode(read_bytes(where, MAX_READ_BYTES, truncate=True))
         except (OSError, ValueError):
             return None
 
     def list_dir(self, path: str) -> list[str]:
+        where = self._path(path)
+        if where is None:
+            return []
         try:
-            return sorted(os.listdir(self._path(path)))
+            return sorted(os.listdir(where))
         except OSError:
             return []
 
     def exists(self, path: str) -> bool:
+        where = self._path(path)
         try:
-            return self._path(path).exists()
+            return where is not None and where.exists()
         except OSError:
             return False
 
@@ -154,12 +166,21 @@ class SnapshotSystem(_TreeView):
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         super().__init__(Path(directory))
         self.directory = Path(directory)
+        self._real_root = Path(os.path.realpath(directory))
+
+    def _path(self, path: str) -> Path | None:
+        """The file inside the snapshot, or None when it (or a symlink on the way) leads
+        out of it: a snapshot is data from someone else, never a window on this machine."""
+        where = self._root / path.lstrip("/")
+        real = Path(os.path.realpath(where))
+        if real != self._real_root and not real.is_relative_to(self._real_root):
+            return None
+        return real
 
     def run(self, tool: str) -> str | None:
-        try:
-            return _decode((self.directory / f"{tool}.txt").read_bytes())
-        except OSError:
+        if tool not in TOOL_COMMANDS:
             return None
+        return self.read_text(f"/{tool}.txt")
 
     def env(self) -> Mapping[str, str]:
         raw = self.read_text("/env.json")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from greta_install.wheelfiles import Scheme
 
 
 def find_uv() -> str | None:
@@ -28,11 +31,12 @@ def find_uv() -> str | None:
 def has_pip(python: str) -> bool:
     try:
         proc = subprocess.run(
-            [python, "-m", "pip", "--version"],
+            [python, "-I", "-m", "pip", "--version"],
             capture_output=True,
             timeout=60,
             check=False,
             stdin=subprocess.DEVNULL,
+            cwd="/",
         )
     except (OSError, subprocess.SubprocessError):
         return False
@@ -50,12 +54,13 @@ def pip_config_find_links(python: str | None = None) -> list[str]:
     found.extend(env_value.split())
     try:
         proc = subprocess.run(
-            [python or sys.executable, "-m", "pip", "config", "list"],
+            [python or sys.executable, "-I", "-m", "pip", "config", "list"],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
             stdin=subprocess.DEVNULL,
+            cwd="/",
         )
         output = proc.stdout if proc.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
@@ -75,29 +80,73 @@ def python_version_of(python: str) -> str:
     """ "3.11" for the interpreter at `python`; ValueError when it cannot be run."""
     try:
         proc = subprocess.run(
-            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            [python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
             stdin=subprocess.DEVNULL,
+            cwd="/",
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise ValueError(f"cannot run Python interpreter {python}: {exc}") from None
     if proc.returncode != 0:
-        raise ValueError(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-300:]}")
-    return proc.stdout.strip()
+        raise ValueError(
+            f"cannot run Python interpreter {python}: {_said(proc.stderr, proc.returncode)}"
+        )
+    version = proc.stdout.strip()
+    if not re.fullmatch(r"3\.\d{1,3}", version):
+        raise ValueError(f"{python} is not a Python 3 interpreter (it printed {version[:80]!r})")
+    return version
 
 
 def site_packages_of(python: str) -> Path:
     proc = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
         stdin=subprocess.DEVNULL,
+        cwd="/",
     )
     if proc.returncode != 0:
-        raise ValueError(f"cannot ask {python} for its site-packages: {proc.stderr.strip()[-300:]}")
+        raise ValueError(
+            f"cannot ask {python} for its site-packages: {_said(proc.stderr, proc.returncode)}"
+        )
     return Path(proc.stdout.strip())
+
+
+def scheme_of(python: str, version: str) -> Scheme:
+    """Where `python` installs packages (its sysconfig scheme), asked in isolation."""
+    import json
+
+    proc = subprocess.run(
+        [
+            python,
+            "-I",
+            "-c",
+            "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        cwd="/",
+    )
+    if proc.returncode != 0:
+        raise ValueError(
+            f"cannot ask {python} for its install paths: {_said(proc.stderr, proc.returncode)}"
+        )
+    try:
+        paths = json.loads(proc.stdout)
+        return Scheme.from_paths(paths, version)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{python} answered no install paths ({exc})") from None
+
+
+def _said(stderr: str, code: int) -> str:
+    """The last words of a failed child, never empty."""
+    text = " ".join(stderr.split())[-300:]
+    return text or f"it exited with status {code} and printed nothing"

@@ -15,6 +15,7 @@ from greta_install.doctor.facts import (
     DeviceNode,
     Facts,
     InstalledDist,
+    MemoryInfo,
     ProbeResult,
     PythonInfo,
     UserGroups,
@@ -172,6 +173,8 @@ def healthy_mi300x(**changes: Any) -> Facts:
         dists=tuple(sorted(installed, key=lambda d: d.name)),
         torch_probe=torch_probe(),
         jax_probe=jax_probe(),
+        # The installed row's torch wheels: a classic ROCm build (no gfx1031, no gfx1103).
+        wheel_archs=tuple(ROCM_ARCHS),
     )
     return dataclasses.replace(facts, **changes)
 
@@ -272,9 +275,15 @@ def test_fm2_gfx1103_override_is_experimental() -> None:
         target="radeon", detection=detection("radeon", gpu("gfx1103", integrated=True))
     )
     result = check("gpu.unofficial", facts)
-    assert_status(result, "warn", "HSA_OVERRIDE_GFX_VERSION=11.0.0")
-    assert "hang" in result.finding
+    # GRETA never sets this override itself: the fix is the row with native gfx1103 code.
+    assert_status(result, "warn", "greta install --target radeon --arch gfx1103")
+    assert "HSA_OVERRIDE_GFX_VERSION=11.0.0" in result.finding and "hang" in result.finding
+    assert "export" not in (result.fix or "")
     assert_status(check("gpu.unofficial", healthy_mi300x()), "ok")
+    # With wheels that carry gfx1103 natively (the ROCm 7.14 row) nothing is wrong.
+    native = dataclasses.replace(facts, wheel_archs=(*ROCM_ARCHS, "gfx1103"))
+    assert_status(check("gpu.unofficial", native), "ok")
+    assert check("gpu.override", native).status == "ok"
 
 
 def test_fm2_hung_probe_on_gfx1103_with_override_suggests_unsetting_it() -> None:
@@ -551,15 +560,46 @@ def test_fm9_igpu_first() -> None:
 
 def test_fm10_tiny_carve_out() -> None:
     apu = gpu("gfx1103", integrated=True, vram_bytes=512 * 1024**2, gtt_bytes=16 * GIB)
-    result = check(
-        "gpu.apu_memory", healthy_mi300x(target="radeon", detection=detection("radeon", apu))
+    # torch's view unknown, RAM unknown: the carve-out alone is the warning.
+    no_view = healthy_mi300x(
+        target="radeon", detection=detection("radeon", apu), torch_probe=torch_probe(devices=[])
     )
+    result = check("gpu.apu_memory", no_view)
     assert_status(result, "warn", "UMA Frame Buffer Size", "amdgpu.gttsize")
     assert "0.5 GiB" in result.finding and "16.0 GiB" in result.finding
     roomy = gpu("gfx1151", integrated=True, vram_bytes=64 * GIB, gtt_bytes=32 * GIB)
     assert_status(
         check("gpu.apu_memory", healthy_mi300x(detection=detection("radeon", roomy))), "ok"
     )
+
+
+def _apu_facts(torch_sees: int, ram: int, pages: int | None) -> Facts:
+    apu = gpu("gfx1151", integrated=True, vram_bytes=512 * 1024**2, gtt_bytes=None)
+    probe = torch_probe(devices=[{"index": 0, "name": "Radeon 8060S", "total_memory": torch_sees}])
+    return healthy_mi300x(
+        target="radeon",
+        detection=detection("radeon", apu),
+        torch_probe=probe,
+        memory=MemoryInfo(ram_bytes=ram, ttm_pages_limit=pages),
+    )
+
+
+def test_fm10_apu_memory_reports_ram_ttm_and_torch_and_fixes_a_small_limit() -> None:
+    # 128 GiB of RAM but torch sees 15.5 GiB (the default TTM limit is half of RAM or less).
+    small = _apu_facts(int(15.5 * GIB), 128 * GIB, (int(15.5 * GIB)) // 4096)
+    result = check("gpu.apu_memory", small)
+    pages = (128 * GIB * 3 // 4) // 4096
+    assert_status(
+        result,
+        "warn",
+        f"ttm.pages_limit={pages}",
+        "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True",
+    )
+    assert "RAM 128.0 GiB" in result.finding and "torch sees 15.5 GiB" in result.finding
+    assert result.details["ttm_limit_bytes"] == (int(15.5 * GIB) // 4096) * 4096
+    # The same machine after the fix: torch sees 96 GiB of the 128.
+    fixed = _apu_facts(96 * GIB, 128 * GIB, pages)
+    assert_status(check("gpu.apu_memory", fixed), "ok")
 
 
 # --- failure mode 11: jax versions and plugin -------------------------------------------
@@ -765,3 +805,33 @@ def test_jax_plugin_fix_follows_the_lock() -> None:
         "jax.gpu", dataclasses.replace(base, lock=lock, dists=no_plugin, jax_probe=jax_probe("cpu"))
     )
     assert_status(result, "warn", "jax-cuda13-plugin==0.6.0", "jax-cuda13-pjrt==0.6.0")
+
+
+def test_triton_provider_must_be_the_rows_pinned_distribution() -> None:
+    # ROCm row: the lock pins triton-rocm; jax-triton's dependency pulled the default
+    # index's `triton` in instead of it.
+    installed = tuple(
+        d if d.name != "pytorch-triton-rocm" else InstalledDist("triton", "3.8.0", True)
+        for d in healthy_mi300x().dists or ()
+    )
+    facts = healthy_mi300x(dists=installed)
+    result = check("triton.providers", facts)
+    assert_status(result, "fail", "pip uninstall -y triton")
+    assert "pins pytorch-triton-rocm" in result.finding
+    assert_status(check("triton.providers", healthy_mi300x()), "ok")
+
+
+def test_doctor_judges_an_environment_against_the_row_it_holds() -> None:
+    from greta_install.doctor.collect import collect_lock, installed_row
+
+    old = (InstalledDist("torch", "2.11.0+rocm7.2"),)
+    row = installed_row("radeon", "3.12", old)
+    assert row is not None and row.generation == "previous"
+    assert "gfx1103" not in row.torch_archs  # so gfx1103 is judged against classic wheels
+    current = installed_row("radeon", "3.12", (InstalledDist("torch", "2.14.1+rocm7.14"),))
+    assert (
+        current is not None and current.generation == "current" and "gfx1103" in current.torch_archs
+    )
+    assert installed_row("radeon", "3.12", None).generation == "current"  # type: ignore[union-attr]
+    lock, error, _ = collect_lock("radeon", "3.12", "previous")
+    assert error is None and lock.package("torch").version == "2.11.0+rocm7.2"

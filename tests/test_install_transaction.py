@@ -10,192 +10,42 @@ the reason. A success case really installs and verifies, with pip and with uv.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import http.server
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-import venv
-import zipfile
 from pathlib import Path
 
 import pytest
+from _install_helpers import (
+    PY,
+    REPO,
+    Index,
+    copy_venv,
+    create_venv,
+    make_kernel_wheel,
+    make_wheel,
+    python_of,
+    snapshot,
+)
 
 from greta_install import installer as inst
 from greta_install.lockfile import Lock, LockedPackage, format_lock
 from greta_install.tools import find_uv
 
-REPO = Path(__file__).resolve().parent.parent
-PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
-MAX_REQUESTS = 400
-SERVER_LIFETIME_S = 300
 pytestmark = pytest.mark.slow
-
-
-# --- tiny wheels ------------------------------------------------------------------------
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def make_wheel(
-    name: str, version: str, payload_kib: int = 1, extra: dict[str, bytes] | None = None
-) -> tuple[str, bytes]:
-    module = name.replace("-", "_")
-    info = f"{module}-{version}.dist-info"
-    files = {
-        **(extra or {}),
-        f"{module}/__init__.py": (
-            f"VERSION = {version!r}\n# padding so a broken download stops mid-file\n"
-            + "#" * (payload_kib * 1024)
-            + "\n"
-        ).encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: greta-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items())
-    record += f"{info}/RECORD,,\n"
-    files[f"{info}/RECORD"] = record.encode()
-    filename = f"{module}-{version}-py3-none-any.whl"
-    import io
-
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
-        for path, data in files.items():
-            zf.writestr(zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0)), data)
-    return filename, buffer.getvalue()
-
-
-# --- the misbehaving index --------------------------------------------------------------
-
-
-class Index:
-    """files: filename -> bytes; faults: filename -> drop | 500 | tamper | slow."""
-
-    def __init__(self, files: dict[str, bytes], faults: dict[str, str]) -> None:
-        self.files = files
-        self.faults = faults
-        self.requests = 0
-        index = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                index.requests += 1
-                if index.requests > MAX_REQUESTS:
-                    self.send_error(503, "test index request budget spent")
-                    return
-                parts = [p for p in self.path.split("?")[0].split("/") if p]
-                if len(parts) == 2 and parts[0] == "simple":
-                    self._project(parts[1])
-                elif len(parts) == 2 and parts[0] == "files" and parts[1] in index.files:
-                    self._file(parts[1])
-                else:
-                    self.send_error(404)
-
-            def _project(self, project: str) -> None:
-                links = []
-                for filename, data in index.files.items():
-                    if filename.split("-")[0].replace("_", "-") == project:
-                        served = index.served(filename, data)
-                        digest = hashlib.sha256(served).hexdigest()
-                        links.append(f'<a href="/files/{filename}#sha256={digest}">{filename}</a>')
-                if not links:
-                    self.send_error(404)
-                    return
-                body = ("<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _file(self, filename: str) -> None:
-                fault = index.faults.get(filename)
-                data = index.served(filename, index.files[filename])
-                if fault == "500":
-                    self.send_error(500, "index broke")
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if fault == "drop":
-                    self.wfile.write(data[: len(data) // 3])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
-                    return
-                if fault == "slow":
-                    deadline = time.monotonic() + 30
-                    for i in range(0, len(data), 256):
-                        if time.monotonic() > deadline:
-                            return
-                        self.wfile.write(data[i : i + 256])
-                        self.wfile.flush()
-                        time.sleep(0.2)
-                    return
-                self.wfile.write(data)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.stopper = threading.Timer(SERVER_LIFETIME_S, self.server.shutdown)
-        self.stopper.daemon = True
-
-    def served(self, filename: str, data: bytes) -> bytes:
-        if self.faults.get(filename) == "tamper":
-            return data[:-1] + bytes([data[-1] ^ 0xFF])
-        return data
-
-    def __enter__(self) -> Index:
-        self.thread.start()
-        self.stopper.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopper.cancel()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-# --- environments -----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def template_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "venv"
-    venv.EnvBuilder(with_pip=True, symlinks=True).create(path)
-    return path
+    return create_venv(tmp_path_factory.mktemp("template") / "venv")
 
 
 @pytest.fixture
 def fresh_venv(template_venv: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "venv"
-    shutil.copytree(template_venv, path, symlinks=True)
-    return path
-
-
-def python_of(env_dir: Path) -> str:
-    return str(env_dir / "bin" / "python")
-
-
-def snapshot(env_dir: Path) -> dict[str, str]:
-    """Every file under the venv's lib/ with its sha256: the state a failure must keep."""
-    state = {}
-    for path in sorted((env_dir / "lib").rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            state[str(path.relative_to(env_dir))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return state
+    return copy_venv(template_venv, tmp_path / "venv")
 
 
 WHEELS = {
@@ -238,6 +88,8 @@ def pip_env(index: Index, tmp_path: Path) -> dict[str, str]:
         PYTHONPATH=str(REPO),
         GRETA_KERNEL_INDEX="",
         TMPDIR=str(tmp_path / "tmp"),
+        GRETA_HASH_RECORD=str(tmp_path / "user-hashes.json"),
+        GRETA_KERNEL_CACHE=str(tmp_path / "kernel-cache"),
     )
     (tmp_path / "tmp").mkdir(exist_ok=True)
     return env
@@ -257,8 +109,10 @@ def greta_install(env_dir: Path, lock: Path, installer: str, env: dict[str, str]
         str(lock),
         "--python",
         python_of(env_dir),
+        "--force-target",  # a cpu lock also on a GPU test machine
         "--installer",
         installer,
+        "--no-smoke",  # these tiny wheels are not torch: the smoke test has its own tests
     ]
     return subprocess.Popen(
         argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
@@ -399,7 +253,11 @@ def test_success_installs_verifies_and_persists_env(
     assert after.stdout.strip() == "None"
 
 
-def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
+def test_unverified_pin_is_trusted_on_first_use_and_held_to_it(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    """A pin without a lock hash: --strict refuses it; the default installs it, shows and
+    records its sha256; a later install that gets a different file is refused."""
     name = "alpha-pkg"
     lock = Lock(
         target="cpu",
@@ -411,32 +269,37 @@ def test_unverified_pin_needs_consent(fresh_venv: Path, tmp_path: Path) -> None:
     )
     path = tmp_path / "unverified.txt"
     path.write_text(format_lock(lock), encoding="utf-8")
+
+    def install(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "greta", "install", "--lock", str(path),
+                "--python", python_of(fresh_venv), "--force-target", "--installer", "pip",
+                "--no-smoke", *extra]  # fmt: skip
+        return subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+
+    filename, data = WHEELS[name]
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
     with Index(dict(WHEELS.values()), {}) as index:
         env = pip_env(index, tmp_path)
         before = snapshot(fresh_venv)
-        refused = greta_install(fresh_venv, path, "pip", env)
-        _out, err = refused.communicate(timeout=120)
-        assert refused.returncode == 1 and "refused: alpha-pkg" in err
+        strict = install(env, "--strict")
+        assert strict.returncode == 1 and "no hash in the lock and none recorded" in strict.stderr
         assert snapshot(fresh_venv) == before
-        argv = [
-            sys.executable,
-            "-m",
-            "greta",
-            "install",
-            "--lock",
-            str(path),
-            "--python",
-            python_of(fresh_venv),
-            "--installer",
-            "pip",
-            "--allow-unverified",
-        ]
-        allowed = subprocess.run(
-            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
-        )
-    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
-    digest = hashlib.sha256(WHEELS[name][1]).hexdigest()
-    assert "UNVERIFIED alpha-pkg==1.0" in allowed.stdout and digest in allowed.stdout
+        first = install(env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"FIRST USE alpha-pkg==1.0: {filename} has {digest}" in first.stdout
+    record = (Path(tmp_path) / "user-hashes.json").read_text()
+    assert filename in record and digest in record
+    # Same file name, other bytes (a re-published or tampered wheel): refused, untouched.
+    installed = snapshot(fresh_venv)
+    _, other = make_wheel(name, "1.0", payload_kib=2)
+    with Index({filename: other}, {}) as index:
+        changed = install(pip_env(index, tmp_path), "--reinstall")
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert "the file changed since it was first trusted" in changed.stderr, changed.stderr
+    assert digest in changed.stderr
+    assert snapshot(fresh_venv) == installed
 
 
 def write_kernel_lock(tmp_path: Path) -> Path:
@@ -464,7 +327,7 @@ def write_kernel_lock(tmp_path: Path) -> Path:
 def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
     fresh_venv: Path, tmp_path: Path
 ) -> None:
-    filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
+    filename, data = make_kernel_wheel("sm_90")
     wheels = tmp_path / "kernel-wheels"
     wheels.mkdir()
     (wheels / filename).write_bytes(data)
@@ -484,6 +347,9 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
         "sm_90",
         "--kernel-wheels",
         str(wheels),
+        "--allow-unverified",  # the lock pins no hash: SHA256SUMS is all there is
+        "--force-target",  # a cuda lock on this CPU machine
+        "--no-smoke",
     ]
     with Index(dict(WHEELS.values()), {}) as index:
         env = pip_env(index, tmp_path)
@@ -512,30 +378,33 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
 
 
 def test_kernel_wheel_lookup_on_an_index() -> None:
-    filename, data = make_wheel("greta-kernels-gfx942", "0.1.0")
+    filename, data = make_kernel_wheel("gfx942")
     with Index({filename: data}, {}) as index:
-        found = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.1.0")
+        refused = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.1.0")
+        assert refused.location is None and "plain http is refused" in (refused.problem or "")
+        found = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.1.0", allow_http=True)
         assert found.location == f"{index.url.rsplit('/simple/', 1)[0]}/files/{filename}"
         assert found.sha256 == hashlib.sha256(data).hexdigest() and not found.problem
-        other = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.2.0")
+        other = inst.find_kernel_wheel(index.url, "greta-kernels-gfx942==0.2.0", allow_http=True)
         assert other.location is None and "is not on" in (other.problem or "")
-        absent = inst.find_kernel_wheel(index.url, "greta-kernels-gfx1100==0.1.0")
+        absent = inst.find_kernel_wheel(index.url, "greta-kernels-gfx1100==0.1.0", allow_http=True)
         assert absent.location is None and "greta-kernels-gfx1100" in (absent.problem or "")
         url = index.url
-    gone = inst.find_kernel_wheel(url, "greta-kernels-gfx942==0.1.0")  # server stopped
+    gone = inst.find_kernel_wheel(url, "greta-kernels-gfx942==0.1.0", allow_http=True)  # stopped
     assert gone.location is None and "unreachable" in (gone.problem or "")
 
 
 def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
     fresh_venv: Path, tmp_path: Path
 ) -> None:
-    filename, data = make_wheel("greta-kernels-sm-90", "0.1.0")
+    filename, data = make_kernel_wheel("sm_90")
     path = write_kernel_lock(tmp_path)
 
     def argv(kernel_index: str) -> list[str]:
         return [sys.executable, "-m", "greta", "install", "--lock", str(path),
                 "--python", python_of(fresh_venv), "--installer", "pip", "--arch", "sm_90",
-                "--kernel-wheels", kernel_index]  # fmt: skip
+                "--kernel-wheels", kernel_index, "--allow-unverified", "--force-target",
+                "--allow-http", "--no-smoke"]  # fmt: skip
 
     files = dict(WHEELS.values())
     with Index(files, {}) as index, Index({filename: data}, {filename: "drop"}) as kernels:
@@ -558,7 +427,7 @@ def test_kernel_wheel_from_an_index_is_hash_checked_and_all_or_nothing(
     served_at = f"{kernels.url.rsplit('/simple/', 1)[0]}/files/{filename}"
     assert f"staging kernel wheel greta-kernels-sm-90==0.1.0 from {served_at}" in good.stdout
     # greta is not in that environment: the launcher build is skipped with a warning.
-    assert "warning: greta warm failed" in good.stdout, good.stdout
+    assert "warning: warm: greta warm failed" in good.stdout, good.stdout
     check = subprocess.run(
         [python_of(fresh_venv), "-c", "import greta_kernels_sm_90, alpha_pkg"],
         capture_output=True,
@@ -612,7 +481,7 @@ def test_failure_inside_the_offline_install_puts_the_environment_back(
     assert proc.returncode == 1, out + err
     assert "failed during the offline install step" in err, err
     # The rollback really had work to do: alpha 2.0 had been installed over 1.0.
-    assert "removed alpha_pkg-2.0" in err and "put back" in err, err
+    assert "files it had added" in err and "put back" in err, err
     assert snapshot(fresh_venv) == before
     check = subprocess.run(
         [python_of(fresh_venv), "-c", "import alpha_pkg; print(alpha_pkg.VERSION)"],

@@ -99,14 +99,20 @@ def test_load_lock_errors_name_the_problem() -> None:
 def test_every_matrix_row_has_a_committed_lock() -> None:
     matrix = load_matrix()
     have = set(available_locks())
+    spec_archs = {name: spec.archs for name, spec in matrix.targets.items()}
     for row in matrix.rows():
         assert (row.target, row.python) in have
-        lock = load_lock(row.target, row.python)
+        lock = load_lock(row.target, row.python, row.generation)
         assert lock.target == row.target and lock.python == row.python
+        assert lock.meta["row"] == row.generation
         for pin in row.pins:
-            locked = lock.package(pin.name)
-            assert locked is not None and locked.version == pin.version, pin
-            assert locked.index == pin.index
+            names = (
+                [pin.for_arch(a) for a in spec_archs[row.target]] if pin.per_arch else [pin.name]
+            )
+            for name in names:
+                locked = lock.package(name)
+                assert locked is not None and locked.version == pin.version, name
+                assert locked.index == pin.index
 
 
 @pytest.mark.parametrize("path", LOCK_FILES, ids=[p.name for p in LOCK_FILES])
@@ -115,10 +121,14 @@ def test_committed_lock_invariants(path: Path) -> None:
     lock = parse_lock(text, origin=path.name)
     hosts = set(re.findall(r"https?://([^/\s]+)", text))
     # The default index is never named: only the vendor indexes appear.
-    assert hosts <= {"download.pytorch.org", "repo.radeon.com"}, hosts
+    assert hosts <= {"download.pytorch.org", "repo.radeon.com", "repo.amd.com"}, hosts
     for url in lock.vendor_indexes:
-        assert url.startswith("https://download.pytorch.org/whl/") or url.startswith(
-            "https://repo.radeon.com/"
+        assert url.startswith(
+            (
+                "https://download.pytorch.org/whl/",
+                "https://repo.radeon.com/",
+                "https://repo.amd.com/",
+            )
         )
     for pkg in lock.packages:
         if pkg.index is None:
@@ -169,14 +179,16 @@ def test_fingerprint_changes_with_a_pin() -> None:
 def test_resolver_input_leaves_out_what_a_vendor_pin_provides() -> None:
     matrix = load_matrix()
     lines, no_emit = lockgen.resolver_input(matrix.row("mi300x", "3.12"))
-    assert "triton==3.6.0" in lines and no_emit == ["triton"]
-    assert not any(line.startswith(("torch", "triton-rocm")) for line in lines)
-    assert "setuptools<82" in lines  # torch's own dependency, resolved from the default index
+    assert "triton==3.8.0" in lines and no_emit == ["triton"]
+    assert not any(line.startswith(("torch", "triton-rocm", "rocm")) for line in lines)
+    assert "setuptools>=77.0.3" in lines  # torch's own dependency, from the default index
+    old, _ = lockgen.resolver_input(matrix.row("mi300x", "3.12", "previous"))
+    assert "triton==3.6.0" in old and "setuptools<82" in old
 
 
 def test_vendor_hash_from_a_simple_index_page() -> None:
     matrix = load_matrix()
-    pin = next(p for p in matrix.row("mi300x", "3.12").pins if p.name == "torch")
+    pin = next(p for p in matrix.row("mi300x", "3.12", "previous").pins if p.name == "torch")
     page = (
         '<a href="torch-2.11.0%2Brocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl#sha256='
         + "c" * 64

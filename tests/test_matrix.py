@@ -64,6 +64,10 @@ def test_torch_local_version_matches_its_index(matrix) -> None:
     for row in matrix.rows():
         torch = row.one("torch")
         local = Version(torch.version).local
+        if torch.index is None:
+            # The default index's torch (the cuda row's current build) has no local version.
+            assert local is None and row.target == "cuda", torch
+            continue
         if row.target in expected_local:
             assert local and re.fullmatch(expected_local[row.target], local), torch
         assert torch.index == f"https://download.pytorch.org/whl/{local}", torch
@@ -82,18 +86,62 @@ def test_torch_requirements_are_met_by_the_row(matrix) -> None:
                 assert req.specifier.contains(triton.version)
 
 
-def test_cuda_row_matches_the_gpu_test_machine(matrix) -> None:
-    row = matrix.row("cuda", "3.12")
+def test_cuda_previous_row_matches_the_gpu_test_machine(matrix) -> None:
+    row = matrix.row("cuda", "3.12", "previous")
     got = {p.name: p.version for p in row.pins}
     assert got["torch"] == "2.11.0+cu130"
     assert got["triton"] == "3.6.0"
     assert got["jax"] == got["jax-cuda13-plugin"] == got["jax-cuda13-pjrt"] == "0.11.2"
     assert got["jax-triton"] == "0.3.1"
+    current = {p.name: p.version for p in matrix.row("cuda", "3.12").pins}
+    assert current["torch"] == "2.14.1" and current["triton"] == "3.8.0"
+    assert current["jax-triton"] == "0.4.1"
+
+
+def test_gpu_rows_are_current_and_keep_the_previous_generation(matrix) -> None:
+    for target in ("mi300x", "radeon", "instinct", "cuda"):
+        assert matrix.generations(target) == ("current", "previous")
+        for py in matrix.pythons:
+            torch = matrix.row(target, py).one("torch")
+            assert Version(torch.version).release[:2] == (2, 14), torch
+            old = matrix.row(target, py, "previous").one("torch")
+            assert Version(old.version) < Version(torch.version)
+    # The cpu row stays installable where CI runs (the newest CPU build served there).
+    assert matrix.generations("cpu") == ("current",)
+
+
+def test_rocm_rows_hold_one_triton_module_for_torch_jax_and_jax_triton(matrix) -> None:
+    for gen in ("current", "previous"):
+        row = matrix.row("mi300x", "3.12", gen)
+        tritons = [p for p in row.pins if p.role == "triton"]
+        assert [p.name for p in tritons] == ["triton-rocm"] and "triton" in tritons[0].provides
+        jt = row.one("jax-triton")
+        assert jt is not None and jt.name == "jax-triton"
+
+
+def test_attested_hashes_name_their_source(matrix) -> None:
+    attested = [
+        p
+        for spec in matrix.targets.values()
+        for p in (*spec.pins, *(spec.previous.pins if spec.previous else ()))
+        if p.hashes
+    ]
+    assert {p.name for p in attested} >= {"torch", "triton-rocm", "rocm"}
+    for pin in attested:
+        assert pin.hash_source and len(pin.hash_source) > 30, pin
+
+
+def test_hashes_without_a_source_are_rejected() -> None:
+    bad = MATRIX_TEXT.replace(
+        'hash_source = "rocm-7.14.0.tar.gz', 'hash_sourcex = "rocm-7.14.0.tar.gz', 1
+    )
+    with pytest.raises(MatrixError, match="needs `hash_source`"):
+        parse_matrix(bad)
 
 
 def test_every_pin_names_its_source(matrix) -> None:
     for spec in matrix.targets.values():
-        for pin in spec.pins:
+        for pin in (*spec.pins, *(spec.previous.pins if spec.previous else ())):
             assert len(pin.source) > 20, pin
 
 

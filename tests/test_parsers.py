@@ -305,8 +305,10 @@ def test_arch_facts() -> None:
     assert archs.target_for_gfx("gfx906") is None
     assert archs.wave_size("gfx942") == 64 and archs.wave_size("gfx1100") == 32
     assert archs.hsa_override("gfx1032").value == "10.3.0"  # type: ignore[union-attr]
-    gfx1103 = archs.hsa_override("gfx1103")
-    assert gfx1103 is not None and gfx1103.value == "11.0.0" and "hang" in (gfx1103.warning or "")
+    # gfx1103: the override is known (11.0.0) but never set automatically.
+    assert archs.hsa_override("gfx1103") is None
+    assert archs.known_override("gfx1103") == "11.0.0"
+    assert "hang" in (archs.arch_facts("gfx1103").warning or "")
     assert archs.hsa_override("gfx1151") is None and archs.hsa_override("gfx1100") is None
     assert archs.override_to_gfx("10.3.0") == "gfx1030"
     assert archs.sm_from_compute_cap("12.0") == "sm_120"
@@ -315,3 +317,40 @@ def test_arch_facts() -> None:
     assert archs.sm_from_name("NVIDIA RTX 5000 Ada Generation") == "sm_89"
     assert archs.sm_from_name("Mystery GPU", "Hopper") == "sm_90"
     assert archs.sm_from_name("Mystery GPU", "Ampere") is None
+
+
+LSPCI_NAMES_ONLY = """\
+03:00.0 VGA compatible controller: Advanced Micro Devices, Inc. [AMD/ATI] Navi 31 [Radeon RX 7900 XT/7900 XTX/7900M] (rev c8)
+c4:00.0 Display controller: Advanced Micro Devices, Inc. [AMD/ATI] Phoenix1 (rev c4)
+85:00.0 Processing accelerators: Advanced Micro Devices, Inc. [AMD/ATI] Aqua Vanjaram [Instinct MI300X]
+01:00.0 VGA compatible controller: NVIDIA Corporation GA102 [GeForce RTX 3090] (rev a1)
+00:14.0 USB controller: Intel Corporation Device 7ae0
+"""
+
+
+def test_lspci_without_nn_still_finds_amd_gpus_whose_name_identifies_them() -> None:
+    from greta_install import pci_ids
+
+    result = lspci.parse(LSPCI_NAMES_ONLY)
+    got = {d.slot: (d.device_id, d.class_code) for d in result.records}
+    assert got == {
+        "03:00.0": ("0x744c", "0300"),
+        "c4:00.0": ("0x15bf", "0380"),
+        "85:00.0": ("0x74a1", "1200"),
+    }
+    assert [pci_ids.lookup(d.device_id).gfx for d in result.records] == [  # type: ignore[union-attr]
+        "gfx1100",
+        "gfx1103",
+        "gfx942",
+    ]
+    # The NVIDIA line names no chip GRETA can map without ids: said, not guessed.
+    assert len(result.problems) == 1 and "line 4" in result.problems[0]
+
+
+def test_detection_from_lspci_without_nn() -> None:
+    from fake_view import FakeView
+
+    from greta_install.detect import detect
+
+    det = detect(FakeView(tools={"lspci": LSPCI_NAMES_ONLY.splitlines()[0] + "\n"}))
+    assert det.target == "radeon" and det.arch == "gfx1100"

@@ -66,11 +66,17 @@ def run(args: argparse.Namespace) -> int:
         archs, args.out, only=only, variants=variants, configs_text=configs_text, jobs=args.jobs
     )
     failed = False
+    built = 0
     for outcome in outcomes:
+        if not outcome.get("fatal") and not outcome.get("compiled"):
+            # An arch nothing compiles for (a typo like gfx9999) must not ship an empty wheel.
+            Path(outcome.get("wheel", "")).unlink(missing_ok=True)
+            outcome["fatal"] = "no kernel compiled for this arch; no wheel written"
         if outcome.get("fatal"):
             print(f"{outcome['arch']}: FAILED: {outcome['fatal']}", file=sys.stderr)
             failed = True
             continue
+        built += 1
         bad = [r for r in outcome["results"] if not r["ok"]]
         failed = failed or bool(bad) or bool(outcome["module_errors"])
         print(
@@ -81,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {r['spec']} [{r['variant']}]: {r['error'].splitlines()[0]}", file=sys.stderr)
         for err in outcome["module_errors"]:
             print(f"  module {err['module']}: {err['error']}", file=sys.stderr)
-    print(f"built {len(outcomes)} wheel(s) in {time.perf_counter() - start:.1f}s")
+    print(
+        f"built {built} of {len(outcomes)} wheel(s) in {time.perf_counter() - start:.1f}s"
+        + ("; see the errors above" if failed else "")
+    )
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(outcomes, indent=1, sort_keys=True) + "\n")

@@ -90,6 +90,13 @@ def _diagnose(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from greta_install.system_view import open_view
 
     view = open_view(args.snapshot)
+    if not args.snapshot:
+        # The probes import torch and jax in subprocesses: seconds of silence otherwise.
+        print(
+            f"greta doctor: probing torch and jax in subprocesses (up to {args.probe_timeout:.0f} s)...",
+            file=sys.stderr,
+            flush=True,
+        )
     facts = collect_facts(
         view,
         target=args.target,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 HELP = 'Print the environment fixes of an environment as shell exports (eval "$(greta env)").'
 
@@ -18,7 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install import envfix
     from greta_install.tools import site_packages_of
 
     python = args.python or sys.executable
@@ -27,6 +28,29 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"greta env: {exc}", file=sys.stderr)
         return 2
+    from greta_install import transaction
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    # Any greta run on an environment first finishes what a killed install left there.
+    lock = transaction.EnvLock(site_packages)
+    try:
+        lock.acquire(say)
+        transaction.recover(site_packages, say)
+        transaction.sweep_stale_stages(Path(tempfile.gettempdir()), say)
+    except (transaction.TransactionError, OSError) as exc:
+        say(f"greta env: {exc}")
+        return 1
+    try:
+        return _run(args, site_packages)
+    finally:
+        lock.release()
+
+
+def _run(args: argparse.Namespace, site_packages: Path) -> int:
+    from greta_install import envfix
+
     if args.clear:
         removed = envfix.clear_env_fixes(site_packages)
         if args.json:

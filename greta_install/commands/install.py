@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from greta_install import pipeline
 
 HELP = "Install the locked, mutually compatible torch / triton / jax set (+ GRETA kernel wheel)."
 
@@ -40,27 +41,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--snapshot", help="plan from a `greta snapshot` directory instead of this machine"
     )
     parser.add_argument(
+        "--allow-http",
+        action="store_true",
+        help="accept plain http:// kernel-wheel indexes (default: https only)",
+    )
+    parser.add_argument(
+        "--force-target",
+        action="store_true",
+        help="install a lock or --target made for another kind of machine than this one",
+    )
+    parser.add_argument(
         "--lock",
         help="install this GRETA lock file instead of the packaged one (its target and Python must match)",
     )
-
-
-def _detect(snapshot: str | None) -> tuple[Any, str | None]:
-    """Detection through greta_install.detect when this build has it; else (None, why)."""
-    try:
-        from greta_install import detect as detect_module  # type: ignore[attr-defined]
-        from greta_install.system_view import open_view
-    except ImportError:
-        return None, "detection is not available in this build"
-    fn = getattr(detect_module, "detect", None)
-    if fn is None:
-        return None, "detection is not available in this build"
-    try:
-        return fn(open_view(snapshot)), None
-    except FileNotFoundError as exc:
-        return None, str(exc)
-    except Exception as exc:  # detection must never take the installer down
-        return None, f"detection failed ({exc.__class__.__name__}: {exc})"
+    parser.add_argument(
+        "--row",
+        choices=("current", "previous"),
+        default="current",
+        help="which row of the target: current (default) or the previous generation "
+        "(older drivers / ROCm user space); see docs/en/framework_versions.md",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse every file without a hash in the lock or in --from-record "
+        "(no trust on first use)",
+    )
+    parser.add_argument(
+        "--from-record",
+        metavar="FILE_OR_DIR",
+        help="another install's hash record (greta-hashes.json), or a wheelhouse folder made "
+        "with --save-wheelhouse: install exactly those files (offline for a wheelhouse)",
+    )
+    parser.add_argument(
+        "--save-wheelhouse",
+        metavar="DIR",
+        help="after a successful install, copy every installed file and their hashes into DIR",
+    )
+    parser.add_argument(
+        "--no-build-kernels",
+        action="store_true",
+        help="do not build the kernel wheel here when no source serves it (kernels JIT instead)",
+    )
+    parser.add_argument(
+        "--no-smoke", action="store_true", help="skip the smoke test (not recommended)"
+    )
+    parser.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="keep the environment when the smoke test fails (for debugging; exit status 1)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="STEPS",
+        help="run only these post-install steps against the environment as it is, e.g. "
+        "--only kernels,smoke (after installing torch by other means)",
+    )
+    parser.add_argument(
+        "--reinstall",
+        action="store_true",
+        help="install even when the environment already matches the lock",
+    )
 
 
 def _fail(message: str, as_json: bool, code: int = 2) -> int:
@@ -70,165 +111,126 @@ def _fail(message: str, as_json: bool, code: int = 2) -> int:
     return code
 
 
-def run(args: argparse.Namespace) -> int:
-    from greta_install import installer as inst
-    from greta_install import plan as planning
-    from greta_install.lockfile import LockError, load_lock, parse_lock
-    from greta_install.matrix import MatrixError, load_matrix
-    from greta_install.tools import find_uv, has_pip, python_version_of, site_packages_of
+def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
+    from greta_install import pipeline
 
-    try:
-        matrix = load_matrix()
-    except MatrixError as exc:
-        return _fail(str(exc), args.json)
-
-    executable: str | None
-    if args.python and re.fullmatch(r"3\.\d+", args.python) and not os.path.exists(args.python):
-        if not args.dry_run:
-            return _fail(
-                "a real install needs --python PATH to an interpreter (a version only plans)",
-                args.json,
-            )
-        executable, version = None, args.python
-    else:
-        executable = args.python or sys.executable
-        try:
-            version = python_version_of(executable)
-        except ValueError as exc:
-            return _fail(str(exc), args.json)
-
-    explicit_lock = None
-    if args.lock:
-        try:
-            with open(args.lock, encoding="utf-8") as fh:
-                explicit_lock = parse_lock(fh.read(), origin=args.lock)
-        except (OSError, UnicodeDecodeError) as exc:
-            return _fail(f"cannot read lock file {args.lock}: {exc}", args.json)
-        except LockError as exc:
-            return _fail(str(exc), args.json)
-        if args.target and args.target != explicit_lock.target:
-            return _fail(
-                f"{args.lock} is the lock of {explicit_lock.target}, not {args.target}", args.json
-            )
-        args.target = explicit_lock.target
-
-    detection, why_not = _detect(args.snapshot)
-    try:
-        target = planning.choose_target(args.target, detection, matrix)
-    except planning.PlanError as exc:
-        if detection is None and not args.target:
-            return _fail(
-                f"{why_not}; pass --target (one of {', '.join(matrix.targets)})", args.json
-            )
-        return _fail(str(exc), args.json)
-    if detection is not None and detection.target != target:
-        detection = None  # planning another machine's install: this one's facts do not apply
-
-    if explicit_lock is not None:
-        lock = explicit_lock
-        if lock.python != version:
-            return _fail(
-                f"{args.lock} is for Python {lock.python}, the interpreter is {version}", args.json
-            )
-    else:
-        try:
-            lock = load_lock(target, version)
-        except LockError as exc:
-            return _fail(str(exc), args.json)
-
-    uv = find_uv()
-    installer = args.installer or ("uv" if uv else "pip")
-    if installer == "uv" and uv is None:
-        return _fail(
-            "--installer uv: uv was not found (pip install uv, or use --installer pip)", args.json
-        )
-
-    downloader = inst.downloader_for(
-        executable or "python",
-        version,
-        lock.meta.get("platform", matrix.platform),
-        target_has_pip=executable is None or has_pip(executable),
+    return pipeline.InstallRequest(
+        target=args.target,
+        arch=args.arch,
+        python=args.python,
+        installer=args.installer,
+        dry_run=args.dry_run,
+        allow_unverified=args.allow_unverified,
+        allow_http=args.allow_http,
+        force_target=args.force_target,
+        kernel_wheels=args.kernel_wheels,
+        snapshot=args.snapshot,
+        lock=args.lock,
+        row=args.row,
+        strict=args.strict,
+        from_record=args.from_record,
+        build_kernels=not args.no_build_kernels,
+        smoke=not args.no_smoke,
+        keep_failed=args.keep_failed,
+        wheelhouse=args.save_wheelhouse,
     )
-    kernel_source = args.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
-    common: dict[str, Any] = {
-        "detection": detection,
-        "arch": args.arch,
-        "python_executable": executable,
-        "installer": installer,
-        "download_argv": downloader.argv(),
-        "allow_unverified": args.allow_unverified,
-    }
-    try:
-        first = planning.build_plan(matrix, lock, **common)
-        lookup = inst.find_kernel_wheel(kernel_source, first.kernel_wheel.requirement)
-        plan = planning.build_plan(matrix, lock, kernel=lookup, **common)
-    except (planning.PlanError, MatrixError) as exc:
-        return _fail(str(exc), args.json)
-    if detection is None and not args.target:
-        plan.warnings.insert(0, f"{why_not}: planning for target {target}")
 
+
+def run(args: argparse.Namespace) -> int:
+    from greta_install import pipeline
+    from greta_install.plan import JIT_NOTE
+
+    if args.only:
+        from greta_install.commands import install_only
+
+        return install_only.run(args)
+    try:
+        prepared = pipeline.prepare(request_of(args))
+    except pipeline.InstallFailed as exc:
+        return _fail(exc.message, args.json, exc.exit_code)
+    plan = prepared.plan
     if args.dry_run:
         if args.json:
-            print(json.dumps(plan.to_json(), indent=2))
+            print(json.dumps({**plan.to_json(), "steps": pipeline.describe(prepared)}, indent=2))
         else:
-            print(render_plan(plan))
-        return 0
-
+            print(render_plan(prepared))
+        # Not ready is not success: scripts that plan before installing must see it.
+        return 1 if plan.blockers else 0
     if plan.blockers:
-        print(render_plan(plan), file=sys.stderr)
+        print(render_plan(prepared), file=sys.stderr)
         for blocker in plan.blockers:
             print(f"greta install: refused: {blocker}", file=sys.stderr)
         return 1
-    assert executable is not None
-    try:
-        site_packages = site_packages_of(executable)
-    except (ValueError, OSError) as exc:
-        return _fail(str(exc), args.json)
 
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    if not args.reinstall and not args.save_wheelhouse:
+        from greta_install import noop
+
+        same = noop.already_installed(plan, prepared.executable or sys.executable)
+        if same is not None:
+            if args.json:
+                print(json.dumps({"installed": [], "nothing_to_do": same}, indent=2))
+            else:
+                log(f"nothing to do: {same} (--reinstall to install anyway)")
+            return 0
     for warning in plan.warnings:
         log(f"warning: {warning}")
+    env = _wheelhouse_env(args.from_record)
     try:
-        staged = inst.execute(plan, downloader, uv, site_packages, log)
-    except inst.InstallError as exc:
-        if exc.package == "install":
-            return _fail(f"failed during the offline install step: {exc.reason}", args.json, 1)
-        return _fail(
-            f"failed: {exc.package}: {exc.reason}. Nothing was installed; the environment is unchanged.",
-            args.json,
-            1,
-        )
-    except KeyboardInterrupt:
-        return _fail(
-            "interrupted while staging: nothing was installed; the environment is unchanged.",
-            args.json,
-            130,
-        )
-    warmed = None
-    if plan.kernel_wheel.status == "found":
-        warmed = inst.warm_kernel_wheel(executable, log)
+        outcome = pipeline.execute(prepared, log, env=env)
+    except pipeline.InstallFailed as exc:
+        return _fail(exc.message, args.json, exc.exit_code)
+    smoke = outcome.results.get("smoke-test")
+    smoke_failed = isinstance(smoke, dict) and not smoke.get("ok", True)
+    staged = outcome.staged
     result = {
         "installed": sorted(f"{n}=={_version(plan, n)}" for n in staged.files),
-        "host_launchers_built": warmed,
+        "steps": outcome.results,
+        "host_launchers_built": outcome.results.get("warm"),
         "unverified_observed": staged.observed_unverified,
         "env": plan.env,
         "kernel_wheel": plan.kernel_wheel.to_json(),
+        "recovered": outcome.recovered,
+        "warnings": outcome.warnings,
+        "commands_run": [*staged.commands],
     }
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        log(f"installed {len(staged.files)} packages for {plan.target} into {executable}")
-        if plan.kernel_wheel.status != "found" and plan.kernel_wheel.requirement:
-            log(planning.JIT_NOTE)
-        if plan.env:
-            log(
-                "environment fixes (applied at start-up of this environment's Python; see `greta env`):"
-            )
-            for key, value in sorted(plan.env.items()):
-                log(f"  {key}={value}")
-    return 0
+        return 1 if smoke_failed else 0
+    log(f"installed {len(staged.files)} packages for {plan.target} into {prepared.executable}")
+    built = outcome.results.get("kernel-build")
+    if plan.kernel_wheel.status == "none":
+        log(f"kernel wheel: none ({plan.kernel_wheel.note})")
+    elif plan.kernel_wheel.status == "build" and built:
+        how = "reused from the cache" if built.get("cached") else f"built in {built['seconds']}s"
+        log(f"kernel wheel: {built['wheel']} ({how})")
+    elif plan.kernel_wheel.status != "found" and plan.kernel_wheel.requirement:
+        log(JIT_NOTE)
+    if isinstance(smoke, dict):
+        status = "passed" if smoke.get("ok") else "FAILED (environment kept: --keep-failed)"
+        log(f"smoke test {status} in {smoke.get('seconds')}s")
+    if plan.env:
+        log(
+            "environment fixes (applied at start-up of this environment's Python; see `greta env`):"
+        )
+        for key, value in sorted(plan.env.items()):
+            log(f"  {key}={value}")
+    return 1 if smoke_failed else 0
+
+
+def _wheelhouse_env(source: str | None) -> dict[str, str] | None:
+    """A wheelhouse folder (--from-record DIR) is the only source: offline, no index."""
+    import os
+    from pathlib import Path
+
+    if not source or not Path(source).is_dir():
+        return None
+    env = dict(os.environ)
+    env["PIP_NO_INDEX"] = "1"
+    env["PIP_FIND_LINKS"] = str(Path(source).resolve())
+    return env
 
 
 def _version(plan: Any, name: str) -> str:
@@ -239,7 +241,10 @@ def _version(plan: Any, name: str) -> str:
     return req.split("==", 1)[1] if req.startswith(name) else "?"
 
 
-def render_plan(plan: Any) -> str:
+def render_plan(prepared: pipeline.Prepared) -> str:
+    from greta_install import pipeline
+
+    plan = prepared.plan
     lines = [
         f"GRETA install plan: target {plan.target}"
         + (f", arch {plan.arch}" if plan.arch else "")
@@ -252,7 +257,7 @@ def render_plan(plan: Any) -> str:
     width = max(len(p.name) for p in plan.packages)
     vwidth = max(len(p.version) for p in plan.packages)
     for p in plan.packages:
-        status = "verified" if p.verified else "UNVERIFIED"
+        status = {"verified": "verified", "recorded": "recorded"}.get(p.hash_status, "FIRST-USE")
         role = f"  [{p.role}]" if p.role else ""
         lines.append(
             f"  {p.name:<{width}}  {p.version:<{vwidth}}  {status:<10}  {p.index or 'default index'}{role}"
@@ -275,8 +280,9 @@ def render_plan(plan: Any) -> str:
     if plan.blockers:
         lines.append("not ready:")
         lines += [f"  - {b}" for b in plan.blockers]
-    lines.append("commands:")
-    lines += [f"  {c}" for c in plan.commands["shell"]]
-    if plan.commands.get("env"):
-        lines.append(f"  ({plan.commands['env']})")
+    lines.append("steps (a failure after `commit` puts the environment back as it was):")
+    for step in pipeline.describe(prepared):
+        optional = "" if step.get("required", True) else " (optional)"
+        lines.append(f"  {step['step']}{optional}")
+        lines += [f"    {c}" for c in step["commands"]]
     return "\n".join(lines)

@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --check: also re-resolve every row and compare the files byte for byte (network)",
     )
     parser.add_argument(
+        "--fill-hashes",
+        action="store_true",
+        help="(connected machine) hash every vendor file the matrix pins without a hash, from "
+        "the index's sha256 or by downloading it; writes lock/hashes.toml, then regenerates",
+    )
+    parser.add_argument(
         "--find-links",
         action="append",
         default=[],
@@ -80,10 +86,16 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
     out_dir = repo / "lock" / "targets"
+    hashes_path = repo / "lock" / lockgen.HASHES_FILE
+    try:
+        filled = lockgen.load_filled(hashes_path)
+    except lockgen.LockGenError as exc:
+        print(f"greta lock: {exc}", file=sys.stderr)
+        return 2
     docs = {lang: repo / "docs" / lang / "framework_versions.md" for lang in docsgen.LANGUAGES}
 
     if args.check:
-        problems = lockgen.stale_locks(matrix, out_dir)
+        problems = lockgen.stale_locks(matrix, out_dir, filled=filled)
         for lang, path in docs.items():
             if not path.is_file() or path.read_text(encoding="utf-8") != docsgen.render(
                 matrix, lang
@@ -95,16 +107,17 @@ def run(args: argparse.Namespace) -> int:
                 print("greta lock: --resolve needs uv (pip install uv)", file=sys.stderr)
                 return 2
             links = [*args.find_links, *pip_config_find_links()]
-            for name in targets:
-                for py in pythons:
-                    path = out_dir / lock_filename(name, py)
-                    try:
-                        made = lockgen.generate_row(matrix, name, py, uv, links)
-                    except lockgen.LockGenError as exc:
-                        problems.append(f"{name}/py{py}: {exc}")
-                        continue
-                    if not path.is_file() or path.read_text(encoding="utf-8") != made.text:
-                        problems.append(f"{path.name}: differs from a fresh resolution")
+            for name, py, row in _rows(matrix, targets, pythons):
+                path = out_dir / lock_filename(name, py, row)
+                try:
+                    made = lockgen.generate_row(
+                        matrix, name, py, uv, links, generation=row, filled=filled
+                    )
+                except lockgen.LockGenError as exc:
+                    problems.append(f"{name}/py{py}: {exc}")
+                    continue
+                if not path.is_file() or path.read_text(encoding="utf-8") != made.text:
+                    problems.append(f"{path.name}: differs from a fresh resolution")
         for problem in problems:
             print(f"stale: {problem}")
         if not problems:
@@ -119,22 +132,56 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     links = [*args.find_links, *pip_config_find_links()]
+    if args.fill_hashes:
+        import datetime
+
+        try:
+            found = lockgen.fill_hashes(
+                matrix,
+                pythons,
+                fetch=_fetch_text,
+                download_sha256=lockgen.download_sha256,
+                log=lambda m: print(m, flush=True),
+            )
+        except lockgen.LockGenError as exc:
+            print(f"greta lock --fill-hashes: {exc}", file=sys.stderr)
+            return 1
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        hashes_path.write_text(lockgen.format_hashes_file(found, when), encoding="utf-8")
+        print(f"{hashes_path.relative_to(repo)}: {len(found)} vendor files hashed")
+        filled = lockgen.load_filled(hashes_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
-    for name in targets:
-        for py in pythons:
-            try:
-                made = lockgen.generate_row(matrix, name, py, uv, links)
-            except lockgen.LockGenError as exc:
-                print(f"{name}/py{py}: FAILED: {exc}", file=sys.stderr)
-                failed += 1
-                continue
-            path = out_dir / lock_filename(name, py)
-            path.write_text(made.text, encoding="utf-8")
-            note = f", unverified: {', '.join(made.unverified)}" if made.unverified else ""
-            print(f"{path.relative_to(repo)}: {len(made.lock.packages)} packages{note}")
+    for name, py, row in _rows(matrix, targets, pythons):
+        try:
+            made = lockgen.generate_row(matrix, name, py, uv, links, generation=row, filled=filled)
+        except lockgen.LockGenError as exc:
+            print(f"{name}/py{py} ({row}): FAILED: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        path = out_dir / lock_filename(name, py, row)
+        path.write_text(made.text, encoding="utf-8")
+        note = f", unverified: {', '.join(made.unverified)}" if made.unverified else ""
+        print(f"{path.relative_to(repo)}: {len(made.lock.packages)} packages{note}")
     for lang, path in docs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(docsgen.render(matrix, lang), encoding="utf-8")
         print(f"{path.relative_to(repo)}: written")
     return 1 if failed else 0
+
+
+def _rows(matrix, targets: list[str], pythons: list[str]):  # type: ignore[no-untyped-def]
+    """(target, python, row) of every lock file to write, in a stable order."""
+    for name in targets:
+        for row in matrix.generations(name):
+            for py in pythons:
+                yield name, py, row
+
+
+def _fetch_text(url: str) -> str:
+    import urllib.request
+
+    from greta_install.lockgen import INDEX_TIMEOUT_S
+
+    with urllib.request.urlopen(url, timeout=INDEX_TIMEOUT_S) as response:
+        return response.read().decode("utf-8", errors="replace")

@@ -10,6 +10,7 @@ import grp
 import importlib.metadata as metadata
 import os
 import pwd
+import re
 import stat
 import sys
 import sysconfig
@@ -26,6 +27,7 @@ from greta_install.doctor.facts import (
     DeviceNode,
     Facts,
     InstalledDist,
+    MemoryInfo,
     ProbeResult,
     PythonInfo,
     UserGroups,
@@ -148,6 +150,19 @@ def _gpus_seen(facts: Facts) -> int:
     return max(len(detection_gpus(facts)), len(lspci_gpus(facts.lspci)))
 
 
+def collect_env_fixes() -> str:
+    """State of this environment's persisted fixes (the start-up hook stays silent)."""
+    from pathlib import Path
+
+    from greta_install import envfix
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    try:
+        return "absent" if envfix.read_env_fixes(site) is None else "ok"
+    except envfix.EnvFixError as exc:
+        return str(exc)
+
+
 def collect_python() -> PythonInfo:
     stdlib = sysconfig.get_paths().get("stdlib", "")
     return PythonInfo(
@@ -185,14 +200,16 @@ def collect_dists() -> tuple[InstalledDist, ...]:
     return tuple(sorted(seen.values(), key=lambda d: d.name))
 
 
-def collect_lock(target: str, python: str) -> tuple[Any, str | None, tuple[str, ...]]:
+def collect_lock(
+    target: str, python: str, row: str = "current"
+) -> tuple[Any, str | None, tuple[str, ...]]:
     try:
         from greta_install.lockfile import load_lock
     except Exception as exc:
         return None, _describe_error(exc), ()
     lock, error = None, None
     try:
-        lock = load_lock(target, python)
+        lock = load_lock(target, python, row)
     except Exception as exc:
         error = str(exc) or type(exc).__name__
     available = []
@@ -201,6 +218,48 @@ def collect_lock(target: str, python: str) -> tuple[Any, str | None, tuple[str, 
             load_lock(target, candidate)
             available.append(candidate)
     return lock, error, tuple(available)
+
+
+def collect_memory(view: SystemView) -> MemoryInfo | None:
+    """RAM and the TTM page limit: what an APU's GPU can borrow (live and snapshots)."""
+    ram = None
+    meminfo = view.read_text("/proc/meminfo") or ""
+    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", meminfo, re.M)
+    if match:
+        ram = int(match.group(1)) * 1024
+    pages = None
+    raw = (view.read_text("/sys/module/ttm/parameters/pages_limit") or "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        pages = int(raw)
+    if ram is None and pages is None:
+        return None
+    return MemoryInfo(ram_bytes=ram, ttm_pages_limit=pages)
+
+
+def installed_row(target: str, python: str, dists: tuple[InstalledDist, ...] | None) -> Any:
+    """The matrix row this environment holds: the one whose torch pin matches the installed
+    torch; with no torch (or one GRETA did not install), the current row (what
+    `greta install` would install). None when the matrix has no such target or Python."""
+    from greta_install.matrix import load_matrix
+
+    matrix = load_matrix()
+    if target not in matrix.targets or python not in matrix.pythons:
+        return None
+    installed = next((d.version for d in dists or () if d.name == "torch"), None)
+    rows = [matrix.row(target, python, g) for g in matrix.generations(target)]
+    for row in rows:
+        pin = row.one("torch")
+        if installed and pin is not None and pin.version == installed:
+            return row
+    return rows[0]
+
+
+def collect_wheel_archs(
+    target: str, python: str, dists: tuple[InstalledDist, ...] | None
+) -> tuple[str, ...] | None:
+    """gfx archs of the torch wheels of the matrix row this environment has installed."""
+    row = installed_row(target, python, dists)
+    return row.torch_archs if row is not None else None
 
 
 def _probe_env(section: str) -> dict[str, str]:
@@ -247,7 +306,7 @@ def collect_facts(
     live = bool(view.is_live)
     facts = Facts(live=live, snapshot=snapshot, check_index=check_index)
     facts.detection, facts.detection_error = collect_detection(view)
-    facts.target = target or getattr(facts.detection, "target", None)
+    facts.target = target or (facts.detection.target if facts.detection is not None else None)
     facts.target_source = "option" if target else ("detection" if facts.target else None)
     with contextlib.suppress(Exception):
         facts.lspci = view.run("lspci")
@@ -265,16 +324,31 @@ def collect_facts(
         facts.device_nodes = collect_device_nodes(view)
     with contextlib.suppress(Exception):
         facts.multi_gpu = collect_multi_gpu(view, _gpus_seen(facts))
+    with contextlib.suppress(Exception):
+        facts.memory = collect_memory(view)
     if not live:
+        if facts.target:
+            # A snapshot has no environment: judge it against the row greta would install.
+            with contextlib.suppress(Exception):
+                facts.wheel_archs = collect_wheel_archs(facts.target, "3.12", None)
         return facts
     facts.groups = collect_groups()
     facts.python = collect_python()
     with contextlib.suppress(Exception):
+        facts.env_fixes = collect_env_fixes()
+    with contextlib.suppress(Exception):
         facts.dists = collect_dists()
     if facts.target:
+        row = "current"
+        with contextlib.suppress(Exception):
+            found = installed_row(facts.target, facts.python.minor, facts.dists)
+            row = found.generation if found is not None else "current"
+        # An environment installed with `--row previous` is checked against that row's lock.
         facts.lock, facts.lock_error, facts.lock_pythons = collect_lock(
-            facts.target, facts.python.minor
+            facts.target, facts.python.minor, row
         )
+        with contextlib.suppress(Exception):
+            facts.wheel_archs = collect_wheel_archs(facts.target, facts.python.minor, facts.dists)
     sections = ["torch"]
     if facts.dists is None or any(d.name == "jax" for d in facts.dists):
         sections.append("jax")
@@ -290,5 +364,7 @@ def collect_facts(
             facts.backends = doctor_summary(timeout=probe_timeout_s)
     if check_index and facts.lock is not None:
         with contextlib.suppress(Exception):
-            facts.index_status = query_index(list(getattr(facts.lock, "packages", ()) or ()))
+            facts.index_status = query_index(
+                list(facts.lock.packages) if facts.lock is not None else []
+            )
     return facts

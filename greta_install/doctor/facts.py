@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
+    from greta_install.lockfile import Lock
+    from greta_install.model import Detection
 
 ProbeOutcome = Literal["ok", "timeout", "crashed", "garbled", "not_run"]
 
@@ -79,20 +81,29 @@ class PythonInfo:
         return self.prefix != self.base_prefix or bool(self.conda_prefix)
 
 
+@dataclass(frozen=True)
+class MemoryInfo:
+    """What an APU's GPU can borrow from system memory."""
+
+    ram_bytes: int | None = None  # MemTotal
+    ttm_pages_limit: int | None = None  # /sys/module/ttm/parameters/pages_limit (4 KiB pages)
+    gtt_bytes: int | None = None  # amdgpu mem_info_gtt_total of the primary GPU
+
+
 @dataclass
 class Facts:
     live: bool
     snapshot: str | None = None
     target: str | None = None
     target_source: str | None = None  # "option" | "detection"
-    detection: Any = None  # greta_install.model.Detection
+    detection: Detection | None = None
     detection_error: str | None = None
     lspci: str | None = None  # raw `lspci -nn` text; a second opinion beside detection
     kfd_sysfs: bool = False  # /sys/class/kfd exists: the amdgpu KFD driver is loaded
     env: dict[str, str] = field(default_factory=dict)  # effective relevant variables
     env_known: bool = True  # False in a snapshot without env.json
     python: PythonInfo | None = None
-    lock: Any = None  # greta_install.lockfile.Lock
+    lock: Lock | None = None
     lock_error: str | None = None
     lock_pythons: tuple[str, ...] = ()  # Python versions with a lock for this target
     device_nodes: tuple[DeviceNode, ...] | None = None
@@ -105,6 +116,12 @@ class Facts:
     index_status: dict[str, str] | None = None  # "name==version" -> found | missing | unknown: why
     backends: list[dict[str, str]] | None = None  # greta_core.backends.doctor_summary()
     multi_gpu: MultiGpuFacts | None = None  # texts the multi_gpu.* checks read
+    # gfx archs the installed row's torch wheels carry (from the matrix row of the lock);
+    # None when unknown. Decides whether HSA_OVERRIDE_GFX_VERSION is needed.
+    wheel_archs: tuple[str, ...] | None = None
+    memory: MemoryInfo | None = None  # RAM and the GPU-visible (GTT/TTM) limit
+    # greta-env.json of this environment: "absent", "ok", or why it is unusable
+    env_fixes: str | None = None
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():

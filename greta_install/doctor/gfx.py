@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import re
 
+from greta_install import archs
+
 _OVERRIDE_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\.(\d{1,2})\s*$")
 
-# Targets ROCm does not ship kernels for, and the override that makes a wheel run on them
-# (borrowing kernels of a sibling chip). Community practice, not AMD support: the doctor
-# warns that it is experimental (gfx1103 is reported to hang on some APUs).
+# Derived from greta_install.archs, the one table of arch facts that detection and the
+# install plan read too. Experimental overrides exist but GRETA never sets them (the
+# doctor warns); sibling overrides are every override known to run an arch.
 UNOFFICIAL_OVERRIDES: dict[str, str] = {
-    "gfx1103": "11.0.0",
-    "gfx1035": "10.3.0",
-    "gfx1036": "10.3.0",
+    gfx: value for gfx in archs.FAMILY if (value := archs.experimental_override(gfx)) is not None
 }
-
-# Chips whose wheels are often missing, and the sibling whose kernels run on them.
 SIBLING_OVERRIDES: dict[str, str] = {
-    "gfx1031": "10.3.0",
-    "gfx1032": "10.3.0",
-    "gfx1033": "10.3.0",
-    "gfx1034": "10.3.0",
-    "gfx1035": "10.3.0",
-    "gfx1036": "10.3.0",
-    "gfx1101": "11.0.0",
-    "gfx1102": "11.0.0",
-    "gfx1103": "11.0.0",
+    gfx: value for gfx in archs.FAMILY if (value := archs.known_override(gfx)) is not None
 }
 
 

@@ -23,6 +23,19 @@ _DEVICE = re.compile(
     r"\[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\]"
     r"(?:\s*\(rev (?P<rev>[0-9a-fA-F]{1,2})\))?"
 )
+# `lspci` without -nn: "03:00.0 VGA compatible controller: Advanced Micro Devices, Inc.
+# [AMD/ATI] Navi 31 [Radeon RX 7900 XT/7900 XTX/7900M] (rev c8)".
+_NAMED = re.compile(
+    r"^(?P<slot>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
+    r"(?P<cls>VGA compatible controller|3D controller|Display controller|Processing accelerators)"
+    r":\s*(?P<desc>.*?)(?:\s*\(rev (?P<rev>[0-9a-fA-F]{1,2})\))?\s*$"
+)
+_CLASS_CODES = {
+    "VGA compatible controller": "0300",
+    "3D controller": "0302",
+    "Display controller": "0380",
+    "Processing accelerators": "1200",
+}
 _SLOT_ONLY = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\s")
 _VENDOR_PREFIXES = (
     "Advanced Micro Devices, Inc. [AMD/ATI]",
@@ -62,6 +75,30 @@ def _detail_value(line: str) -> str:
     return value.split("#", 1)[0].strip()
 
 
+def _from_name(line: str) -> PciDevice | None:
+    """An AMD GPU line of `lspci` without -nn, when its name identifies the chip."""
+    from greta_install.pci_ids import lookup_by_name
+
+    match = _NAMED.match(line)
+    if not match or not match["desc"].startswith("Advanced Micro Devices"):
+        return None
+    name = _strip_vendor(match["desc"])
+    found = lookup_by_name(name)
+    slot = pci_bus(match["slot"])
+    if found is None or slot is None:
+        return None
+    device_id, _info = found
+    return PciDevice(
+        slot=slot,
+        class_code=_CLASS_CODES[match["cls"]],
+        class_name=match["cls"],
+        vendor_id=AMD,
+        device_id=device_id,
+        revision=int(match["rev"], 16) if match["rev"] else None,
+        name=name,
+    )
+
+
 def parse(text: str | None) -> Parsed[PciDevice]:
     def body(clean_text: str, out: Parsed[PciDevice]) -> None:
         unreadable: list[int] = []
@@ -83,7 +120,10 @@ def parse(text: str | None) -> Parsed[PciDevice]:
                 continue
             match = _DEVICE.match(line.strip())
             if not match:
-                if _SLOT_ONLY.match(line.strip()):
+                named = _from_name(line.strip())
+                if named is not None:
+                    out.records.append(named)
+                elif _SLOT_ONLY.match(line.strip()) and _NAMED.match(line.strip()):
                     unreadable.append(lineno)
                 continue
             slot = pci_bus(match["slot"])
@@ -105,8 +145,8 @@ def parse(text: str | None) -> Parsed[PciDevice]:
         if unreadable:
             shown = ", ".join(str(n) for n in unreadable[:5])
             out.problems.append(
-                f"lspci: {len(unreadable)} device line(s) without [vendor:device] ids (line {shown}); "
-                "was it run without -nn?"
+                f"lspci: {len(unreadable)} GPU line(s) without [vendor:device] ids whose name does "
+                f"not identify the chip (line {shown}); run lspci -nn for them"
             )
 
     return safe_parse("lspci", text, body)

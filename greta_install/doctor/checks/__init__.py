@@ -12,6 +12,7 @@ from . import (
     backends_checks,
     container,
     devices,
+    env_fixes,
     gpu,
     jax_checks,
     lock_checks,
@@ -60,6 +61,7 @@ CHECKS: tuple[Check, ...] = (
     Check("jax.gpu", "GPU visible to jax (plugin loads)", jax_checks.check_gpu, 11),
     Check("lock.installed", "installed versions match the lock", lock_checks.check_installed),
     Check("lock.env", "the lock's environment variables are in effect", lock_checks.check_env),
+    Check("env.fixes", "persisted environment fixes are readable", env_fixes.check_env_fixes),
     Check("lock.index", "locked versions exist on their index", lock_checks.check_index, 7),
     Check("kernels.wheel", "GRETA kernel wheel for the arch", lock_checks.check_kernels),
     Check(

@@ -10,6 +10,8 @@ from typing import Any
 
 from greta_install.doctor.facts import Facts, ProbeResult
 from greta_install.doctor.model import Finding, fail, skip
+from greta_install.lockfile import LockedPackage
+from greta_install.model import Gpu
 
 AMD_TARGETS = frozenset({"mi300x", "radeon", "instinct"})
 GPU_TARGETS = AMD_TARGETS | {"cuda"}
@@ -65,17 +67,17 @@ def lspci_gpus(text: str | None) -> list[PciDevice]:
     return devices
 
 
-def detection_gpus(facts: Facts, vendor: str | None = None) -> list[Any]:
+def detection_gpus(facts: Facts, vendor: str | None = None) -> list[Gpu]:
     det = facts.detection
-    gpus = list(getattr(det, "gpus", None) or []) if det is not None else []
+    gpus = list(det.gpus) if det is not None else []
     if vendor:
-        gpus = [g for g in gpus if getattr(g, "vendor", None) == vendor]
+        gpus = [g for g in gpus if g.vendor == vendor]
     return gpus
 
 
-def primary_gpu(facts: Facts) -> Any:
+def primary_gpu(facts: Facts) -> Gpu | None:
     det = facts.detection
-    return getattr(det, "primary_gpu", None) if det is not None else None
+    return det.primary_gpu if det is not None else None
 
 
 def amd_gpu_expected(facts: Facts) -> bool:
@@ -95,13 +97,13 @@ def install_fix(facts: Facts) -> str:
     return f"greta install --target {facts.target}" if facts.target else "greta install"
 
 
-def lock_packages(facts: Facts) -> list[Any]:
-    return list(getattr(facts.lock, "packages", None) or []) if facts.lock is not None else []
+def lock_packages(facts: Facts) -> list[LockedPackage]:
+    return list(facts.lock.packages) if facts.lock is not None else []
 
 
-def lock_pin(facts: Facts, name: str) -> Any:
+def lock_pin(facts: Facts, name: str) -> LockedPackage | None:
     for pkg in lock_packages(facts):
-        if getattr(pkg, "name", None) == name:
+        if pkg.name == name:
             return pkg
     return None
 

@@ -55,11 +55,11 @@ def _release(version: str) -> tuple[int, ...] | None:
 
 def _wanted_version(facts: Facts, jax: InstalledDist) -> str:
     pin = lock_pin(facts, "jax")
-    return str(pin.version) if pin is not None and getattr(pin, "version", None) else jax.version
+    return str(pin.version) if pin is not None and pin.version else jax.version
 
 
 def _plugin_line(facts: Facts, version: str, names: list[str]) -> str:
-    indexes = [getattr(lock_pin(facts, n), "index", None) for n in names]
+    indexes = [p.index if (p := lock_pin(facts, n)) is not None else None for n in names]
     return pip_install_line([(n, version) for n in names], indexes)
 
 

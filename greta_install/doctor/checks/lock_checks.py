@@ -20,7 +20,7 @@ PIP_LINE_LIMIT = 4  # beyond this the pip line is unreadable; greta install is t
 
 
 def _applies(pkg: Any) -> bool:
-    marker = getattr(pkg, "marker", None)
+    marker = pkg.marker
     if not marker:
         return True
     try:
@@ -70,7 +70,7 @@ def check_installed(facts: Facts) -> Finding:
             missing.append(pkg)
         elif not _matches(dist.version, str(pkg.version)):
             wrong.append((pkg, dist.version))
-    unverified = [str(p.name) for p in pkgs if getattr(p, "verified", True) is False]
+    unverified = [str(p.name) for p in pkgs if not p.verified]
     details = {
         "missing": [f"{p.name}=={p.version}" for p in missing],
         "mismatched": {str(p.name): {"locked": str(p.version), "installed": v} for p, v in wrong},
@@ -96,7 +96,7 @@ def check_installed(facts: Facts) -> Finding:
         if len(off) <= PIP_LINE_LIMIT:
             line = pip_install_line(
                 [(str(p.name), str(p.version)) for p in off],
-                [getattr(p, "index", None) for p in off],
+                [p.index for p in off],
             )
             fix += "\nor: " + line.replace("pip install", "pip install --no-deps", 1)
         return warn(
@@ -146,7 +146,7 @@ def check_index(facts: Facts) -> Finding:
 
 
 def _kernel_dist(facts: Facts, arch: str) -> tuple[str, str | None]:
-    spec = getattr(facts.lock, "kernel_wheel", None) if facts.lock is not None else None
+    spec = facts.lock.kernel_wheel if facts.lock is not None else None
     if spec:
         try:
             req = Requirement(str(spec))
@@ -163,7 +163,7 @@ def check_kernels(facts: Facts) -> Finding:
     if facts.target == "cpu":
         return skip("CPU target: kernels run through the Triton interpreter or the reference code")
     gpu = primary_gpu(facts)
-    arch = getattr(gpu, "arch", None)
+    arch = gpu.arch if gpu is not None else None
     if not arch:
         return skip("the GPU's arch is unknown")
     if facts.dists is None:
@@ -197,7 +197,7 @@ def check_kernels(facts: Facts) -> Finding:
 def _wheel_problems(facts: Facts, arch: str) -> list[Any]:
     """Arch or Triton mismatches between the installed kernel wheel and this machine."""
     probe = facts.torch_probe
-    data = getattr(probe, "data", None) or {}
+    data = probe.data if probe is not None else {}
     triton_version = (data.get("triton") or {}).get("version")
     try:
         from greta_core.kernel_wheel import check_kernel_wheel
@@ -215,7 +215,7 @@ def check_env(facts: Facts) -> Finding:
         return skip(SNAPSHOT_SKIP)
     if facts.lock is None:
         return skip("no lock (see lock.installed)")
-    wanted = dict(getattr(facts.lock, "env", None) or {})
+    wanted = dict(facts.lock.env) if facts.lock is not None else {}
     if not wanted:
         return ok(f"the {facts.target} lock sets no environment variables")
     seen = section_env(facts)

@@ -10,6 +10,10 @@ from ._common import needs_live
 MIN_PYTHON = (3, 10)
 
 
+# GRETA installs from its repository: the public `greta` name belongs to another project.
+SELF_INSTALL = ".venv/bin/python -m pip install PATH_TO_GRETA_CHECKOUT"
+
+
 def check_version(facts: Facts) -> Finding:
     if (skipped := needs_live(facts)) or facts.python is None:
         return skipped or skip("Python facts were not collected")
@@ -21,7 +25,7 @@ def check_version(facts: Facts) -> Finding:
     if parts < MIN_PYTHON:
         return fail(
             f"Python {py.version} is older than GRETA supports (3.10+)",
-            "python3.11 -m venv .venv && . .venv/bin/activate && pip install greta",
+            f"python3.11 -m venv .venv && {SELF_INSTALL}",
             python=py.version,
         )
     if facts.lock is not None:
@@ -37,8 +41,8 @@ def check_version(facts: Facts) -> Finding:
         return warn(
             f"Python {py.version}: the {facts.target} lock has no Python {py.minor} row "
             f"(it covers {choices}); {facts.lock_error or ''}".rstrip("; "),
-            f"python{newest} -m venv .venv && . .venv/bin/activate && pip install greta "
-            f"&& greta install --target {facts.target}",
+            f"python{newest} -m venv .venv && {SELF_INSTALL} "
+            f"&& .venv/bin/greta install --target {facts.target}",
             python=py.version,
             lock_pythons=list(facts.lock_pythons),
         )
@@ -65,7 +69,7 @@ def check_venv(facts: Facts) -> Finding:
     return warn(
         f"running on the system Python {py.executable}{why}; GPU wheels installed there "
         "clash with the distribution's packages",
-        f"python{py.minor} -m venv .venv && . .venv/bin/activate && pip install greta",
+        f"python{py.minor} -m venv .venv && {SELF_INSTALL}",
         prefix=py.prefix,
         externally_managed=py.externally_managed,
     )

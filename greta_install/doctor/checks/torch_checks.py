@@ -79,8 +79,8 @@ def _reinstall_torch(facts: Facts) -> str:
     """`greta install`, plus the pip line when the lock says which torch and index."""
     fix = install_fix(facts)
     pin = lock_pin(facts, "torch")
-    if pin is not None and getattr(pin, "version", None):
-        index = getattr(pin, "index", None)
+    if pin is not None and pin.version:
+        index = pin.index
         line = pip_install_line([("torch", pin.version)], force=True)
         if index:
             line += f" --index-url {index}"
@@ -90,7 +90,7 @@ def _reinstall_torch(facts: Facts) -> str:
 
 def _native_arch(facts: Facts, torch: dict[str, Any]) -> str | None:
     gpu = primary_gpu(facts)
-    if gpu is not None and getattr(gpu, "arch", None):
+    if gpu is not None and gpu.arch:
         return base_arch(gpu.arch)
     for device in torch.get("devices") or []:
         if device.get("arch"):
@@ -108,7 +108,8 @@ def check_import(facts: Facts) -> Finding:
     if probe is None or probe.outcome == "not_run":
         return skip("the torch probe was not run")
     if probe.outcome != "ok":
-        arch = base_arch(getattr(primary_gpu(facts), "arch", None))
+        gpu = primary_gpu(facts)
+        arch = base_arch(gpu.arch) if gpu is not None else None
         if facts.env.get(OVERRIDE) and arch in UNOFFICIAL_OVERRIDES:
             fix = f"unset {OVERRIDE}   # the override is reported to hang on {arch}; then: greta doctor"
         elif probe.outcome == "timeout":

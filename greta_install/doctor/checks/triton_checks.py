@@ -8,7 +8,15 @@ from packaging.utils import canonicalize_name
 from greta_install.doctor.facts import Facts, InstalledDist
 from greta_install.doctor.model import Finding, fail, ok, skip, warn
 
-from ._common import SNAPSHOT_SKIP, first_line, install_fix, lock_pin, pip_install_line, section_of
+from ._common import (
+    SNAPSHOT_SKIP,
+    first_line,
+    install_fix,
+    lock_packages,
+    lock_pin,
+    pip_install_line,
+    section_of,
+)
 
 # Distributions known to install the `triton` import package (their files are also scanned).
 TRITON_DISTS = frozenset(
@@ -67,13 +75,26 @@ def check_providers(facts: Facts) -> Finding:
         return warn(
             "no distribution provides `triton` (GRETA's kernels need it)", install_fix(facts)
         )
+    # One environment holds torch + JAX + jax-triton with ONE `triton` module: the
+    # distribution the lock pins (triton-rocm on ROCm). jax-triton asks for `triton`
+    # and runs on that one; the default index's `triton` beside or instead of it is wrong.
+    pinned = [p.name for p in lock_packages(facts) if p.name in TRITON_DISTS]
+    if pinned and found[0].name not in pinned:
+        return fail(
+            f"`triton` comes from {listed}, but the {facts.target} lock pins {pinned[0]} (the "
+            "build torch was made with); something (often jax-triton's dependency on `triton`) "
+            "replaced it",
+            f"pip uninstall -y {found[0].name} && {install_fix(facts)}",
+            providers=[found[0].name],
+            pinned=pinned[0],
+        )
     return ok(f"one triton provider: {listed}", providers=[found[0].name])
 
 
 def _index_for(facts: Facts, name: str) -> str | None:
     for candidate in (name, "torch"):
         pin = lock_pin(facts, candidate)
-        if pin is not None and getattr(pin, "index", None):
+        if pin is not None and pin.index:
             return str(pin.index)
     return None
 

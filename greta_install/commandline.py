@@ -1,0 +1,84 @@
+"""The command lines `greta install` runs, built in one place (pure).
+
+`--dry-run` shows exactly these argv lists (with `<stage>` for the staging directory);
+the installer runs exactly these. Python children run isolated (`-I`): neither the
+current directory nor PYTHON* variables can put a `pip/__main__.py` on their path.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from greta_install.plan import InstallPlan, PlannedPackage
+
+STAGE = "<stage>"  # placeholder for the temporary staging directory in shown commands
+ISOLATED = "-I"  # ignore PYTHON* variables, the user site and the current directory
+
+
+def python_module(python: str, module: str) -> list[str]:
+    """`python -I -m module`: the module comes from the interpreter's own environment."""
+    return [python, ISOLATED, "-m", module]
+
+
+def work_dir(stage: str, name: str) -> str:
+    return f"{stage}/.work/{name}"
+
+
+def download_argv(
+    base: Sequence[str], pkg: PlannedPackage, stage: str, use_index: bool = True
+) -> list[str]:
+    """`pip download` of one package into its own folder, hash-checked by pip when the
+    lock has hashes (they are in the requirements file beside that folder).
+
+    `use_index=False` leaves out the vendor index (it did not answer the preflight): the
+    file then comes from the configured default index or find-links, and its hash still
+    has to match. A pure-Python selector the vendor ships only as source (`sdist`) is the
+    one package allowed as a source archive."""
+    binary = f"--no-binary={pkg.name}" if pkg.sdist else "--only-binary=:all:"
+    argv = [
+        *base,
+        "--no-deps",
+        binary,
+        "--dest",
+        work_dir(stage, pkg.name),
+    ]
+    if pkg.verified:
+        argv.append("--require-hashes")
+    if pkg.index and use_index:
+        argv += ["--extra-index-url", pkg.index]
+    argv += ["-r", work_dir(stage, f"{pkg.name}.req")]
+    return argv
+
+
+def requirement_line(pkg: PlannedPackage) -> str:
+    return pkg.requirement + "".join(f" --hash={h}" for h in pkg.hashes)
+
+
+def install_argv(plan: InstallPlan, stage: str, uv: str | None = None) -> list[str]:
+    """The offline install from the staged, verified files."""
+    py = plan.python_executable or "python"
+    common = [
+        "--no-index",
+        "--find-links",
+        stage,
+        "--no-deps",
+        "--require-hashes",
+        "-r",
+        f"{stage}/requirements.txt",
+    ]
+    if plan.installer == "uv":
+        return [uv or "uv", "pip", "install", "--python", py, "--offline", *common]
+    # --no-compile: the transaction knows every file the install writes; bytecode is
+    # compiled at first import instead.
+    return [*python_module(py, "pip"), "install", "--no-compile", *common]
+
+
+def substitute(argv: Sequence[str], stage: str) -> list[str]:
+    return [a.replace(STAGE, stage) for a in argv]
+
+
+def shell(argv: Sequence[str]) -> str:
+    return shlex.join(argv)

@@ -1,0 +1,67 @@
+"""`greta smoke`: prove this environment runs (the last step of `greta install`).
+
+Runs alone too, e.g. after torch was installed by other means: torch import and a bf16
+matmul on the GPU, one Triton kernel compiled and run, SDPA forward and backward, one
+GRETA op through each binding (raw Triton, torch.ops.greta, greta_core.jax) and a jax
+op on the device; on the CPU row, the CPU equivalents. Exit 0 only if every step passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "Smoke-test this environment: torch, Triton, SDPA, GRETA ops and jax on the device."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--python", help="interpreter of the environment to test (default: this one)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="gpu: every step on the GPU; cpu: the CPU row's equivalents (default: from detection)",
+    )
+    parser.add_argument("--timeout", type=float, help="seconds before the test is killed")
+    parser.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def _auto_mode() -> str:
+    from greta_install.smoke import default_mode
+
+    try:
+        from greta_install.detect import detect
+        from greta_install.system_view import open_view
+
+        return default_mode(detect(open_view(None)).target)
+    except Exception:  # detection must never stop the smoke test: test the CPU path
+        return "cpu"
+
+
+def run(args: argparse.Namespace) -> int:
+    from greta_install.smoke import run_smoke
+
+    mode = _auto_mode() if args.mode == "auto" else args.mode
+    python = args.python or sys.executable
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    log(f"smoke test ({mode}) in {python}")
+    report = run_smoke(python, mode, args.timeout, log=log)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    elif report.ok:
+        log(f"smoke test passed in {report.seconds:.1f}s")
+        timing = next((s.detail for s in report.steps if s.name == "greta-torch"), None)
+        if isinstance(timing, dict) and "first_ms" in timing:
+            log(
+                f"  first torch.ops.greta.rms_norm call {timing['first_ms']:.2f} ms, "
+                f"warm {timing['warm_ms']:.2f} ms"
+            )
+    else:
+        log(f"smoke test FAILED: {report.failure_message()}")
+    return 0 if report.ok else 1

@@ -1,0 +1,332 @@
+"""A GRETA kernel wheel on every machine: reuse, or build here, then cache.
+
+When no index or directory serves the kernel wheel for the GPU's arch, the installer
+builds it after torch and triton are installed, in the target environment (so the
+exact installed Triton compiles it), and keeps the wheel in the user's cache, keyed
+by arch + Triton fingerprint + GRETA source hash: a reinstall, or a second
+environment with the same Triton, reuses it at once. `write_index` turns a folder of
+wheels into a static PEP 503 index (+ SHA256SUMS) that any web server can serve and
+`GRETA_KERNEL_INDEX` can point at.
+
+The build itself is `greta build-kernels` run by the target environment's Python;
+this module only starts it, shows progress, checks the result and files it. The CPU
+row has no kernel wheel: Triton runs in its interpreter there, nothing is precompiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from greta_install.lockgen import kernel_wheel_name  # the one naming function (issue 12 unifies it)
+
+Log = Callable[[str], None]
+BUILD_TIMEOUT_S = 3 * 3600
+PROGRESS_EVERY_S = 10.0
+
+
+class KernelBuildError(Exception):
+    """The kernel wheel could not be built or filed; the message says why."""
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    path: Path
+    arch: str
+    sha256: str  # hex
+    cached: bool  # True: reused from the cache, nothing was compiled
+    seconds: float
+
+
+def greta_source_hash() -> str:
+    """sha256 of what a kernel wheel is built from: kernel sources, config tables, version.
+
+    Read from the files, never by importing greta_core (the installer runs before torch).
+    """
+    spec = importlib.util.find_spec("greta_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise KernelBuildError("greta_core is not importable here: cannot build kernel wheels")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    digest = hashlib.sha256()
+    files = sorted(
+        [*root.joinpath("kernels").glob("*.py"), *root.joinpath("configs", "tables").glob("*.json")]
+    )
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    from greta import __version__
+
+    digest.update(__version__.encode())
+    return digest.hexdigest()
+
+
+def triton_fingerprint(python: str, timeout: float = 300) -> str:
+    """The installed Triton's build fingerprint, read in the target environment."""
+    code = "from greta_core.aot import triton_fingerprint as f; print(f())"
+    try:
+        proc = subprocess.run(
+            [python, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=_child_env(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"cannot read the installed Triton's fingerprint: {exc}") from None
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not out:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelBuildError(f"cannot read the installed Triton's fingerprint: {tail}")
+    return out[-1].strip()
+
+
+def cache_key(arch: str, fingerprint: str, source_hash: str) -> str:
+    blob = f"{arch}\0{fingerprint}\0{source_hash}".encode()
+    return f"{arch}-{hashlib.sha256(blob).hexdigest()[:24]}"
+
+
+def cache_root() -> Path:
+    override = os.environ.get("GRETA_KERNEL_CACHE")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("greta", appauthor=False)) / "kernel-wheels"
+
+
+def cached_wheel(directory: Path, arch: str) -> Path | None:
+    """The intact wheel of `arch` in a cache entry, or None (a torn entry is ignored)."""
+    if not directory.is_dir():
+        return None
+    for wheel in sorted(directory.glob("*.whl")):
+        try:
+            name, _, _, _ = parse_wheel_filename(wheel.name)
+        except ValueError:
+            continue
+        if name == kernel_wheel_name(arch) and _intact(wheel):
+            return wheel
+    return None
+
+
+def _intact(wheel: Path) -> bool:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.testzip() is None
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # "0", not unset: a cpu-row environment's greta-env.pth re-sets unset variables.
+    env["TRITON_INTERPRET"] = "0"
+    return env
+
+
+def build_or_reuse(
+    python: str,
+    arch: str,
+    *,
+    jobs: int = 0,
+    use_cache: bool = True,
+    log: Log = print,
+    timeout: float = BUILD_TIMEOUT_S,
+) -> BuiltWheel:
+    """The kernel wheel of `arch` for the Triton installed in `python`'s environment."""
+    start = time.perf_counter()
+    fingerprint = triton_fingerprint(python)
+    entry = cache_root() / cache_key(arch, fingerprint, greta_source_hash())
+    if use_cache:
+        found = cached_wheel(entry, arch)
+        if found is not None:
+            log(f"kernel wheel for {arch}: reusing the cached build {found}")
+            return BuiltWheel(found, arch, _sha256(found), True, time.perf_counter() - start)
+    with tempfile.TemporaryDirectory(prefix="greta-kbuild-") as work:
+        out = Path(work) / "out"
+        scratch = Path(work) / "tmp"
+        scratch.mkdir()
+        argv = build_argv(python, arch, str(out), jobs or os.cpu_count() or 1)
+        log(
+            f"building the kernel wheel for {arch} with the installed Triton "
+            "(one-time; the result is cached)"
+        )
+        env = _child_env()
+        env["TMPDIR"] = str(scratch)  # the build's staging dirs land here: progress reads them
+        _run_with_progress(argv, env, scratch, arch, log, timeout)
+        wheel = cached_wheel(out, arch)
+        if wheel is None:
+            raise KernelBuildError(f"greta build-kernels wrote no intact wheel for {arch}")
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+        shutil.copy2(wheel, staging / wheel.name)
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)  # the cache entry appears whole or not at all
+    final = entry / wheel.name
+    seconds = time.perf_counter() - start
+    log(f"kernel wheel for {arch} built in {seconds:.0f}s, cached in {entry}")
+    return BuiltWheel(final, arch, _sha256(final), False, seconds)
+
+
+def build_argv(python: str, arch: str, out: str, jobs: int) -> list[str]:
+    """The build command (shown by --dry-run, run by build_or_reuse)."""
+    return [
+        python,
+        "-m",
+        "greta",
+        "build-kernels",
+        "--arch",
+        arch,
+        "--out",
+        out,
+        "--jobs",
+        str(jobs),
+    ]
+
+
+def _run_with_progress(
+    argv: list[str], env: dict[str, str], scratch: Path, arch: str, log: Log, timeout: float
+) -> None:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise KernelBuildError(f"cannot run greta build-kernels: {exc}") from None
+    last = 0.0
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+            now = time.perf_counter() - start
+            if now > timeout:
+                proc.kill()
+                proc.wait()
+                raise KernelBuildError(f"the kernel build for {arch} ran past {timeout:.0f}s")
+            if now - last >= PROGRESS_EVERY_S:
+                last = now
+                log(f"  {arch}: {compiled_so_far(scratch)} kernels compiled ({now:.0f}s)")
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+        raise
+    output = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-8:])
+        raise KernelBuildError(
+            f"greta build-kernels failed for {arch} (exit {proc.returncode}):\n{tail}"
+        )
+
+
+def compiled_so_far(scratch: Path) -> int:
+    """Kernels the running build has finished: one Triton cache group file each."""
+    try:
+        return sum(1 for _ in scratch.glob("greta-kernels-*/*/__grp__*.json"))
+    except OSError:
+        return 0
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = None) -> None:
+    """Install one kernel wheel into `python`'s environment, offline, hash-checked."""
+    sha = _sha256(wheel)
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    with tempfile.TemporaryDirectory(prefix="greta-kinst-") as work:
+        req = Path(work) / "requirements.txt"
+        req.write_text(f"{name}=={version} --hash=sha256:{sha}\n", encoding="utf-8")
+        common = ["--no-index", "--find-links", str(wheel.parent), "--no-deps", "--require-hashes"]
+        if uv:
+            argv = [uv, "pip", "install", "--python", python, "--offline", *common, "-r", str(req)]
+        else:
+            argv = [python, "-m", "pip", "install", "--disable-pip-version-check", *common]
+            argv += ["--force-reinstall", "-r", str(req)]
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip()[-800:]
+        raise KernelBuildError(f"installing {wheel.name} failed: {tail}")
+    log(f"installed {wheel.name} (sha256:{sha})")
+
+
+def write_index(wheels: list[Path], out: Path) -> Path:
+    """A static PEP 503 index in `out`: the wheels, one page per project, SHA256SUMS.
+
+    `out` then works both as a directory (--kernel-wheels DIR) and, served by any web
+    server, as an index URL (GRETA_KERNEL_INDEX=https://host/path).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    sums: dict[str, str] = {}
+    projects: dict[str, list[str]] = {}
+    for wheel in wheels:
+        name, _, _, _ = parse_wheel_filename(wheel.name)
+        target = out / wheel.name
+        if wheel.resolve() != target.resolve():
+            shutil.copy2(wheel, target)
+        sums[wheel.name] = _sha256(target)
+        projects.setdefault(str(name), []).append(wheel.name)
+    # Merge with what the folder already holds, so an index grows arch by arch.
+    for line in _read_lines(out / "SHA256SUMS"):
+        parts = line.split()
+        if len(parts) == 2 and (out / parts[1]).is_file():
+            sums.setdefault(parts[1], parts[0])
+            name, _, _, _ = parse_wheel_filename(parts[1])
+            projects.setdefault(str(name), [])
+            if parts[1] not in projects[str(name)]:
+                projects[str(name)].append(parts[1])
+    (out / "SHA256SUMS").write_text(
+        "".join(f"{sha}  {fn}\n" for fn, sha in sorted(sums.items())), encoding="utf-8"
+    )
+    root_links = []
+    for project, files in sorted(projects.items()):
+        page = out / project
+        page.mkdir(exist_ok=True)
+        links = "".join(
+            f'<a href="../{html.escape(fn)}#sha256={sums[fn]}">{html.escape(fn)}</a><br>\n'
+            for fn in sorted(files)
+        )
+        (page / "index.html").write_text(
+            f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n", encoding="utf-8"
+        )
+        root_links.append(f'<a href="{project}/">{project}</a><br>\n')
+    (out / "index.html").write_text(
+        "<!DOCTYPE html>\n<html><body>\n" + "".join(root_links) + "</body></html>\n",
+        encoding="utf-8",
+    )
+    return out
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use
+    built = build_or_reuse(sys.executable, sys.argv[1])
+    print(built)

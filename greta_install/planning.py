@@ -1,0 +1,206 @@
+"""The plan step of `greta install`: gather facts at the edge, then build the pure plan.
+
+Reads the matrix and the lock, runs detection (or reads a snapshot), asks the target
+interpreter its version, finds the installer and looks for the kernel wheel. Changes
+nothing; every refusal is an `InstallFailed` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+from greta_install import installer as inst
+from greta_install import plan as planning
+from greta_install.boundedio import LOCK_MAX_BYTES, read_text
+from greta_install.lockfile import Lock, LockError, load_lock, parse_lock
+from greta_install.matrix import Matrix, MatrixError, load_matrix
+from greta_install.pipeline import InstallFailed, InstallRequest, Prepared, steps_for
+from greta_install.tools import find_uv, has_pip, python_version_of
+
+
+def _detect(snapshot: str | None) -> tuple[Any, str | None]:
+    """Detection of this machine (or a snapshot); (None, why) when it is unavailable."""
+    try:
+        from greta_install.detect import detect
+        from greta_install.system_view import open_view
+    except ImportError:
+        return None, "detection is not available in this build"
+    try:
+        return detect(open_view(snapshot)), None
+    except FileNotFoundError as exc:
+        return None, str(exc)
+    except Exception as exc:  # detection must never take the installer down
+        return None, f"detection failed ({exc.__class__.__name__}: {exc})"
+
+
+def _interpreter(request: InstallRequest) -> tuple[str | None, str]:
+    if (
+        request.python
+        and re.fullmatch(r"3\.\d+", request.python)
+        and not os.path.exists(request.python)
+    ):
+        if not request.dry_run:
+            raise InstallFailed(
+                "a real install needs --python PATH to an interpreter (a version only plans)", 2
+            )
+        return None, request.python
+    executable = request.python or sys.executable
+    try:
+        return executable, python_version_of(executable)
+    except ValueError as exc:
+        raise InstallFailed(str(exc), 2) from None
+
+
+def _explicit_lock(path: str) -> Lock:
+    try:
+        text = read_text(path, LOCK_MAX_BYTES)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InstallFailed(f"cannot read lock file {path}: {exc}", 2) from None
+    try:
+        return parse_lock(text, origin=path, check_header=True)
+    except LockError as exc:
+        raise InstallFailed(str(exc), 2) from None
+
+
+def _target_mismatch(lock: Lock, detection: Any, request: InstallRequest) -> str | None:
+    """Why a lock made for another machine must not be installed here, if it must not."""
+    if detection is None or request.force_target or request.snapshot:
+        return None
+    if detection.target != lock.target:
+        return (
+            f"the lock is for target {lock.target} but this machine is {detection.target}; "
+            "pass --force-target to install it anyway"
+        )
+    return None
+
+
+def prepare(request: InstallRequest) -> Prepared:
+    try:
+        matrix: Matrix = load_matrix()
+    except MatrixError as exc:
+        raise InstallFailed(str(exc), 2) from None
+    executable, version = _interpreter(request)
+
+    explicit = _explicit_lock(request.lock) if request.lock else None
+    target_arg = request.target
+    if explicit is not None:
+        if target_arg and target_arg != explicit.target:
+            raise InstallFailed(
+                f"{request.lock} is the lock of {explicit.target}, not {target_arg}", 2
+            )
+        target_arg = explicit.target
+
+    detection, why_not = _detect(request.snapshot)
+    if explicit is not None and not request.dry_run:
+        mismatch = _target_mismatch(explicit, detection, request)
+        if mismatch:
+            raise InstallFailed(mismatch, 2)
+    try:
+        target = planning.choose_target(target_arg, detection, matrix)
+    except planning.PlanError as exc:
+        if detection is None and not target_arg:
+            raise InstallFailed(
+                f"{why_not}; pass --target (one of {', '.join(matrix.targets)})", 2
+            ) from None
+        raise InstallFailed(str(exc), 2) from None
+    if (
+        explicit is None
+        and request.target
+        and detection is not None
+        and detection.target != target
+        and not request.dry_run
+        and not request.force_target
+        and not request.snapshot
+    ):
+        raise InstallFailed(
+            f"--target {target} does not match this machine ({detection.target}); "
+            "pass --force-target to install it anyway, or --dry-run to only plan",
+            2,
+        )
+    if detection is not None and detection.target != target:
+        detection = None  # planning another machine's install: this one's facts do not apply
+
+    if explicit is not None:
+        lock = explicit
+        if lock.python != version:
+            raise InstallFailed(
+                f"{request.lock} is for Python {lock.python}, the interpreter is {version}", 2
+            )
+    else:
+        try:
+            lock = load_lock(target, version, request.row)
+        except LockError as exc:
+            raise InstallFailed(str(exc), 2) from None
+    try:
+        lock = lock.for_python(version)
+    except LockError as exc:
+        raise InstallFailed(str(exc), 2) from None
+
+    uv = find_uv()
+    installer = request.installer or ("uv" if uv else "pip")
+    if installer == "uv" and uv is None:
+        raise InstallFailed(
+            "--installer uv: uv was not found (pip install uv, or use --installer pip)", 2
+        )
+    downloader = inst.downloader_for(
+        executable or "python",
+        version,
+        lock.meta.get("platform", matrix.platform),
+        target_has_pip=executable is None or has_pip(executable),
+        uv=uv,
+    )
+    record = _record(executable, request)
+    kernel_source = request.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
+    common: dict[str, Any] = {
+        "detection": detection,
+        "arch": request.arch,
+        "python_executable": executable,
+        "installer": installer,
+        "download_argv": downloader.argv(),
+        "allow_unverified": request.allow_unverified,
+        "strict": request.strict,
+        "record": record,
+        "build_kernels": request.build_kernels,
+        "smoke": request.smoke,
+    }
+    try:
+        first = planning.build_plan(matrix, lock, **common)
+        lookup = inst.find_kernel_wheel(
+            kernel_source, first.kernel_wheel.requirement, request.allow_http
+        )
+        plan = planning.build_plan(matrix, lock, kernel=lookup, **common)
+    except (planning.PlanError, MatrixError) as exc:
+        raise InstallFailed(str(exc), 2) from None
+    if detection is None and not target_arg:
+        plan.warnings.insert(0, f"{why_not}: planning for target {target}")
+    plan.keep_failed = request.keep_failed
+    plan.wheelhouse = request.wheelhouse
+    return Prepared(request, plan, downloader, uv, executable, steps_for(plan), record)
+
+
+def _record(executable: str | None, request: InstallRequest) -> Any:
+    """Every hash trusted so far for this install: the user's, the environment's, and
+    the one given with --from-record (InstallFailed when they disagree)."""
+    from pathlib import Path
+
+    from greta_install.hashrecord import HashRecordError, known_record
+    from greta_install.tools import site_packages_of
+
+    site = None
+    if executable is not None:
+        try:
+            site = site_packages_of(executable)
+        except (ValueError, OSError):
+            site = None
+    extra = Path(request.from_record) if request.from_record else None
+    if extra is not None and extra.is_dir():  # a wheelhouse: its record sits inside
+        from greta_install.hashrecord import RECORD_NAME
+
+        extra = extra / RECORD_NAME
+    try:
+        return known_record(site, extra)
+    except HashRecordError as exc:
+        raise InstallFailed(str(exc), 2) from None

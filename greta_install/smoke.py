@@ -1,0 +1,232 @@
+"""Prove an environment runs before calling an install a success.
+
+The test (smoke_child.py) runs in a subprocess of the target environment's Python,
+with a timeout: a crash, a hang or a GPU that vanished cannot take the installer with
+it. This module only starts it and reads its JSON lines; it imports nothing heavy.
+Each failed step maps to the doctor check that explains it and the usual fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHILD = Path(__file__).with_name("smoke_child.py")
+GPU_TIMEOUT_S = 600.0  # first Triton compiles on a cold GPU machine
+CPU_TIMEOUT_S = 180.0
+
+# step -> (doctor check that explains a failure, the usual fix)
+DIAGNOSIS: dict[str, tuple[str, str]] = {
+    "torch": ("torch.import / torch.gpu", "greta doctor   # names why torch fails or sees no GPU"),
+    "matmul": ("torch.arch", "greta doctor   # a torch wheel without this GPU's code fails here"),
+    "triton": ("triton.*", "greta doctor   # one `triton` distribution, the one torch pins"),
+    "sdpa": ("torch.arch", "greta doctor"),
+    "greta-raw": ("kernel_wheel.*", "greta doctor; greta build-kernels --install"),
+    "greta-torch": ("kernel_wheel.*", "greta doctor; greta build-kernels --install"),
+    "jax": ("jax.*", "greta doctor   # jax, jaxlib and the GPU plugin must match"),
+    "greta-jax": ("jax.jax_triton", "greta doctor"),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    ok: bool
+    seconds: float
+    detail: Any = None
+    error: str | None = None
+
+
+@dataclass
+class SmokeReport:
+    mode: str  # "gpu" | "cpu"
+    steps: list[Step] = field(default_factory=list)
+    returncode: int | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.timed_out
+            and self.returncode == 0
+            and bool(self.steps)
+            and all(s.ok for s in self.steps)
+        )
+
+    @property
+    def failed(self) -> Step | None:
+        return next((s for s in self.steps if not s.ok), None)
+
+    def failure_message(self) -> str:
+        """Which step failed, the doctor check that explains it, and the fix."""
+        if self.ok:
+            return ""
+        if self.timed_out:
+            last = self.steps[-1].name if self.steps else "start-up"
+            return (
+                f"the smoke test did not finish in time (last step done: {last}); doctor: "
+                "torch.import; fix: greta doctor --probe-timeout 600"
+            )
+        step = self.failed
+        if step is None:
+            tail = self.stderr_tail.strip().splitlines()[-1:] or ["no output"]
+            return (
+                f"the smoke test crashed before reporting (exit {self.returncode}): {tail[0]}; "
+                "doctor: torch.import; fix: greta doctor"
+            )
+        check, fix = DIAGNOSIS.get(step.name, ("", "greta doctor"))
+        return f"smoke test step '{step.name}' failed: {step.error}; doctor: {check}; fix: {fix}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "ok": self.ok,
+            "timed_out": self.timed_out,
+            "returncode": self.returncode,
+            "seconds": round(self.seconds, 2),
+            "failed": self.failed.name if self.failed else None,
+            "message": self.failure_message() or None,
+            "steps": [
+                {
+                    "step": s.name,
+                    "ok": s.ok,
+                    "seconds": s.seconds,
+                    "detail": s.detail,
+                    "error": s.error,
+                }
+                for s in self.steps
+            ],
+        }
+
+
+def parse_output(stdout: str) -> list[Step]:
+    """The steps a child reported; lines that are not step records are ignored."""
+    steps = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("step"), str):
+            continue
+        steps.append(
+            Step(
+                data["step"],
+                bool(data.get("ok")),
+                float(data.get("seconds") or 0.0),
+                data.get("detail"),
+                data.get("error"),
+            )
+        )
+    return steps
+
+
+def child_env(mode: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if mode == "cpu":
+        # Triton has no CPU backend: the CPU row runs its kernels in the interpreter.
+        env["TRITON_INTERPRET"] = "1"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def run_smoke(
+    python: str,
+    mode: str,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> SmokeReport:
+    """Run the smoke test in `python`; never raises for a failing environment."""
+    timeout = timeout or (GPU_TIMEOUT_S if mode == "gpu" else CPU_TIMEOUT_S)
+    report = SmokeReport(mode)
+    start = time.perf_counter()
+    argv = [python, str(CHILD), mode]
+    # stderr goes to a file: a chatty child must never block on a full pipe.
+    errfile = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed on every path below)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=errfile,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=child_env(mode, env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        errfile.close()
+        report.returncode = -1
+        report.stderr_tail = f"could not start {python}: {exc}"
+        return report
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = start + timeout
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(argv, timeout)
+            if not sel.select(timeout=min(left, 1.0)):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            for step in parse_output(line):
+                report.steps.append(step)
+                if log:
+                    mark = "ok" if step.ok else "FAILED"
+                    log(f"  smoke {step.name}: {mark} ({step.seconds:.1f}s)")
+        proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
+    except subprocess.TimeoutExpired:
+        report.timed_out = True
+        _kill(proc)
+    finally:
+        errfile.seek(0)
+        report.stderr_tail = errfile.read()[-4000:]
+        errfile.close()
+    report.returncode = proc.returncode
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (OSError, ProcessLookupError):
+        proc.kill()
+    proc.wait()
+
+
+def default_mode(target: str | None) -> str:
+    return "cpu" if target in (None, "cpu") else "gpu"
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use
+    result = run_smoke(sys.executable, sys.argv[1] if len(sys.argv) > 1 else "cpu", log=print)
+    print(json.dumps(result.to_json(), indent=1))

@@ -1,0 +1,550 @@
+"""Journalled install transactions: one environment, one writer, every change undoable.
+
+pip and uv are transactional per package, not per install, and not at all when they are
+killed. A `Transaction` makes a whole `greta install` one unit:
+
+- `EnvLock`: an exclusive `flock` on the environment's site-packages directory, held for
+  the whole install (and passed to the installer child, so a child that outlives GRETA
+  keeps it). The kernel drops it when its holders die: a kill never leaves a stale lock.
+- Before anything changes, the transaction writes its *intent* to a journal inside the
+  environment (`<site-packages>/.greta-txn/journal.json`): every file the install may
+  create, every file it may overwrite or remove (saved first as a hard link, or a copy,
+  under `.greta-txn/backup/`), and the distributions it replaces.
+- `undo()` removes exactly the files the journal says this install created and puts
+  back exactly the files it saved; nothing else in the environment is touched. It is
+  idempotent, so an undo that is itself interrupted is finished by the next run.
+- `recover()`: the next run that takes the lock and finds a journal (GRETA was killed,
+  the machine lost power) undoes it, or only cleans up when it had reached `done`.
+
+Journal states: `prepare` (saving; the environment is untouched), `commit` (the installer
+or a post-commit step may have changed the environment: undo on recovery), `done` (the
+install is complete: recovery only removes the journal and backup).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from greta_install import wheelfiles
+
+TXN_DIR = ".greta-txn"
+JOURNAL = "journal.json"
+JOURNAL_SCHEMA = 1
+LOCK_TIMEOUT_ENV = "GRETA_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 1800.0
+# Temporary entries installers leave beside what they replace when killed: pip's
+# uninstall stash ("~lpha_pkg") and uv's/pip's adjacent temporary files.
+_TEMP_PREFIXES = ("~", ".tmp")
+CRITICAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+Log = Callable[[str], None]
+
+
+class TransactionError(Exception):
+    """The environment cannot be locked, saved or put back; the message says its state."""
+
+
+# --- the environment lock ---------------------------------------------------------------
+
+
+class EnvLock:
+    """Exclusive lock on an environment: `flock` on its site-packages directory.
+
+    Locking the directory itself creates no file, so a refused install leaves the
+    environment byte-identical.
+    """
+
+    def __init__(self, site: Path) -> None:
+        self.site = site
+        self.fd: int | None = None
+
+    def acquire(self, log: Log, timeout_s: float | None = None) -> None:
+        if timeout_s is None:
+            try:
+                timeout_s = float(os.environ.get(LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S))
+            except ValueError:
+                timeout_s = DEFAULT_LOCK_TIMEOUT_S
+        try:
+            fd = os.open(self.site, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise TransactionError(f"cannot open {self.site} to lock it: {exc.strerror}") from None
+        deadline = time.monotonic() + timeout_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise TransactionError(f"cannot lock {self.site}: {exc.strerror}") from None
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise TransactionError(
+                    f"another greta install is still changing {self.site} after {timeout_s:.0f} s; "
+                    "nothing was installed (retry when it has finished)"
+                )
+            if not told:
+                log("greta: another greta install is changing this environment; waiting for it")
+                told = True
+            time.sleep(0.2)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor drops the flock
+            self.fd = None
+
+    def __enter__(self) -> EnvLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# --- signals ----------------------------------------------------------------------------
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived; `signum` says which (exit status 128 + signum)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Interrupted` like Ctrl-C does, so cleanup runs for all."""
+    if not _main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, raise_interrupted) for s in CRITICAL_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def ignore_signals() -> None:
+    """From now on SIGINT/SIGTERM/SIGHUP are ignored (an undo is under way); the handlers
+    `interruptible()` saved are restored when it exits."""
+    if _main_thread():
+        for s in CRITICAL_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def critical() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP while the journal and the environment are made consistent;
+    a signal that arrives meanwhile is delivered when the section ends."""
+    if not _main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, CRITICAL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+# --- journal ----------------------------------------------------------------------------
+
+
+@dataclass
+class Journal:
+    state: str  # prepare | commit | done
+    site: str
+    stage: str | None
+    created: list[str] = field(default_factory=list)  # files the install may add
+    saved: list[tuple[str, str]] = field(default_factory=list)  # (original, backup name)
+    new_dirs: list[str] = field(default_factory=list)  # directories that did not exist
+    dist_infos: list[str] = field(default_factory=list)  # dist-info dirs it writes or replaces
+    temp_roots: list[str] = field(default_factory=list)  # dirs to sweep of installer temp names
+    before_entries: dict[str, list[str]] = field(default_factory=dict)
+    pid: int = field(default_factory=os.getpid)
+
+    def to_json(self) -> dict[str, object]:
+        return {"schema": JOURNAL_SCHEMA, **self.__dict__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Journal:
+        if data.get("schema") != JOURNAL_SCHEMA:
+            raise ValueError(f"journal schema {data.get('schema')!r}")
+        fields = {k: v for k, v in data.items() if k != "schema"}
+        fields["saved"] = [tuple(p) for p in fields.get("saved", [])]  # type: ignore[union-attr]
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json_durably(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+# --- the transaction --------------------------------------------------------------------
+
+
+class Transaction:
+    """One install's changes to one environment (the caller holds its `EnvLock`)."""
+
+    def __init__(self, site: Path, scheme: wheelfiles.Scheme, stage: Path | None) -> None:
+        self.site = site
+        self.scheme = scheme
+        self.dir = site / TXN_DIR
+        self.backup = self.dir / "backup"
+        self.journal = Journal("prepare", str(site), str(stage) if stage else None)
+        self._count = 0
+        self._tracked: set[str] = set()
+        self._begun = False
+
+    # -- intent ---------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        if self.dir.exists():
+            raise TransactionError(f"{self.dir} exists: an earlier install was not recovered")
+        with critical():
+            self.dir.mkdir()
+            self._begun = True
+            self.backup.mkdir()
+            self.journal.temp_roots = sorted({str(r) for r in self.scheme.roots if r.is_dir()})
+            self.journal.before_entries = {
+                root: sorted(os.listdir(root)) for root in self.journal.temp_roots
+            }
+            self._write()
+
+    def add_wheels(self, wheels: Iterable[Path]) -> None:
+        """Record (and save what they overwrite) the files these wheels will install, and
+        the installed distributions of the same projects they replace. Call before the
+        installer runs; the journal is durable when this returns."""
+        with critical():
+            facts = [wheelfiles.read_wheel(w) for w in wheels]
+            replaced = wheelfiles.installed_dist_infos(self.scheme.purelib, [f.name for f in facts])
+            if self.scheme.platlib != self.scheme.purelib:
+                replaced += wheelfiles.installed_dist_infos(
+                    self.scheme.platlib, [f.name for f in facts]
+                )
+            paths: list[Path] = []
+            for f in facts:
+                paths += wheelfiles.install_paths(f, self.scheme)
+                root = self.scheme.purelib if f.root_is_purelib else self.scheme.platlib
+                self._dist_info(root / f.dist_info)
+            for info in replaced:
+                self._dist_info(info)
+                paths += wheelfiles.record_paths(info, self.scheme.roots)
+            for path in paths:
+                self.track_file(path, _write=False)
+            self.journal.state = "commit"
+            self._write()
+
+    def track_file(self, path: Path, _write: bool = True) -> None:
+        """Declare that the install may create, overwrite or delete `path`: it is saved
+        now (if it exists) and removed or put back by an undo."""
+        key = str(Path(os.path.normpath(path)))
+        if key in self._tracked:
+            return
+        self._tracked.add(key)
+        p = Path(key)
+        if p.is_symlink() or p.is_file():
+            name = str(self._count)
+            self._count += 1
+            _save(p, self.backup / name)
+            self.journal.saved.append((key, name))
+        elif p.is_dir():
+            # A wheel file where a directory stands: an installer may delete the directory.
+            for inner in sorted(p.rglob("*")):
+                if inner.is_file() or inner.is_symlink():
+                    self.track_file(inner, _write=False)
+        elif not p.exists():
+            self.journal.created.append(key)
+            parent = p.parent
+            missing = []
+            while not parent.exists() and parent != parent.parent:
+                missing.append(str(parent))
+                parent = parent.parent
+            self.journal.new_dirs += [d for d in missing if d not in self.journal.new_dirs]
+        if _write:
+            with critical():
+                self.journal.state = "commit"
+                self._write()
+
+    def _dist_info(self, info: Path) -> None:
+        key = str(info)
+        if key in self.journal.dist_infos:
+            return
+        self.journal.dist_infos.append(key)
+        if info.is_dir():
+            for path in sorted(info.rglob("*")):
+                if path.is_file() or path.is_symlink():
+                    self.track_file(path, _write=False)
+        else:
+            self.journal.new_dirs.append(key)
+
+    def _write(self) -> None:
+        _write_json_durably(self.dir / JOURNAL, self.journal.to_json())
+
+    # -- outcome --------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """The install is complete: mark it done, then drop the journal and backup."""
+        with critical():
+            self.journal.state = "done"
+            self._write()
+            _discard(self.dir)
+
+    def undo(self) -> list[str]:
+        """Put the environment back as it was before `begin`; what was done, in words."""
+        if not self._begun:
+            return []  # nothing of ours to undo (and the folder, if any, is not ours)
+        with critical():
+            done = _undo(self.journal, self.backup)
+            _discard(self.dir)
+            return done
+
+
+def _save(path: Path, copy: Path) -> None:
+    if path.is_symlink():
+        os.symlink(os.readlink(path), copy)
+        return
+    try:
+        os.link(path, copy)
+    except OSError:  # another filesystem, or hard links not allowed: copy instead
+        shutil.copy2(path, copy)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        if a.is_symlink() or b.is_symlink():
+            return a.is_symlink() and b.is_symlink() and os.readlink(a) == os.readlink(b)
+        if os.path.samefile(a, b):
+            return True
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            while True:
+                x, y = fa.read(1 << 20), fb.read(1 << 20)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
+
+
+def _put_back(copy: Path, original: Path, roots: Iterable[str] = ()) -> None:
+    _make_dir(original.parent, roots)
+    if original.is_dir() and not original.is_symlink():
+        shutil.rmtree(original)
+    try:
+        os.replace(copy, original)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        tmp = original.with_name(f".{original.name}.greta-restore")
+        shutil.copy2(copy, tmp, follow_symlinks=False)
+        os.replace(tmp, original)
+        copy.unlink()
+
+
+def _make_dir(directory: Path, roots: Iterable[str]) -> None:
+    """Make `directory` a directory again. A file or symlink in its place (or in a parent's,
+    inside the environment) was put there by the install being undone: the saved file
+    below it proves a directory stood there before."""
+    inside = [Path(r) for r in roots]
+    for parent in [*reversed(directory.parents), directory]:
+        if not any(parent != r and parent.is_relative_to(r) for r in inside):
+            continue
+        if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+            parent.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+def _remove(path: Path) -> bool:
+    try:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+            return True
+        if path.is_dir():
+            shutil.rmtree(path)
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def _undo(journal: Journal, backup: Path) -> list[str]:
+    removed = 0
+    saved_originals = {original for original, _ in journal.saved}
+    for path in journal.created:
+        p = Path(path)
+        if _remove(p):
+            removed += 1
+        if p.suffix == ".py":  # bytecode the installer or an import compiled for it
+            for pyc in (p.parent / "__pycache__").glob(f"{p.stem}.*.pyc"):
+                pyc.unlink(missing_ok=True)
+    for info in journal.dist_infos:
+        p = Path(info)
+        if not p.is_dir():
+            continue
+        if info in journal.new_dirs:
+            shutil.rmtree(p, ignore_errors=True)
+            continue
+        # A dist-info that existed: drop what the install added to it, keep the saved files.
+        for f in sorted(p.rglob("*"), reverse=True):
+            if (f.is_file() or f.is_symlink()) and str(f) not in saved_originals:
+                f.unlink()
+    put_back = 0
+    for original, name in journal.saved:
+        copy = backup / name
+        target = Path(original)
+        if not (copy.exists() or copy.is_symlink()):
+            continue  # put back by an earlier, interrupted undo
+        if (target.exists() or target.is_symlink()) and _same(target, copy):
+            continue
+        _put_back(copy, target, journal.temp_roots)
+        put_back += 1
+    for root, entries in journal.before_entries.items():
+        known = set(entries)
+        try:
+            now = os.listdir(root)
+        except OSError:
+            continue
+        for entry in now:
+            if entry not in known and entry.startswith(_TEMP_PREFIXES):
+                _remove(Path(root) / entry)
+    for directory in sorted(journal.new_dirs, key=len, reverse=True):
+        d = Path(directory)
+        cache = d / "__pycache__"
+        with contextlib.suppress(OSError):
+            if cache.is_dir() and not any(cache.iterdir()):
+                cache.rmdir()
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    done = []
+    if removed:
+        done.append(f"removed {removed} files it had added")
+    if put_back:
+        done.append(f"put back {put_back} files it had replaced")
+    return done
+
+
+def _discard(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    _fsync_dir(directory.parent)
+
+
+# --- recovery ---------------------------------------------------------------------------
+
+
+def recover(site: Path, log: Log) -> list[str]:
+    """Finish what an earlier, killed install left (the caller holds the EnvLock).
+
+    Returns what was done, in words; [] when there was nothing to recover.
+    """
+    txn_dir = site / TXN_DIR
+    if not txn_dir.exists():
+        return []
+    done: list[str] = []
+    try:
+        with open(txn_dir / JOURNAL, encoding="utf-8") as fh:
+            journal = Journal.from_json(json.load(fh))
+    except (OSError, ValueError, TypeError) as exc:
+        # No readable journal: the earlier install died while writing its first one,
+        # before it changed anything.
+        _discard(txn_dir)
+        return [f"removed an unfinished transaction folder ({exc.__class__.__name__})"]
+    with critical():
+        if journal.state == "commit":
+            done += _undo(journal, txn_dir / "backup")
+            done.insert(0, f"undid the interrupted install of process {journal.pid}")
+        elif journal.state == "done":
+            done.append(f"cleaned up after the completed install of process {journal.pid}")
+        else:
+            done.append(f"removed the unstarted install of process {journal.pid}")
+        if journal.stage:
+            shutil.rmtree(journal.stage, ignore_errors=True)
+        _discard(txn_dir)
+    for line in done:
+        log(f"greta: recovered: {line}")
+    return done
+
+
+# --- staging directories ----------------------------------------------------------------
+
+STAGE_PREFIX = "greta-stage-"
+
+
+def lock_stage(directory: Path) -> int:
+    """Hold a stage directory: a sweeper that can lock it knows its owner is gone."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def sweep_stale_stages(parent: Path, log: Log) -> int:
+    """Remove `greta-stage-*` folders whose process died (no one holds their lock).
+
+    A stage is locked before it is renamed to its `greta-stage-` name, so an unlocked one
+    is never one being set up."""
+    swept = 0
+    try:
+        candidates = [p for p in parent.iterdir() if p.name.startswith(STAGE_PREFIX)]
+    except OSError:
+        return 0
+    for path in candidates:
+        if path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live install owns it
+            shutil.rmtree(path, ignore_errors=True)
+            swept += 1
+        finally:
+            os.close(fd)
+    if swept:
+        log(f"greta: removed {swept} staging folder(s) left by killed installs in {parent}")
+    return swept

@@ -1,0 +1,94 @@
+"""The kernel-wheel step: cache keyed by arch + Triton + GRETA source, static index.
+
+The real build (minutes per arch) runs on the GPU machine (scripts in the report); here
+the cache, the reuse path, progress counting and the static PEP 503 index are tested
+with real wheel files and the installer's own lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from _install_helpers import Index, make_kernel_wheel
+
+from greta_install import kernel_build as kb
+from greta_install.installer import find_kernel_wheel
+
+
+def test_cache_key_changes_with_each_input() -> None:
+    base = kb.cache_key("gfx942", "f" * 32, "s" * 64)
+    assert base.startswith("gfx942-")
+    assert kb.cache_key("gfx1100", "f" * 32, "s" * 64) != base
+    assert kb.cache_key("gfx942", "e" * 32, "s" * 64) != base
+    assert kb.cache_key("gfx942", "f" * 32, "t" * 64) != base
+    assert kb.cache_key("gfx942", "f" * 32, "s" * 64) == base
+
+
+def test_source_hash_is_stable_and_read_without_importing_greta_core() -> None:
+    import sys
+
+    before = set(sys.modules)
+    first = kb.greta_source_hash()
+    assert first == kb.greta_source_hash() and len(first) == 64
+    assert not {m for m in set(sys.modules) - before if m.startswith(("torch", "triton", "jax"))}
+
+
+def test_a_cached_wheel_is_reused_without_building(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRETA_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kb, "triton_fingerprint", lambda python: "f" * 32)
+    entry = kb.cache_root() / kb.cache_key("gfx942", "f" * 32, kb.greta_source_hash())
+    entry.mkdir(parents=True)
+    filename, data = make_kernel_wheel("gfx942")
+    (entry / filename).write_bytes(data)
+
+    def no_build(*args: object, **kw: object) -> None:
+        raise AssertionError("a cached wheel must not be rebuilt")
+
+    monkeypatch.setattr(kb, "_run_with_progress", no_build)
+    logged: list[str] = []
+    built = kb.build_or_reuse("python", "gfx942", log=logged.append)
+    assert built.cached and built.path == entry / filename
+    assert built.sha256 == hashlib.sha256(data).hexdigest()
+    assert any("reusing the cached build" in line for line in logged)
+    # A torn entry (truncated wheel) is not reused: the build runs.
+    (entry / filename).write_bytes(data[: len(data) // 2])
+    with pytest.raises(AssertionError, match="must not be rebuilt"):
+        kb.build_or_reuse("python", "gfx942", log=logged.append)
+
+
+def test_progress_counts_finished_kernels(tmp_path: Path) -> None:
+    assert kb.compiled_so_far(tmp_path) == 0
+    for i in range(3):
+        d = tmp_path / "greta-kernels-gfx942-abc" / f"KEY{i}"
+        d.mkdir(parents=True)
+        (d / f"__grp__k{i}.json").write_text("{}")
+    assert kb.compiled_so_far(tmp_path) == 3
+
+
+def test_static_index_serves_directory_and_http_lookups(tmp_path: Path) -> None:
+    wheels = []
+    for arch in ("gfx942", "sm_90"):
+        filename, data = make_kernel_wheel(arch)
+        (tmp_path / filename).write_bytes(data)
+        wheels.append(tmp_path / filename)
+    out = tmp_path / "index"
+    kb.write_index(wheels[:1], out)
+    kb.write_index(wheels[1:], out)  # grows arch by arch
+    sums = (out / "SHA256SUMS").read_text().splitlines()
+    assert len(sums) == 2
+    digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+    assert f"{digest}  {wheels[0].name}" in sums
+    # As a directory source:
+    found = find_kernel_wheel(str(out), "greta-kernels-gfx942==0.1.0")
+    assert found.location == str(out / wheels[0].name) and found.sha256 == digest
+    # As an index a web server serves (pages + files laid out like the test index):
+    page = (out / "greta-kernels-sm-90" / "index.html").read_text()
+    assert f"../{wheels[1].name}#sha256=" in page
+    files = {p.name: p.read_bytes() for p in out.glob("*.whl")}
+    with Index(files, {}) as index:
+        hit = find_kernel_wheel(index.url, "greta-kernels-sm-90==0.1.0", allow_http=True)
+    assert hit.location and hit.location.endswith(wheels[1].name)
