@@ -1,12 +1,52 @@
-"""Validation and reshaping shared by the row-wise launchers (norms, softmax)."""
+"""Validation, reshaping and launch planning shared by the row-wise ops (norms, softmax)."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
+from greta_core import configs
+from greta_core.configs.rows import row_block
+from greta_core.kernels.col_sum import col_sum_kernel
+from greta_core.ops._plan import Launch
 from greta_core.ops._validate import GretaInputError, check_tensor, launch_arch
 
 TRITON_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    block_n: int
+    one_pass: bool
+    options: dict[str, Any]  # num_warps / num_stages (+ HIP knobs on AMD)
+    config: dict[str, Any]
+
+
+def row_plan(op: str, arch: str, n_cols: int) -> RowPlan:
+    """Block, pass count and options for rows of `n_cols`: memoized.
+
+    Keyed on `configs.lookup` itself, so `greta tune` swapping it never sees a stale
+    plan; a symbolic width (torch.compile tracing) is planned without the memo.
+    """
+    if type(n_cols) is not int:
+        return _plan(op, arch, n_cols, configs.lookup)
+    return _memo_plan(op, arch, n_cols, configs.lookup)
+
+
+def _plan(op: str, arch: str, n_cols: int, lookup: Any) -> RowPlan:
+    config = lookup(op, arch, {"N": n_cols})
+    block, one_pass = row_block(config, n_cols)
+    return RowPlan(block, one_pass, configs.launch_options(config, arch), config)
+
+
+_memo_plan = functools.lru_cache(maxsize=1024)(_plan)
+
+
+def bwd_programs(arch: str, op: str, n_rows: int, n_cols: int) -> int:
+    """Programs of a backward that writes per-program weight-grad partials (deterministic)."""
+    config = configs.lookup(op, arch, {"N": n_cols})
+    return max(1, min(n_rows, int(config["PROGRAMS"])))
 
 
 def float_dtypes(reference: bool = False) -> tuple[Any, ...]:
@@ -54,3 +94,16 @@ def param_dtypes(x_dtype: Any) -> tuple[Any, ...]:
     import torch
 
     return (x_dtype,) if x_dtype in (torch.float32, torch.float64) else (x_dtype, torch.float32)
+
+
+def col_sum_launch(arch: str, partial: Any, n_partials: int, n_cols: int, out: Any) -> Launch:
+    """Add [n_partials, n_cols] fp32 partials into `out` [n_cols] (the norms' dweight/dbias)."""
+    config = configs.lookup("col_sum", arch, {"N": n_cols})
+    block_n = config["BLOCK_N"]
+    return Launch(
+        col_sum_kernel,
+        ((n_cols + block_n - 1) // block_n,),
+        (partial, n_partials, n_cols, out),
+        {"BLOCK_P": config["BLOCK_P"], "BLOCK_N": block_n},
+        configs.launch_options(config, arch),
+    )

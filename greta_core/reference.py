@@ -1,0 +1,105 @@
+"""The torch reference maths of every GRETA op: one definition per op.
+
+Used by the CPU kernels of ``torch.ops.greta`` (``greta_core.torch``), GretaCompute's
+``reference`` implementation and the bench's correctness checks. Plain torch, no
+validation (the callers validate), fp32 compute for every dtype but float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 stays float64 (gradcheck); everything else computes in float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+# --- rms_norm -----------------------------------------------------------------------------
+
+
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[Any, Any]:
+    """(y, rstd): y = x * rstd * weight over the last dim; rstd [rows] in the compute dtype."""
+    ct = compute_dtype(x)
+    xf = _rows(x).to(ct)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps)
+    y = (xf * rstd[:, None] * weight.to(ct)).to(x.dtype).reshape(x.shape)
+    return y, rstd
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return rms_norm_fwd(x, weight, eps)[0]
+
+
+def rms_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+) -> tuple[Any, Any]:
+    """(dx, dweight): dx = rstd * (g - xhat * mean(g * xhat)), g = weight * dy."""
+    ct = compute_dtype(x)
+    xhat = _rows(x).to(ct) * rstd.to(ct)[:, None]
+    dyf = _rows(dy).to(ct)
+    g = dyf * weight.to(ct)
+    c = (g * xhat).mean(-1, keepdim=True)
+    dx = ((g - xhat * c) * rstd.to(ct)[:, None]).to(x.dtype).reshape(x.shape)
+    dw = (dyf * xhat).sum(0).to(weight.dtype)
+    return dx, dw
+
+
+# --- layer_norm ---------------------------------------------------------------------------
+
+
+def layer_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> tuple[Any, Any, Any]:
+    """(y, mean, rstd): y = (x - mean) * rstd * weight + bias; mean/rstd [rows]."""
+    ct = compute_dtype(x)
+    xf = _rows(x).to(ct)
+    mean = xf.mean(-1)
+    xc = xf - mean[:, None]
+    rstd = torch.rsqrt(xc.pow(2).mean(-1) + eps)
+    y = xc * rstd[:, None] * weight.to(ct)
+    if bias is not None:
+        y = y + bias.to(ct)
+    return y.to(x.dtype).reshape(x.shape), mean, rstd
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
+) -> torch.Tensor:
+    return layer_norm_fwd(x, weight, bias, eps)[0]
+
+
+def layer_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+) -> tuple[Any, Any, Any]:
+    """(dx, dweight, dbias); dbias in the weight's dtype."""
+    ct = compute_dtype(x)
+    r = rstd.to(ct)[:, None]
+    xhat = (_rows(x).to(ct) - mean.to(ct)[:, None]) * r
+    dyf = _rows(dy).to(ct)
+    g = dyf * weight.to(ct)
+    c1 = (g * xhat).mean(-1, keepdim=True)
+    c2 = g.mean(-1, keepdim=True)
+    dx = ((g - xhat * c1 - c2) * r).to(x.dtype).reshape(x.shape)
+    return dx, (dyf * xhat).sum(0).to(weight.dtype), dyf.sum(0).to(weight.dtype)
+
+
+# --- softmax ------------------------------------------------------------------------------
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim."""
+    return torch.softmax(x.to(compute_dtype(x)), dim=-1).to(x.dtype)
+
+
+def softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """dx = y * (dy - sum(y * dy, -1))."""
+    ct = compute_dtype(y)
+    yf, dyf = y.to(ct), dy.to(ct)
+    return (yf * (dyf - (yf * dyf).sum(-1, keepdim=True))).to(y.dtype)
