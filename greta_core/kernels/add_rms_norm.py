@@ -137,3 +137,61 @@ def add_rms_norm_bwd_kernel(
                 # Same offsets, shape and layout as the zeroing store: no barrier needed.
                 part = tl.load(partial_row + cols, mask=mask, other=0.0)
                 tl.store(partial_row + cols, part + dy * shat, mask=mask)
+
+
+def weight_dtypes(dtype: str) -> tuple[str, ...]:
+    """Weight may match x or be fp32 (mixed-precision models keep fp32 norm weights)."""
+    return (dtype,) if dtype == "fp32" else (dtype, "fp32")
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core.configs.rows import aot_variants
+    from greta_core.kernels._aot import AotSpec
+
+    specs = []
+    for dtype in DTYPES:
+        for wdtype in weight_dtypes(dtype):
+            for block, one_pass, options in aot_variants("add_rms_norm", arch):
+                specs.append(
+                    AotSpec(
+                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
+                        kernel=add_rms_norm_fwd_kernel,
+                        signature={
+                            "x_ptr": f"*{dtype}",
+                            "res_ptr": f"*{dtype}",
+                            "w_ptr": f"*{wdtype}",
+                            "n_cols": "i32",
+                            "stride_x": "i32",
+                            "stride_r": "i32",
+                            "eps": "fp32",
+                            "y_ptr": f"*{dtype}",
+                            "s_ptr": f"*{dtype}",
+                            "rstd_ptr": "*fp32",
+                        },
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
+                    )
+                )
+            for block, one_pass, options in aot_variants("add_rms_norm_bwd", arch):
+                specs.append(
+                    AotSpec(
+                        name=f"add_rms_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
+                        kernel=add_rms_norm_bwd_kernel,
+                        signature={
+                            "dy_ptr": f"*{dtype}",
+                            "ds_ptr": f"*{dtype}",
+                            "s_ptr": f"*{dtype}",
+                            "w_ptr": f"*{wdtype}",
+                            "rstd_ptr": "*fp32",
+                            "n_rows": "i32",
+                            "n_cols": "i32",
+                            "stride_dy": "i32",
+                            "stride_ds": "i32",
+                            "dx_ptr": f"*{dtype}",
+                            "dw_partial_ptr": "*fp32",
+                        },
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
+                    )
+                )
+    return specs
