@@ -20,9 +20,13 @@ _interp_compat.apply()
 
 
 def validate(op: str, gate: Any, up: Any, reference: bool = False) -> str:
-    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_tensor(op, "gate", gate, dtypes=float_dtypes(reference), contiguous=True)
-    check_tensor(op, "up", up, dtypes=(gate.dtype,), contiguous=True)
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError.
+
+    The kernels take contiguous tensors (the torch ops make them so); the torch reference
+    takes any strides.
+    """
+    check_tensor(op, "gate", gate, dtypes=float_dtypes(reference), contiguous=not reference)
+    check_tensor(op, "up", up, dtypes=(gate.dtype,), contiguous=not reference)
     check_same_shape(op, gate=gate, up=up)
     check_same_device(op, gate=gate, up=up)
     return arch_for(op, gate, reference)
@@ -30,7 +34,7 @@ def validate(op: str, gate: Any, up: Any, reference: bool = False) -> str:
 
 def validate_bwd(op: str, dy: Any, gate: Any, up: Any, reference: bool = False) -> str:
     arch = validate(op, gate, up, reference)
-    check_tensor(op, "dy", dy, dtypes=(gate.dtype,), contiguous=True)
+    check_tensor(op, "dy", dy, dtypes=(gate.dtype,), contiguous=not reference)
     check_same_shape(op, dy=dy, gate=gate)
     check_same_device(op, dy=dy, gate=gate)
     return arch
