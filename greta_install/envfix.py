@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from greta_install.errors import GretaError
+
 JSON_NAME = "greta-env.json"
 PTH_NAME = "greta-env.pth"
 HOOK_NAME = "_greta_env.py"
@@ -56,7 +58,7 @@ if _os.environ.get("GRETA_ENV_DISABLE") != "1":
 '''
 
 
-class EnvFixError(Exception):
+class EnvFixError(GretaError):
     """The persisted fixes are unreadable or cannot be written."""
 
 

@@ -31,7 +31,8 @@ from types import FrameType
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from greta_install.lockgen import _Links, sha256_file
+from greta_install.errors import GretaError
+from greta_install.lockgen import IndexLinks, sha256_file
 from greta_install.plan import STAGE, InstallPlan, KernelLookup, PlannedPackage
 
 DOWNLOAD_TIMEOUT_S = 3600
@@ -40,7 +41,7 @@ KERNEL_ENV = "GRETA_KERNEL_INDEX"
 Log = Callable[[str], None]
 
 
-class InstallError(Exception):
+class InstallError(GretaError):
     """A package could not be staged or installed; names the package and the reason."""
 
     def __init__(self, package: str, reason: str) -> None:
@@ -110,7 +111,7 @@ def find_kernel_wheel(source: str | None, requirement: str | None) -> KernelLook
                 html = response.read().decode("utf-8", errors="replace")
         except (OSError, urllib.error.URLError, ValueError) as exc:
             return KernelLookup(source, problem=f"kernel index {page} unreachable ({exc})")
-        parser = _Links()
+        parser = IndexLinks()
         parser.feed(html)
         for href in parser.links:
             url = urllib.parse.urljoin(page, href)

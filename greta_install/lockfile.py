@@ -27,6 +27,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from greta_install.errors import GretaError
+
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
@@ -36,7 +38,7 @@ _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
-class LockError(Exception):
+class LockError(GretaError):
     """A lock file is missing, unreadable or malformed."""
 
 

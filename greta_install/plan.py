@@ -13,8 +13,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from greta_install import kernel_names
+from greta_install.errors import GretaError
 from greta_install.lockfile import Lock
-from greta_install.lockgen import kernel_wheel_name
 from greta_install.matrix import Matrix, TargetSpec
 from greta_install.model import Detection
 
@@ -23,7 +24,7 @@ STAGE = "<stage>"  # placeholder for the temporary staging directory in shown co
 JIT_NOTE = "kernel wheel: not available, kernels compile on first use (JIT)"
 
 
-class PlanError(ValueError):
+class PlanError(GretaError, ValueError):
     """The request cannot be planned (unknown target, arch of another target...)."""
 
 
@@ -208,7 +209,7 @@ def build_plan(
                 rule.warning or f"{chosen_arch} runs as {rule.kernel_arch} (unofficial)"
             )
             warnings.append(
-                f"kernel wheel: using {kernel_wheel_name(rule.kernel_arch)} because "
+                f"kernel wheel: using {kernel_names.distribution_name(rule.kernel_arch)} because "
                 f"HSA_OVERRIDE_GFX_VERSION={rule.override} makes the {chosen_arch} GPU run {rule.kernel_arch} code"
             )
         else:
@@ -273,7 +274,7 @@ def _plan_kernel_wheel(
     if not spec.kernel_wheel or not lock.kernel_wheel or arch is None:
         return KernelWheel(None, None, "none", None, None, "this target uses no kernel wheel")
     version = lock.kernel_wheel.split("==", 1)[1] if "==" in lock.kernel_wheel else ""
-    requirement = f"{kernel_wheel_name(arch)}=={version}"
+    requirement = kernel_names.requirement(arch, version)
     if kernel is None or kernel.source is None:
         return KernelWheel(
             requirement,

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from greta_install.errors import InterpreterError
+
 
 def find_uv() -> str | None:
     """The uv executable: on PATH, beside this interpreter, or from the `uv` package."""
@@ -83,9 +85,11 @@ def python_version_of(python: str) -> str:
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ValueError(f"cannot run Python interpreter {python}: {exc}") from None
+        raise InterpreterError(f"cannot run Python interpreter {python}: {exc}") from None
     if proc.returncode != 0:
-        raise ValueError(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-300:]}")
+        raise InterpreterError(
+            f"cannot run Python interpreter {python}: {proc.stderr.strip()[-300:]}"
+        )
     return proc.stdout.strip()
 
 
@@ -99,5 +103,7 @@ def site_packages_of(python: str) -> Path:
         stdin=subprocess.DEVNULL,
     )
     if proc.returncode != 0:
-        raise ValueError(f"cannot ask {python} for its site-packages: {proc.stderr.strip()[-300:]}")
+        raise InterpreterError(
+            f"cannot ask {python} for its site-packages: {proc.stderr.strip()[-300:]}"
+        )
     return Path(proc.stdout.strip())

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from greta_core.errors import GretaInputError
+
 OPS: tuple[str, ...] = (
     "vec_add",
     "rms_norm",
@@ -129,7 +131,7 @@ def cost(op: str, p: Params, itemsize: int) -> Cost:
         b, h, s_new, d = p["b"], p["h"], p["s_new"], p["d"]
         # k_new and v_new read, the same amount written into the caches, lengths read.
         return Cost(4 * b * h * s_new * d * itemsize + 4 * b, 0, "memory")
-    raise ValueError(f"unknown op {op!r}")
+    raise GretaInputError(f"unknown op {op!r}")
 
 
 def describe(op: str, p: Params) -> str:
@@ -146,16 +148,18 @@ def describe(op: str, p: Params) -> str:
         return f"B{p['b']} S{p['s']} H{p['h']} D{p['d']}"
     if op == "kv_cache_append":
         return f"B{p['b']} H{p['h']} Smax{p['s_max']} Snew{p['s_new']} D{p['d']}"
-    raise ValueError(f"unknown op {op!r}")
+    raise GretaInputError(f"unknown op {op!r}")
 
 
 def select(preset: str, ops: list[str] | None) -> list[tuple[str, Params]]:
     """The preset's cases, restricted to `ops` (in the preset's order)."""
     if preset not in SIZES:
-        raise ValueError(f"unknown preset {preset!r}; expected one of: {', '.join(PRESETS)}")
+        raise GretaInputError(f"unknown preset {preset!r}; expected one of: {', '.join(PRESETS)}")
     unknown = sorted(set(ops or ()) - set(OPS))
     if unknown:
-        raise ValueError(f"unknown op(s): {', '.join(unknown)}; expected some of: {', '.join(OPS)}")
+        raise GretaInputError(
+            f"unknown op(s): {', '.join(unknown)}; expected some of: {', '.join(OPS)}"
+        )
     return [(op, p) for op, p in SIZES[preset] if not ops or op in ops]
 
 

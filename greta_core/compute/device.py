@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from greta_core.errors import GretaInputError
+
 
 def default_device() -> str:
     """ "cuda" when torch sees a CUDA or ROCm GPU (ROCm torch also says "cuda"), else "cpu"."""
@@ -31,7 +33,9 @@ def resolve_dtype(name: str, device: str) -> Any:
     if name == "auto":
         return default_dtype(device)
     if name not in ("float16", "bfloat16", "float32", "float64"):
-        raise ValueError(f"unknown dtype {name!r}: use auto, float32, bfloat16, float16, float64")
+        raise GretaInputError(
+            f"unknown dtype {name!r}: use auto, float32, bfloat16, float16, float64"
+        )
     return getattr(torch, name)
 
 
