@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from greta_core import observe  # noqa: E402
-from greta_core.ops._validate import GretaInputError  # noqa: E402
+from greta_core.errors import GretaInputError  # noqa: E402
 from greta_core.transformers import (  # noqa: E402
     FAMILIES,
     GretaFallbackWarning,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_param, check_rows, compute_dtype, triton_ok
 from greta_core.observe import record
-from greta_core.ops._validate import GretaInputError
 
 
 def _fwd_impl(x: Any, r: Any, w: Any, eps: float) -> tuple[Any, Any, Any]:

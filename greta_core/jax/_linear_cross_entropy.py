@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_float, triton_ok
 from greta_core.observe import record
-from greta_core.ops._validate import GretaInputError
 from greta_core.ops.linear_cross_entropy import OP, REDUCTIONS, chunks
 
 

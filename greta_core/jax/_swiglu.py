@@ -6,9 +6,9 @@ import functools
 import math
 from typing import Any
 
+from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_float, compute_dtype, triton_ok
 from greta_core.observe import record
-from greta_core.ops._validate import GretaInputError
 from greta_core.ops.swiglu import OPS
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from greta_core.errors import GretaInputError
 from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel, add_rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
@@ -22,7 +23,6 @@ from greta_core.ops._rows import (
     rows_view,
 )
 from greta_core.ops._validate import (
-    GretaInputError,
     check_same_device,
     check_same_shape,
     check_tensor,

@@ -16,12 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core import configs
+from greta_core.errors import GretaInputError
 from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes
-from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor
+from greta_core.ops._validate import check_same_device, check_tensor
 
 OP = "linear_cross_entropy"
 REDUCTIONS = ("mean", "sum", "none")

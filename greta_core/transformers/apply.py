@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from greta_core.ops._validate import GretaInputError
+from greta_core.errors import GretaInputError
 from greta_core.transformers import attention as attn
 from greta_core.transformers._families import FAMILIES, Family
 from greta_core.transformers.causal_lm import causal_lm_forward
