@@ -182,14 +182,14 @@ def test_class_mode_patches_models_built_afterwards() -> None:
     report = apply_greta("mistral")
     assert report.mode == "classes"
     model = tiny_model("mistral")  # same seed: same weights
-    observe._last.clear()
+    observe.reset()
     with torch.no_grad():
         logits = model.eval()(ids).logits
     assert observe.last_implementation("attention") == "reference-torch"
     assert observe.last_implementation("rms_norm") == "reference-torch"
     assert _rel(logits, ref) < 1e-5
     revert_greta("mistral")
-    observe._last.clear()
+    observe.reset()
     with torch.no_grad():
         tiny_model("mistral").eval()(ids)
     assert observe.last_implementation("rms_norm") is None
@@ -200,7 +200,7 @@ def test_flags_leave_unselected_modules_alone() -> None:
     report = apply_greta(model, attention=False, cross_entropy=False, add_rms_norm=False)
     assert report.kernels == ("rms_norm", "rope", "swiglu")
     assert model.config._attn_implementation == "sdpa"
-    observe._last.clear()
+    observe.reset()
     model.train()
     out = model(_inputs(), labels=_inputs())
     assert out.logits is not None  # the model's own loss
