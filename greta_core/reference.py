@@ -103,3 +103,65 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     ct = compute_dtype(y)
     yf, dyf = y.to(ct), dy.to(ct)
     return (yf * (dyf - (yf * dyf).sum(-1, keepdim=True))).to(y.dtype)
+
+
+# --- vec_add ------------------------------------------------------------------------------
+
+
+def vec_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+# --- rope ---------------------------------------------------------------------------------
+
+
+def rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    """Rotate-half RoPE of x [batch, seq, heads, d] by cos/sin [seq, d/2] or [batch|1, seq, d/2]."""
+    ct = compute_dtype(x)
+    c = cos.to(ct).unsqueeze(-2)
+    s = sin.to(ct).unsqueeze(-2)
+    if c.dim() == 3:
+        c, s = c.unsqueeze(0), s.unsqueeze(0)
+    if inverse:
+        s = -s
+    half = x.shape[-1] // 2
+    xf = x.to(ct)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def rope_angles(
+    positions: torch.Tensor, theta: float, head_dim: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """pos * theta^(-2i/head_dim): [..., head_dim/2]."""
+    i = torch.arange(head_dim // 2, device=positions.device, dtype=dtype)
+    inv_freq = theta ** (-(2.0 * i) / head_dim)
+    return positions.to(dtype)[..., None] * inv_freq
+
+
+def rope_positions(
+    x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, inverse: bool = False
+) -> torch.Tensor:
+    """RoPE with the angles of integer positions [seq] or [batch|1, seq]."""
+    ang = rope_angles(positions, theta, x.shape[-1], compute_dtype(x))
+    return rope(x, ang.cos(), ang.sin(), inverse)
+
+
+# --- kv_cache_append ----------------------------------------------------------------------
+
+
+def kv_cache_append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    cache_lens: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Write k/v [B, H, T, D] into the caches [B, H, S, D] at cache_lens[b] + t, in place;
+    returns the new lengths. The caller checks capacity (scatter_ raises past S)."""
+    batch, heads, new_tokens, head_dim = k.shape
+    pos = cache_lens.long()[:, None] + torch.arange(new_tokens, device=k.device)
+    index = pos[:, None, :, None].expand(batch, heads, new_tokens, head_dim)
+    # scatter_, not a Python loop over lengths: traceable under torch.compile.
+    k_cache.scatter_(2, index, k)
+    v_cache.scatter_(2, index, v)
+    return cache_lens + new_tokens
