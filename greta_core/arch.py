@@ -36,6 +36,13 @@ def is_cuda(arch: str) -> bool:
     return arch.startswith("sm_")
 
 
+def backend(arch: str) -> str:
+    """ "hip", "cuda" or "cpu" (the Triton interpreter): a config-table feature."""
+    if arch == "cpu":
+        return "cpu"
+    return "hip" if is_hip(arch) else "cuda"
+
+
 def warp_size(arch: str) -> int:
     """Wave64 on CDNA/GCN (gfx9xx), wave32 on RDNA (gfx10xx-12xx) and NVIDIA."""
     if is_hip(arch):

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Any
 
+from greta_core.arch import device_arch
+
 SCHEMA = 1
 
 # (env var, platforms it applies to, what it changes)
@@ -79,7 +81,7 @@ def _torch_section(torch: Any) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         gpu = {
             "name": props.name,
-            "arch": getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}",
+            "arch": device_arch(0),
             "count": torch.cuda.device_count(),
         }
     return {

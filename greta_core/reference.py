@@ -106,6 +106,173 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (yf * (dyf - (yf * dyf).sum(-1, keepdim=True))).to(y.dtype)
 
 
+# --- vec_add ------------------------------------------------------------------------------
+
+
+def vec_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+# --- rope ---------------------------------------------------------------------------------
+
+
+def rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    """Rotate-half RoPE of x [batch, seq, heads, d] by cos/sin [seq, d/2] or [batch|1, seq, d/2]."""
+    ct = compute_dtype(x)
+    c = cos.to(ct).unsqueeze(-2)
+    s = sin.to(ct).unsqueeze(-2)
+    if c.dim() == 3:
+        c, s = c.unsqueeze(0), s.unsqueeze(0)
+    if inverse:
+        s = -s
+    half = x.shape[-1] // 2
+    xf = x.to(ct)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def rope_angles(
+    positions: torch.Tensor, theta: float, head_dim: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """pos * theta^(-2i/head_dim): [..., head_dim/2]."""
+    i = torch.arange(head_dim // 2, device=positions.device, dtype=dtype)
+    inv_freq = theta ** (-(2.0 * i) / head_dim)
+    return positions.to(dtype)[..., None] * inv_freq
+
+
+def rope_positions(
+    x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, inverse: bool = False
+) -> torch.Tensor:
+    """RoPE with the angles of integer positions [seq] or [batch|1, seq]."""
+    ang = rope_angles(positions, theta, x.shape[-1], compute_dtype(x))
+    return rope(x, ang.cos(), ang.sin(), inverse)
+
+
+# --- kv_cache_append ----------------------------------------------------------------------
+
+
+def kv_cache_append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    cache_lens: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Write k/v [B, H, T, D] into the caches [B, H, S, D] at cache_lens[b] + t, in place;
+    returns the new lengths. The caller checks capacity (scatter_ raises past S)."""
+    batch, heads, new_tokens, head_dim = k.shape
+    pos = cache_lens.long()[:, None] + torch.arange(new_tokens, device=k.device)
+    index = pos[:, None, :, None].expand(batch, heads, new_tokens, head_dim)
+    # scatter_, not a Python loop over lengths: traceable under torch.compile.
+    k_cache.scatter_(2, index, k)
+    v_cache.scatter_(2, index, v)
+    return cache_lens + new_tokens
+
+
+# --- matmul -------------------------------------------------------------------------------
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """GEMM accumulation: fp32, or wider when the inputs are."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b (+ bias): fp32 (or wider) accumulation, result in the input dtype."""
+    acc = acc_dtype(a.dtype)
+    out = a.to(acc) @ b.to(acc)
+    if bias is not None:
+        out = out + bias.to(acc)
+    return out.to(a.dtype)
+
+
+# --- attention ----------------------------------------------------------------------------
+
+
+def attention_visible(
+    q: torch.Tensor, k: torch.Tensor, causal: bool,
+    q_lens: torch.Tensor | None = None, kv_lens: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Boolean [B, 1, Sq, Skv]: which key each query row sees. Query row i < q_len sits at
+    position kv_len - q_len + i (bottom-right causal); lengths clamp to [0, S]."""
+    batch, _, seq_q, _ = q.shape
+    seq_kv = k.shape[2]
+    dev = q.device
+    full_q = torch.full((batch,), seq_q, device=dev)
+    full_kv = torch.full((batch,), seq_kv, device=dev)
+    ql = q_lens.long().clamp(0, seq_q) if q_lens is not None else full_q
+    kl = kv_lens.long().clamp(0, seq_kv) if kv_lens is not None else full_kv
+    i = torch.arange(seq_q, device=dev)
+    j = torch.arange(seq_kv, device=dev)
+    vis = (j[None, None, :] < kl[:, None, None]) & (i[None, :, None] < ql[:, None, None])
+    if causal:
+        pos = (kl - ql)[:, None] + i[None, :]
+        vis = vis & (j[None, None, :] <= pos[:, :, None])
+    return vis[:, None]
+
+
+def attention_probs(
+    q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float | None,
+    q_lens: torch.Tensor | None = None, kv_lens: torch.Tensor | None = None,
+) -> tuple[Any, Any, Any, float]:  # fmt: skip
+    """(P, logsumexp, k repeated to q's heads, scale), all in fp32 or wider."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    group = q.shape[1] // k.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    kx = k.to(acc).repeat_interleave(group, dim=1)
+    scores = (q.to(acc) @ kx.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~attention_visible(q, k, causal, q_lens, kv_lens), -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    # A row that sees no key has lse = -inf: its probabilities are 0. Only those rows: a NaN
+    # (or inf) from the inputs propagates, as in SDPA.
+    no_key = torch.isneginf(lse).unsqueeze(-1)
+    probs = torch.where(no_key, 0.0, torch.exp(scores - lse.unsqueeze(-1)))
+    return probs, lse, kx, scale
+
+
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None, q_lens: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(o in q's dtype, logsumexp fp32 or wider) of softmax(q k^T * scale) v, GQA."""
+    probs, lse, _, _ = attention_probs(q, k, causal, scale, q_lens, kv_lens)
+    group = q.shape[1] // k.shape[1]
+    out = probs @ v.to(probs.dtype).repeat_interleave(group, dim=1)
+    return out.to(q.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None, q_lens: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    return attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
+
+
+def attention_bwd(
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+    scale: float | None, q_lens: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """(dq, dk, dv): the softmax-attention gradient (O(S^2) memory: the probabilities)."""
+    probs, _, kx, scale = attention_probs(q, k, causal, scale, q_lens, kv_lens)
+    acc = probs.dtype
+    batch, heads_kv, seq_kv, dim = k.shape
+    group = q.shape[1] // heads_kv
+    vx = v.to(acc).repeat_interleave(group, dim=1)
+    d_out = grad.to(acc)
+    d_v = probs.transpose(-1, -2) @ d_out
+    d_p = d_out @ vx.transpose(-1, -2)
+    d_s = probs * (d_p - (d_p * probs).sum(-1, keepdim=True))
+    d_q = (d_s @ kx) * scale
+    d_k = (d_s.transpose(-1, -2) @ q.to(acc)) * scale
+
+    def fold(t: torch.Tensor) -> torch.Tensor:  # sum the query heads sharing a kv head
+        return t.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
+
+    return d_q.to(q.dtype), fold(d_k).to(k.dtype), fold(d_v).to(v.dtype)
+
+
 # --- add_rms_norm -------------------------------------------------------------------------
 
 

@@ -14,6 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from greta_core.arch import device_arch
+
 # Distribution names that provide each import package (ROCm builds rename triton).
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
@@ -98,7 +100,7 @@ def device_info(device: str) -> dict[str, Any]:
     info.update(
         gpu_name=torch.cuda.get_device_name(0),
         gpu_count=torch.cuda.device_count(),
-        arch=getattr(props, "gcnArchName", None) if is_hip else f"sm_{props.major}{props.minor}",
+        arch=device_arch(0),
         multiprocessors=props.multi_processor_count,
         memory_gib=round(props.total_memory / 2**30, 1),
         l2_cache_mb=round(getattr(props, "L2_cache_size", 0) / 1e6, 1) or None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from greta_core.arch import device_arch
 from greta_core.errors import GretaInputError
 
 
@@ -64,7 +65,7 @@ def describe(device: str) -> dict[str, Any]:
     if device.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         meta["gpu"] = props.name
-        meta["gpu_arch"] = getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"
+        meta["gpu_arch"] = device_arch(0)
         meta["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
     else:
         meta["gpu"] = None

@@ -18,6 +18,8 @@ def _new(buffer: Any, inputs: Sequence[Any]) -> Any:
 
     if buffer.alias is not None:
         return inputs[buffer.alias]
+    if buffer.fill is not None:
+        return jnp.full(buffer.shape, buffer.fill, jnp.dtype(buffer.dtype))
     make = jnp.zeros if buffer.zeroed else jnp.empty
     return make(buffer.shape, jnp.dtype(buffer.dtype))
 
@@ -32,6 +34,9 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
     for launch in plan.launches:
         written = launch.written()
         lead = launch.args[: len(launch.args) - len(written)]
+        for a in lead:  # a buffer read before any launch wrote it (e.g. a filled one)
+            if type(a) is Out and a.index not in bufs:
+                bufs[a.index] = _new(plan.buffers[a.index], inputs)
         args = [
             inputs[a.index] if type(a) is In else bufs[a.index] if type(a) is Out else a
             for a in lead

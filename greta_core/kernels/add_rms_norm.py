@@ -145,7 +145,7 @@ def weight_dtypes(dtype: str) -> tuple[str, ...]:
 
 
 def aot_specs(arch: str) -> list:
-    from greta_core.configs.rows import aot_variants
+    from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
 
     specs = []

@@ -157,7 +157,7 @@ def layer_norm_bwd_kernel(
 
 
 def aot_specs(arch: str) -> list:
-    from greta_core.configs.rows import aot_variants
+    from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
     from greta_core.kernels.rms_norm import weight_dtypes
 

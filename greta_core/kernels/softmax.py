@@ -97,7 +97,7 @@ def softmax_bwd_kernel(
 
 
 def aot_specs(arch: str) -> list:
-    from greta_core.configs.rows import aot_variants
+    from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
 
     specs = []

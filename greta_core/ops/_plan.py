@@ -46,6 +46,7 @@ class Buffer:
     dtype: str
     zeroed: bool = False  # filled with zeros before any launch (also when nothing launches)
     alias: int | None = None  # updated in place: the input with this index (no allocation)
+    fill: float | None = None  # filled with this value (e.g. a full-length lengths vector)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,8 @@ def run(
             t = given[i]
             if b.zeroed:
                 t.zero_()
+        elif b.fill is not None:
+            t = torch.full(b.shape, b.fill, dtype=getattr(torch, b.dtype), device=device)
         else:
             make = torch.zeros if b.zeroed else torch.empty
             t = make(b.shape, dtype=getattr(torch, b.dtype), device=device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from greta_core import configs
-from greta_core.configs.rows import row_block
+from greta_core.configs.blocks import row_block
 from greta_core.kernels.col_sum import col_sum_kernel
 from greta_core.ops._plan import Launch
 from greta_core.ops._validate import GretaInputError, check_tensor, launch_arch

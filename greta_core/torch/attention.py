@@ -9,67 +9,15 @@ gradient in torch ops, which materialises the [B, H, Sq, Skv] probabilities.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core import reference as ref
 from greta_core.ops import attention as raw
 from greta_core.ops import attention_bwd as raw_bwd
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _visible(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    causal: bool,
-    q_lens: torch.Tensor | None,
-    kv_lens: torch.Tensor | None,
-) -> torch.Tensor:
-    """Boolean [B, 1, Sq, Skv]: which key each query row sees (the kernel's rule)."""
-    batch, _, seq_q, _ = q.shape
-    seq_kv = k.shape[2]
-    dev = q.device
-    ql = (
-        q_lens.long().clamp(max=seq_q)
-        if q_lens is not None
-        else torch.full((batch,), seq_q, device=dev)
-    )
-    kl = (
-        kv_lens.long().clamp(max=seq_kv)
-        if kv_lens is not None
-        else torch.full((batch,), seq_kv, device=dev)
-    )
-    i = torch.arange(seq_q, device=dev)
-    j = torch.arange(seq_kv, device=dev)
-    vis = (j[None, None, :] < kl[:, None, None]) & (i[None, :, None] < ql[:, None, None])
-    if causal:
-        pos = (kl - ql)[:, None] + i[None, :]
-        vis = vis & (j[None, None, :] <= pos[:, :, None])
-    return vis[:, None]
-
-
-def _probs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    causal: bool,
-    scale: float | None,
-    q_lens: torch.Tensor | None,
-    kv_lens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-    """(P, logsumexp, k expanded to q's heads, scale), all in fp32 or wider."""
-    acc = torch.promote_types(q.dtype, torch.float32)
-    group = q.shape[1] // k.shape[1]
-    scale = raw.default_scale(q.shape[3]) if scale is None else float(scale)
-    kx = k.to(acc).repeat_interleave(group, dim=1)
-    scores = (q.to(acc) @ kx.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~_visible(q, k, causal, q_lens, kv_lens), -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    # Rows that see no key (padding rows) have lse = -inf: their probabilities are 0.
-    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-    return probs, lse, kx, scale
 
 
 def reference(
@@ -83,10 +31,7 @@ def reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o in q's dtype, logsumexp fp32 or wider): the kernel's semantics in torch ops."""
     raw.check_shapes(q, k, v, q_lens, kv_lens)
-    probs, lse, _, _ = _probs(q, k, causal, scale, q_lens, kv_lens)
-    group = q.shape[1] // k.shape[1]
-    out = probs @ v.to(probs.dtype).repeat_interleave(group, dim=1)
-    return out.to(q.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
+    return ref.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)
 
 
 def _reference_cpu(
@@ -112,15 +57,11 @@ def _forward(
     q_lens: torch.Tensor | None,
     kv_lens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if q.device.type == "cpu":
-        # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly.
+    if q.device.type == "cpu" or q.dtype not in _TRITON_DTYPES:
+        # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly. fp32/fp64
+        # on a GPU take it too: one dtype rule on every device.
         return _reference_cpu(q, k, v, causal, scale, q_lens, kv_lens)
-    arch = raw.validate(q, k, v, q_lens, kv_lens)
-    batch, heads, seq_q, dim = q.shape
-    out = torch.empty((batch, heads, seq_q, dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    raw.launch(q, k, v, causal, scale, q_lens, kv_lens, out, lse, arch, wrap=wrap_triton)
-    return out, lse
+    return raw.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens, wrap=wrap_triton)
 
 
 def _forward_cpu(
@@ -196,35 +137,6 @@ def _setup_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
     ctx.scale = scale  # type: ignore[attr-defined]
 
 
-def _reference_grads(
-    grad: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float | None,
-    q_lens: torch.Tensor | None = None,
-    kv_lens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Softmax-attention gradient in fp32 torch ops (O(S^2) memory: the probabilities)."""
-    probs, _, kx, scale = _probs(q, k, causal, scale, q_lens, kv_lens)
-    acc = probs.dtype
-    batch, heads_kv, seq_kv, dim = k.shape
-    group = q.shape[1] // heads_kv
-    vx = v.to(acc).repeat_interleave(group, dim=1)
-    d_out = grad.to(acc)
-    d_v = probs.transpose(-1, -2) @ d_out
-    d_p = d_out @ vx.transpose(-1, -2)
-    d_s = probs * (d_p - (d_p * probs).sum(-1, keepdim=True))
-    d_q = (d_s @ kx) * scale
-    d_k = (d_s.transpose(-1, -2) @ q.to(acc)) * scale
-
-    def fold(t: torch.Tensor) -> torch.Tensor:  # sum the query heads sharing a kv head
-        return t.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
-
-    return d_q.to(q.dtype), fold(d_k).to(k.dtype), fold(d_v).to(v.dtype)
-
-
 @triton_op("greta::attention_bwd", mutates_args=())
 def attention_bwd(
     grad: torch.Tensor,
@@ -238,7 +150,7 @@ def attention_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of greta::attention without lengths, from its output and logsumexp."""
     if q.device.type == "cpu":
-        return _reference_grads(grad, q, k, v, causal, scale)
+        return ref.attention_bwd(grad, q, k, v, causal, scale)
     return raw_bwd.attention_bwd(grad, q, k, v, out, lse, causal, scale, wrap=wrap_triton)
 
 
@@ -256,7 +168,7 @@ def _attention_bwd_cpu(
     if use_interpreter_on_cpu() and q.dtype in _TRITON_DTYPES:
         return raw_bwd.attention_bwd(grad, q, k, v, out, lse, causal, scale)
     record_reference("attention_bwd")
-    return _reference_grads(grad, q, k, v, causal, scale)
+    return ref.attention_bwd(grad, q, k, v, causal, scale)
 
 
 def _backward(ctx: object, grad: torch.Tensor) -> tuple:
@@ -269,7 +181,7 @@ def _backward(ctx: object, grad: torch.Tensor) -> tuple:
         out, lse = torch.ops.greta.attention_with_lse(q, k, v, causal, scale)
         dq, dk, dv = torch.ops.greta.attention_bwd(grad, q, k, v, out, lse, causal, scale)
     else:
-        dq, dk, dv = _reference_grads(grad, q, k, v, causal, scale, q_lens, kv_lens)
+        dq, dk, dv = ref.attention_bwd(grad, q, k, v, causal, scale, q_lens, kv_lens)
     return dq, dk, dv, None, None, None, None
 
 

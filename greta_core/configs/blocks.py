@@ -1,6 +1,9 @@
-"""The row ops' block rule (norms, softmax): which block and pass count a row length gets.
+"""Block-size rules: how a config entry and a problem size give the constexpr block sizes.
 
-A row op reads its whole row into registers when ``next_pow2(N) <= MAX_BLOCK_N`` (one
+Both the launch plans (``greta_core.ops``) and the AOT specs (``greta_core.kernels``) use
+them, so the two always agree.
+
+Row ops (norms, softmax): a row op reads its whole row into registers when ``next_pow2(N) <= MAX_BLOCK_N`` (one
 read and one write per element); longer rows loop over ``LOOP_BLOCK_N`` chunks. Both the
 launch plans (``greta_core.ops._rows``) and the AOT specs (``greta_core.kernels``) use it.
 """
@@ -47,3 +50,18 @@ def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
         block_n, one_pass = row_block(cfg, n)
         out.append((block_n, one_pass, configs.launch_options(cfg, arch)))
     return out
+
+
+def rope_blocks(config: Mapping[str, Any], n_heads: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_H, BLOCK_HALF) of RoPE: a program's tile is capped at ELEMS elements, so small
+    head counts get one program per token."""
+    block_half = _next_pow2(max(head_dim // 2, 1))
+    block_h = max(1, min(_next_pow2(n_heads), config["ELEMS"] // (2 * block_half)))
+    return block_h, block_half
+
+
+def kv_cache_blocks(config: Mapping[str, Any], n_new: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_T, BLOCK_D) of kv_cache_append: a program's tile is capped at ELEMS elements."""
+    block_d = _next_pow2(max(head_dim, 1))
+    block_t = max(1, min(_next_pow2(max(n_new, 1)), config["ELEMS"] // block_d))
+    return block_t, block_d
