@@ -176,6 +176,14 @@ def test_chunk_schedule_covers_rows_in_power_of_two_chunks() -> None:
 LCE_CASES = [(13, 16, 40), (9, 32, 200)] + ([(8192, 2048, 128256)] if ON_GPU else [])
 
 
+def _assert_rel(got, ref, tol: float) -> None:
+    """max |got - ref| relative to max |ref| (gradients of a mean are tiny: no floor of 1)."""
+    assert not torch.isnan(got).any()
+    err = (got.double() - ref.double()).abs().max().item()
+    mag = ref.double().abs().max().item()
+    assert err <= tol * mag, f"max abs err {err:.3e} vs magnitude {mag:.3e}"
+
+
 @pytest.mark.parametrize(("n", "h", "v"), LCE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_raw_linear_cross_entropy_with_grads(n, h, v, dtype) -> None:
@@ -186,9 +194,11 @@ def test_raw_linear_cross_entropy_with_grads(n, h, v, dtype) -> None:
     ref, hd, wd = _lce_ref(hidden, weight, target, "mean")
     rh, rw = torch.autograd.grad(ref, (hd, wd))
     assert loss.dtype == torch.float32
-    assert abs(loss.item() - ref.item()) <= (2e-5 if dtype == torch.float32 else 2e-2) * ref.item()
-    assert_close(dh, rh, dtype, scale=1e-2 if ON_GPU and dtype == torch.bfloat16 else 1.0)
-    assert_close(dw, rw, dtype)
+    fp32 = dtype == torch.float32
+    assert abs(loss.item() - ref.item()) <= (2e-5 if fp32 else 1e-2) * ref.item()
+    _assert_rel(dh, rh, 1e-4 if fp32 else 3e-2)
+    # bf16: the weight gradient is accumulated chunk by chunk in bf16 (as Liger does).
+    _assert_rel(dw, rw, 1e-4 if fp32 else 6e-2)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
