@@ -1,10 +1,11 @@
 """torch.ops.greta.attention (output) and attention_with_lse (output, logsumexp).
 
-The forward runs the Triton kernel. The backward of ``greta::attention`` is the Triton
-FlashAttention-2 backward (``greta::attention_bwd``, O(S) memory) for fp16/bf16 calls
-without per-batch lengths; with ``q_lens``/``kv_lens`` it is the plain softmax-attention
-gradient in torch ops, which materialises the [B, H, Sq, Skv] probabilities.
-``greta::attention_with_lse`` is forward only.
+The forward runs the Triton kernel and keeps its output and logsumexp for the backward:
+``greta::attention`` is ``attention_with_lse(...)[0]``, whose backward is the Triton
+FlashAttention-2 backward (``greta::attention_bwd``, O(S) memory, no second forward) for
+fp16/bf16 calls without per-batch lengths; with ``q_lens``/``kv_lens`` it is the plain
+softmax-attention gradient in torch ops, which materialises the [B, H, Sq, Skv]
+probabilities. The logsumexp output is not differentiable.
 """
 
 from __future__ import annotations
@@ -104,39 +105,6 @@ def _attention_with_lse_cpu(
     return _forward_cpu(q, k, v, causal, scale, q_lens, kv_lens)
 
 
-@triton_op("greta::attention", mutates_args=())
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: torch.Tensor | None = None,
-    kv_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
-    return _forward(q, k, v, causal, scale, q_lens, kv_lens)[0]
-
-
-@attention.register_kernel("cpu")
-def _attention_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: torch.Tensor | None = None,
-    kv_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
-    return _forward_cpu(q, k, v, causal, scale, q_lens, kv_lens)[0]
-
-
-def _setup_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
-    q, k, v, causal, scale, q_lens, kv_lens = inputs
-    ctx.save_for_backward(q, k, v, q_lens, kv_lens)  # type: ignore[attr-defined]
-    ctx.causal = causal  # type: ignore[attr-defined]
-    ctx.scale = scale  # type: ignore[attr-defined]
-
-
 @triton_op("greta::attention_bwd", mutates_args=())
 def attention_bwd(
     grad: torch.Tensor,
@@ -171,18 +139,50 @@ def _attention_bwd_cpu(
     return ref.attention_bwd(grad, q, k, v, causal, scale)
 
 
-def _backward(ctx: object, grad: torch.Tensor) -> tuple:
-    """Triton FlashAttention-2 backward (recomputing the forward's logsumexp); with
+def _setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
+    q, k, v, causal, scale, q_lens, kv_lens = inputs
+    out, lse = output
+    # The forward's output and logsumexp: the backward needs no second forward.
+    ctx.save_for_backward(q, k, v, q_lens, kv_lens, out, lse)  # type: ignore[attr-defined]
+    ctx.mark_non_differentiable(lse)  # type: ignore[attr-defined]
+    ctx.causal = causal  # type: ignore[attr-defined]
+    ctx.scale = scale  # type: ignore[attr-defined]
+
+
+def _backward(ctx: object, grad: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
+    """Triton FlashAttention-2 backward from the saved output and logsumexp; with
     per-batch lengths, or dtypes the kernels do not take, the torch-ops reference."""
-    q, k, v, q_lens, kv_lens = ctx.saved_tensors  # type: ignore[attr-defined]
+    q, k, v, q_lens, kv_lens, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
     causal, scale = ctx.causal, ctx.scale  # type: ignore[attr-defined]
     if q_lens is None and kv_lens is None and q.dtype in _TRITON_DTYPES:
         grad = grad.contiguous()
-        out, lse = torch.ops.greta.attention_with_lse(q, k, v, causal, scale)
         dq, dk, dv = torch.ops.greta.attention_bwd(grad, q, k, v, out, lse, causal, scale)
     else:
         dq, dk, dv = ref.attention_bwd(grad, q, k, v, causal, scale, q_lens, kv_lens)
     return dq, dk, dv, None, None, None, None
 
 
-attention.register_autograd(_backward, setup_context=_setup_context)
+attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+_lib.define(
+    "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+    "Tensor? q_lens=None, Tensor? kv_lens=None) -> Tensor"
+)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    q_lens: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return torch.ops.greta.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
+
+
+# CompositeImplicitAutograd: decomposes into attention_with_lse (autograd, compile and fake
+# tensors follow), whose saved logsumexp spares the backward a second forward.
+_lib.impl("attention", _attention, "CompositeImplicitAutograd")
