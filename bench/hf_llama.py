@@ -16,8 +16,9 @@ at the end. ``--quick`` is the < 3 minute run (the 1.0 B shape only, few steps);
 ``--tiny`` is a seconds-long CPU smoke test (in one process).
 
     python bench/hf_llama.py --quick                  # H100: bench/results/h100/hf_llama/
-    python bench/hf_llama.py --out bench/results/h100/hf_llama
-    python bench/hf_llama.py --tiny --out /tmp/hf_llama_smoke
+    python bench/hf_llama.py --shapes llama-1b-8l                 # one shape per command
+    python bench/hf_llama.py --shapes llama3-8b-4l --append       # adds its rows
+    python bench/hf_llama.py --tiny --out hf_llama_smoke
 """
 
 from __future__ import annotations
@@ -345,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", help=f"comma list of {', '.join(SHAPES)}")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if visible)")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per variant")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per variant")
+    parser.add_argument(
+        "--append", action="store_true", help="keep the rows already in <out>/hf_llama.json"
+    )
     parser.add_argument("--in-process", action="store_true", help="no subprocess per variant")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
@@ -383,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         meta["versions"]["transformers"] = transformers.__version__
     in_process = args.in_process or args.tiny
     rows: list[dict[str, Any]] = []
+    previous = out / "hf_llama.json"
+    if args.append and previous.is_file():
+        # Another shape measured by an earlier command (one command per shape fits a
+        # device time limit); rows of the shapes measured now are replaced.
+        rows = [r for r in json.loads(previous.read_text())["rows"] if r["shape"] not in shapes]
     for shape in shapes:
         probe = out / f".probe_logits_{shape}.pt"
         for variant in variants:
