@@ -291,7 +291,7 @@ def _in_process(args: argparse.Namespace, shape: str, variant: str, probe: Path)
         from greta_core.transformers import apply as greta_apply
         from greta_core.transformers import revert_greta
 
-        for key in list(greta_apply._saved):
+        for key in greta_apply.patched_targets():
             revert_greta(key)
 
 

@@ -68,7 +68,7 @@ def _reference_path(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("GRETA_TRITON_ON_CPU", raising=False)
     monkeypatch.setattr(_fallback, "_warned", set())
     yield
-    for key in list(apply_module._saved):  # model instances and family names
+    for key in apply_module.patched_targets():  # model instances and family names
         revert_greta(key)
 
 
@@ -274,3 +274,25 @@ def test_whole_model_through_the_triton_interpreter(monkeypatch: pytest.MonkeyPa
     assert abs(out.loss.item() - ref_out.loss.item()) < 1e-5
     for name, g in grads.items():
         assert _rel(g, ref_grads[name]) < 1e-4, name
+
+
+def test_revert_restores_rope_and_patched_models_can_be_freed() -> None:
+    import gc
+    import weakref
+
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    model = tiny_model("llama")
+    apply_greta(model)
+    assert modeling_llama.apply_rotary_pos_emb is not original
+    revert_greta(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert modeling_llama.apply_rotary_pos_emb is not original  # family-wide until...
+    revert_greta("llama")
+    assert modeling_llama.apply_rotary_pos_emb is original
+    apply_greta(model)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None  # apply_greta keeps no reference to the model

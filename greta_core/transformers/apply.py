@@ -5,12 +5,14 @@ switches its attention to the registered "greta" implementation. Class mode
 (``apply_greta("llama")``) patches the family's classes, so models built afterwards use
 GRETA, with attention through a family-local ``AttentionInterface`` that maps "sdpa" (the
 default) to GRETA. RoPE is a module-level function in transformers: either mode patches it
-for the whole family. ``revert_greta`` undoes either.
+for the whole family, and ``revert_greta(family)`` restores it. ``revert_greta`` undoes either
+mode.
 """
 
 from __future__ import annotations
 
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +29,21 @@ from greta_core.transformers.rope import make_apply_rotary_pos_emb
 
 KERNELS = ("rms_norm", "rope", "attention", "swiglu", "add_rms_norm", "cross_entropy")
 _MISSING = object()
-# (target object, attribute, previous value) per patched family / model, for revert_greta.
-_saved: dict[Any, list[tuple[Any, str, Any]]] = {}
+_ATTN = "_greta_attn_implementation"  # a log entry restoring the model's attention choice
+# (object, attribute, previous value) per patched family / model, for revert_greta. Models
+# are weak keys: patching must not keep a discarded model alive.
+_saved_families: dict[str, list[tuple[Any, str, Any]]] = {}
+_saved_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _log(key: Any) -> list[tuple[Any, str, Any]]:
+    saved = _saved_families if isinstance(key, str) else _saved_models
+    return saved.setdefault(key, [])
+
+
+def patched_targets() -> list[Any]:
+    """Every family name and model apply_greta has patched and revert_greta not undone."""
+    return [*_saved_families, *_saved_models]
 
 
 @dataclass(frozen=True)
@@ -49,9 +64,11 @@ def _family_of(target: torch.nn.Module | str) -> Family:
 
 
 def _set(key: Any, obj: Any, attr: str, value: Any) -> None:
-    log = _saved.setdefault(key, [])
-    if not any(o is obj and a == attr for o, a, _ in log):
-        log.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
+    log = _log(key)
+    # The model itself is logged as None: a weak key must not be referenced by its value.
+    entry = None if obj is key else obj
+    if not any(o is entry and a == attr for o, a, _ in log):
+        log.append((entry, attr, obj.__dict__.get(attr, _MISSING)))
     setattr(obj, attr, value)
 
 
@@ -136,19 +153,25 @@ def apply_greta(
             attn.register()
             previous = target.config._attn_implementation
             target.set_attn_implementation(attn.NAME)
-            _saved.setdefault(key, []).append((target, "_greta_attn_implementation", previous))
+            _log(key).append((None, _ATTN, previous))
         mode = "model"
     if rope:
-        _patch_rope(key, family)
+        # A module-level function: patched (and reverted) for the family, in either mode.
+        _patch_rope(family.model_type, family)
     return Patched(family.model_type, mode, tuple(k for k in KERNELS if flags[k]))
 
 
 def revert_greta(target: torch.nn.Module | str) -> None:
-    """Undo apply_greta on the same model instance or family name."""
-    key: Any = _family_of(target).model_type if isinstance(target, str) else target
-    for obj, attr, old in reversed(_saved.pop(key, [])):
-        if attr == "_greta_attn_implementation":
-            obj.set_attn_implementation(old)
+    """Undo apply_greta on the same model instance or family name (the family's RoPE
+    function, patched for the whole family, comes back with the family name)."""
+    if isinstance(target, str):
+        log = _saved_families.pop(_family_of(target).model_type, [])
+    else:
+        log = _saved_models.pop(target, [])
+    for entry, attr, old in reversed(log):
+        obj = target if entry is None else entry
+        if attr == _ATTN:
+            target.set_attn_implementation(old)
         elif old is _MISSING:
             delattr(obj, attr)
         else:
