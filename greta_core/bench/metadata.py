@@ -6,7 +6,6 @@ No host name and no local path is recorded: result files are meant to be shared.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import platform
 import re
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from greta_core.arch import device_arch
+from greta_core.backends import dist_version
 
 # Distribution names that provide each import package (ROCm builds rename triton).
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -28,18 +28,9 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def dist_version(names: tuple[str, ...]) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def package_versions() -> dict[str, str | None]:
     """Installed versions, read from package metadata (importing jax here would be slow)."""
-    return {key: dist_version(names) for key, names in _DISTRIBUTIONS.items()}
+    return {key: dist_version(*names) for key, names in _DISTRIBUTIONS.items()}
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:

@@ -42,14 +42,9 @@ def _check(q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None) -> N
 
 
 def reference(
-    q: Any,
-    k: Any,
-    v: Any,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: Any | None = None,
-    kv_lens: Any | None = None,
-) -> tuple[Any, Any]:
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    q_lens: Any | None = None, kv_lens: Any | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
     """(o, logsumexp) with the kernel's semantics, in jax.numpy (fp32 math)."""
     import jax.numpy as jnp
 
@@ -118,14 +113,9 @@ def _triton(
 
 
 def attention_with_lse(
-    q: Any,
-    k: Any,
-    v: Any,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: Any | None = None,
-    kv_lens: Any | None = None,
-) -> tuple[Any, Any]:
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    q_lens: Any | None = None, kv_lens: Any | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
     """(o [B, Hq, Sq, D], logsumexp [B, Hq, Sq] fp32); forward only."""
 
     _check(q, k, v, q_lens, kv_lens)
@@ -181,14 +171,9 @@ def _differentiable(causal: bool, scale: float | None) -> Any:
 
 
 def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: Any | None = None,
-    kv_lens: Any | None = None,
-) -> Any:
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    q_lens: Any | None = None, kv_lens: Any | None = None,
+) -> Any:  # fmt: skip
     """softmax(q k^T * scale) v; same semantics as torch.ops.greta.attention.
 
     Differentiable: without lengths, on the Triton path, through the Triton backward

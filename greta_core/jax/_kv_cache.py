@@ -52,17 +52,10 @@ def kv_cache_append(
     batch, heads, max_seq, d = k_cache.shape
     n_new = k.shape[2]
     if not isinstance(cache_lens, jax.core.Tracer) and batch > 0:
+        from greta_core.ops.kv_cache import check_lengths
+
         lens = np.asarray(cache_lens)
-        # Python ints: int32 arithmetic (NumPy 2 keeps the array's type) would wrap near
-        # 2**31 and let an overflow through.
-        lo, hi = int(lens.min()), int(lens.max())
-        if lo < 0:
-            raise GretaInputError(f"{OP}: argument 'cache_lens' holds a negative length ({lo})")
-        if hi + n_new > max_seq:
-            raise GretaInputError(
-                f"{OP}: appending {n_new} tokens to lengths {lo}..{hi} overflows "
-                f"max_seq {max_seq} (argument 'cache_lens')"
-            )
+        check_lengths(int(lens.min()), int(lens.max()), n_new, max_seq)
     from greta_core.jax._runtime import use_triton
 
     if str(k_cache.dtype) in FLOAT_DTYPES and use_triton():

@@ -89,6 +89,13 @@ def rows_view(x: Any) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
+def stat_dtypes(reference: bool) -> tuple[Any, ...]:
+    """The norms' saved mean/rstd: fp32 (float64 too on the reference path, for gradcheck)."""
+    import torch
+
+    return (torch.float32, torch.float64) if reference else (torch.float32,)
+
+
 def param_dtypes(x_dtype: Any) -> tuple[Any, ...]:
     """Norm weight/bias: the dtype of x, or fp32 (mixed-precision models keep fp32 weights)."""
     import torch

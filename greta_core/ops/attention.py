@@ -18,14 +18,9 @@ KERNEL_DTYPE_NAMES = ("float16", "bfloat16")
 
 
 def check_shapes(
-    q: Any,
-    k: Any,
-    v: Any,
-    q_lens: Any | None = None,
-    kv_lens: Any | None = None,
-    *,
+    q: Any, k: Any, v: Any, q_lens: Any | None = None, kv_lens: Any | None = None, *,
     dtypes: tuple[Any, ...] | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """Shape/dtype rules shared by the Triton path and the torch reference.
 
     Raises GretaInputError. Lengths on the CPU are checked for negative values (free there;
@@ -163,15 +158,9 @@ def launch(
 
 
 def attention_with_lse(
-    q: Any,
-    k: Any,
-    v: Any,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: Any | None = None,
-    kv_lens: Any | None = None,
-    wrap: Wrap = _no_wrap,
-) -> tuple[Any, Any]:
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    q_lens: Any | None = None, kv_lens: Any | None = None, wrap: Wrap = _no_wrap,
+) -> tuple[Any, Any]:  # fmt: skip
     """(o [B, Hq, Sq, D], logsumexp [B, Hq, Sq] fp32 in natural log).
 
     Raises GretaInputError for a wrong shape, dtype, device, layout or length.
@@ -184,14 +173,9 @@ def attention_with_lse(
 
 
 def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: Any | None = None,
-    kv_lens: Any | None = None,
-) -> Any:
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    q_lens: Any | None = None, kv_lens: Any | None = None,
+) -> Any:  # fmt: skip
     """softmax(q k^T * scale) v over [B, H, S, D] tensors (GQA: Hq a multiple of Hkv).
 
     ``q_lens``/``kv_lens`` (int32 [B]) give per-batch valid lengths: query row i < q_len

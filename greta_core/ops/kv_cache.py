@@ -62,10 +62,13 @@ def validate(
 
 def check_capacity(cache_lens: Any, new_tokens: int, max_seq: int) -> None:
     """Host-side overflow check; reads cache_lens (a device sync when it lives on a GPU)."""
-    if cache_lens.numel() == 0:
-        return
-    lo = int(cache_lens.min())
-    hi = int(cache_lens.max())
+    if cache_lens.numel():
+        check_lengths(int(cache_lens.min()), int(cache_lens.max()), new_tokens, max_seq)
+
+
+def check_lengths(lo: int, hi: int, new_tokens: int, max_seq: int) -> None:
+    """The capacity rule on the smallest and largest length, as Python ints: int32 sums
+    (a framework's) would wrap near 2**31 and let an overflow through."""
     if lo < 0:
         raise GretaInputError(f"{OP}: argument 'cache_lens' holds a negative length ({lo})")
     if hi + new_tokens > max_seq:

@@ -18,6 +18,7 @@ from greta_core.ops._rows import (
     param_dtypes,
     row_plan,
     rows_view,
+    stat_dtypes,
 )
 from greta_core.ops._validate import (
     GretaInputError,
@@ -28,12 +29,6 @@ from greta_core.ops._validate import (
 
 OP = "layer_norm"
 _interp_compat.apply()
-
-
-def _stat_dtypes(reference: bool) -> tuple[Any, ...]:
-    import torch
-
-    return (torch.float32, torch.float64) if reference else (torch.float32,)
 
 
 def validate(x: Any, weight: Any, bias: Any | None, reference: bool = False) -> str:
@@ -57,7 +52,7 @@ def validate_bwd(
     check_same_shape(OP, dy=dy, x=x)
     rows = x.numel() // x.shape[-1]
     for name, t in (("mean", mean), ("rstd", rstd)):
-        check_tensor(OP, name, t, dtypes=_stat_dtypes(reference), contiguous=True)
+        check_tensor(OP, name, t, dtypes=stat_dtypes(reference), contiguous=True)
         if t.numel() != rows:
             raise GretaInputError(
                 f"{OP}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"

@@ -18,6 +18,7 @@ from greta_core.ops._rows import (
     param_dtypes,
     row_plan,
     rows_view,
+    stat_dtypes,
 )
 from greta_core.ops._validate import (
     GretaInputError,
@@ -28,12 +29,6 @@ from greta_core.ops._validate import (
 
 OP = "rms_norm"
 _interp_compat.apply()
-
-
-def _stat_dtypes(reference: bool) -> tuple[Any, ...]:
-    import torch
-
-    return (torch.float32, torch.float64) if reference else (torch.float32,)
 
 
 def validate(x: Any, weight: Any, reference: bool = False) -> str:
@@ -51,7 +46,7 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
-    check_tensor(OP, "rstd", rstd, dtypes=_stat_dtypes(reference), contiguous=True)
+    check_tensor(OP, "rstd", rstd, dtypes=stat_dtypes(reference), contiguous=True)
     if rstd.numel() != x.numel() // x.shape[-1]:
         raise GretaInputError(
             f"{OP}: argument 'rstd' has {rstd.numel()} elements; expected one per row "

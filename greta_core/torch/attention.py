@@ -22,42 +22,28 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None, q_lens: torch.Tensor | None = None,
     kv_lens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(o in q's dtype, logsumexp fp32 or wider): the kernel's semantics in torch ops."""
     raw.check_shapes(q, k, v, q_lens, kv_lens)
     return ref.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)
 
 
 def _reference_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float | None,
-    q_lens: torch.Tensor | None,
-    kv_lens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+    q_lens: torch.Tensor | None, kv_lens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     record_reference("attention")
     out, lse = reference(q, k, v, causal, scale, q_lens, kv_lens)
     return out, lse.float()
 
 
 def _forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float | None,
-    q_lens: torch.Tensor | None,
-    kv_lens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+    q_lens: torch.Tensor | None, kv_lens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     if q.device.type == "cpu" or q.dtype not in _TRITON_DTYPES:
         # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly. fp32/fp64
         # on a GPU take it too: one dtype rule on every device.
@@ -66,14 +52,9 @@ def _forward(
 
 
 def _forward_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float | None,
-    q_lens: torch.Tensor | None,
-    kv_lens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+    q_lens: torch.Tensor | None, kv_lens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     if use_interpreter_on_cpu() and q.dtype in _TRITON_DTYPES:
         return raw.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)
     return _reference_cpu(q, k, v, causal, scale, q_lens, kv_lens)
@@ -81,41 +62,27 @@ def _forward_cpu(
 
 @triton_op("greta::attention_with_lse", mutates_args=())
 def attention_with_lse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None, q_lens: torch.Tensor | None = None,
     kv_lens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     return _forward(q, k, v, causal, scale, q_lens, kv_lens)
 
 
 @attention_with_lse.register_kernel("cpu")
 def _attention_with_lse_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    q_lens: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None, q_lens: torch.Tensor | None = None,
     kv_lens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     return _forward_cpu(q, k, v, causal, scale, q_lens, kv_lens)
 
 
 @triton_op("greta::attention_bwd", mutates_args=())
 def attention_bwd(
-    grad: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, causal: bool = False, scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, dk, dv) of greta::attention without lengths, from its output and logsumexp."""
     if q.device.type == "cpu":
         return ref.attention_bwd(grad, q, k, v, causal, scale)
@@ -124,15 +91,9 @@ def attention_bwd(
 
 @attention_bwd.register_kernel("cpu")
 def _attention_bwd_cpu(
-    grad: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, causal: bool = False, scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     if use_interpreter_on_cpu() and q.dtype in _TRITON_DTYPES:
         return raw_bwd.attention_bwd(grad, q, k, v, out, lse, causal, scale)
     record_reference("attention_bwd")

@@ -8,7 +8,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import kv_cache as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference(k_cache, v_cache, k, v, cache_lens) -> torch.Tensor:
@@ -25,7 +25,7 @@ def kv_cache_append(
     v: torch.Tensor,
     cache_lens: torch.Tensor,
 ) -> torch.Tensor:
-    if k_cache.device.type == "cpu":
+    if takes_reference(k_cache):
         return _reference(k_cache, v_cache, k, v, cache_lens)
     # No host-side overflow check here (it would sync every decode step): tokens past
     # max_seq are dropped by the kernel. raw.kv_cache_append(check=True) checks.

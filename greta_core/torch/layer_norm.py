@@ -11,7 +11,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import layer_norm as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x, weight, bias, eps):
@@ -30,7 +30,7 @@ def _reference_bwd(dy, x, weight, mean, rstd):
 def layer_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_fwd(x, weight, bias, eps)
     return raw.layer_norm_fwd(x, weight, bias, eps, wrap=wrap_triton)
 
@@ -46,7 +46,7 @@ def _layer_norm_fwd_cpu(x, weight, bias, eps):
 def layer_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_bwd(dy, x, weight, mean, rstd)
     return raw.layer_norm_bwd(dy, x, weight, mean, rstd, wrap=wrap_triton)
 

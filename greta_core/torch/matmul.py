@@ -6,6 +6,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import matmul as raw
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
+from greta_core.torch._norms_common import takes_reference
 
 
 def _reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -16,8 +17,9 @@ def _reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> t
 
 @triton_op("greta::matmul", mutates_args=())
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if a.device.type == "cpu":
-        # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly.
+    if takes_reference(a, (torch.float16, torch.bfloat16)):
+        # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly; fp32/fp64
+        # take it on every device (one dtype rule).
         return _reference(a, b, bias)
     return raw.matmul(a, b, bias, wrap=wrap_triton)
 

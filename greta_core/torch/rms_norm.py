@@ -11,7 +11,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import rms_norm as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float):
@@ -30,7 +30,7 @@ def _reference_bwd(dy, x, weight, rstd):
 def rms_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_fwd(x, weight, eps)
     return raw.rms_norm_fwd(x, weight, eps, wrap=wrap_triton)
 
@@ -46,7 +46,7 @@ def _rms_norm_fwd_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float):
 def rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_bwd(dy, x, weight, rstd)
     return raw.rms_norm_bwd(dy, x, weight, rstd, wrap=wrap_triton)
 

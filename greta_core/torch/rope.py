@@ -12,7 +12,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import rope as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference(x, cos, sin, inverse):
@@ -31,7 +31,7 @@ def _reference_positions(x, positions, theta, inverse):
 def rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
 ) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference(x, cos, sin, inverse)
     return raw.rope(x, cos, sin, inverse=inverse, wrap=wrap_triton)
 
@@ -47,7 +47,7 @@ def _rope_cpu(x, cos, sin, inverse=False):
 def rope_positions(
     x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, inverse: bool = False
 ) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_positions(x, positions, theta, inverse)
     return raw.rope_positions(x, positions, theta, inverse=inverse, wrap=wrap_triton)
 

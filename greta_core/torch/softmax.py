@@ -10,7 +10,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import softmax as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,7 @@ def _reference_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @triton_op("greta::softmax", mutates_args=())
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_fwd(x)
     return raw.softmax(x, wrap=wrap_triton)
 
@@ -41,7 +41,7 @@ def _softmax_cpu(x: torch.Tensor) -> torch.Tensor:
 
 @triton_op("greta::softmax_bwd", mutates_args=())
 def softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if y.device.type == "cpu":
+    if takes_reference(y):
         return _reference_bwd(dy, y)
     return raw.softmax_bwd(dy, y, wrap=wrap_triton)
 
