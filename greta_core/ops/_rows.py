@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,18 @@ def check_vector(op: str, name: str, w: Any, n: int, dtypes: tuple[Any, ...]) ->
 def arch_for(op: str, x: Any, reference: bool) -> str:
     """The launch arch; "reference" when only the torch reference will run."""
     return "reference" if reference else launch_arch(op, x)
+
+
+def row_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The row stride of x seen as [rows, N] without a copy; None when flattening the
+    leading dims needs one (then ``rows_view`` copies into a contiguous [rows, N])."""
+    lead = [(n, st) for n, st in zip(shape[:-1], strides[:-1], strict=True) if n != 1]
+    if not lead or any(n == 0 for n, _ in lead):
+        return shape[-1]
+    for (_, outer), (n, inner) in itertools.pairwise(lead):
+        if outer != inner * n:
+            return None
+    return lead[-1][1]
 
 
 def rows_view(x: Any) -> Any:

@@ -7,7 +7,18 @@ from typing import Any
 
 from greta_core.kernels.rms_norm import rms_norm_bwd_kernel, rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import (
+    Buffer,
+    CallCache,
+    In,
+    Launch,
+    Out,
+    Plan,
+    Wrap,
+    dtype_name,
+    memo,
+    run,
+)
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
@@ -17,6 +28,7 @@ from greta_core.ops._rows import (
     col_sum_launch,
     param_dtypes,
     row_plan,
+    row_stride,
     rows_view,
     stat_dtypes,
 )
@@ -109,15 +121,26 @@ def launch_fwd(
     run(plan, (x2, weight), out=(y2, rstd), wrap=wrap)
 
 
+def _resolve_fwd(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
+    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
+    arch = validate(x, weight)
+    shape = tuple(x.shape)
+    stride = row_stride(shape, tuple(x.stride()))
+    plan = plan_fwd(shape, shape[-1] if stride is None else stride, dtype_name(x.dtype), eps, arch)
+    return plan, stride is None
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=2)
+
+
 def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
     """(y, rstd): y = x * rstd * weight over the last dim; rstd fp32 [rows].
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x, weight)
-    x2 = rows_view(x)
-    plan = plan_fwd(tuple(x.shape), x2.stride(0), dtype_name(x.dtype), float(eps), arch)
-    return run(plan, (x2, weight), wrap=wrap)
+    # Hot path: one signature lookup (validation and planning ran on the first call).
+    plan, copies = _fwd_call(x, weight, float(eps))
+    return run(plan, (rows_view(x) if copies else x, weight), wrap=wrap)
 
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
