@@ -22,10 +22,9 @@ from greta_core.ops._plan import (
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
-    bwd_programs,
     check_rows_input,
     check_vector,
-    col_sum_launch,
+    norm_bwd_plan,
     param_dtypes,
     row_plan,
     row_stride,
@@ -92,22 +91,10 @@ def plan_fwd(shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch
 def plan_bwd(
     shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
 ) -> Plan:
-    """Buffers: dx (x's shape), fp32 per-program dweight partials (scratch), dweight [N]."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
-    rp = row_plan("rms_norm_bwd", arch, n_cols)
-    programs = bwd_programs(arch, "rms_norm_bwd", n_rows, n_cols)
-    bwd = Launch(
-        rms_norm_bwd_kernel, (programs,),
-        (In(0), In(1), In(2), In(3), n_rows, n_cols, stride_dy, stride_x, Out(0), Out(1)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
-    )  # fmt: skip
-    buffers = (
-        Buffer(shape, dtype),
-        Buffer((programs, n_cols), "float32"),
-        Buffer((n_cols,), w_dtype, zeroed=n_rows == 0),  # no rows: a zero gradient
+    """Inputs (dy2, x2, weight, rstd); buffers: dx (x's shape), fp32 partials, dweight."""
+    return norm_bwd_plan(
+        "rms_norm_bwd", rms_norm_bwd_kernel, 4, 1, shape, stride_dy, stride_x, dtype, w_dtype, arch
     )
-    launches = (bwd, col_sum_launch(arch, Out(1), programs, n_cols, Out(2))) if n_rows else ()
-    return Plan("rms_norm_bwd", arch, buffers, launches, (0, 2))
 
 
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
