@@ -200,3 +200,57 @@ def test_jax_attention_and_matmul_fp16(jax_on_triton) -> None:
     _close(got, want.numpy(), 5e-3)
     a, b = _arr((5, 16), 13, "float16"), _arr((16, 7), 14, "float16")
     _close(jax_on_triton.matmul(a, b), reference.matmul(t(a), t(b)).numpy(), 5e-3)
+
+
+# --- the eager hot path ---------------------------------------------------------------------
+
+
+def test_call_cache_validates_once_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    need_triton()
+    from greta_core import raw
+    from greta_core.errors import GretaInputError
+
+    rms_norm._fwd_call.clear()
+    seen = []
+    real = rms_norm.validate
+    monkeypatch.setattr(rms_norm, "validate", lambda *a: seen.append(1) or real(*a))
+    x, w = torch.randn(3, 2, 16), torch.randn(16)
+    first = raw.rms_norm(x, w)
+    assert torch.equal(raw.rms_norm(x, w), first) and seen == [1]
+    raw.rms_norm(x[:, :1], w)  # another signature: validated (and planned) again
+    assert seen == [1, 1]
+    with pytest.raises(GretaInputError):  # bad input is never cached: raises every time
+        raw.rms_norm(x, torch.randn(15))
+    with pytest.raises(GretaInputError):
+        raw.rms_norm(x, torch.randn(15))
+
+
+def test_call_cache_copies_leading_dims_that_do_not_flatten() -> None:
+    need_triton()
+    from greta_core import raw, reference
+
+    x = torch.randn(2, 3, 16).transpose(0, 1)  # [3, 2, 16]: rows are not evenly strided
+    w = torch.randn(16)
+    torch.testing.assert_close(raw.rms_norm(x, w), reference.rms_norm(x, w, 1e-6))
+
+
+def test_composite_op_launches_the_plan_directly_when_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a GPU, plain tensors without autograd skip greta::rms_norm_fwd's dispatch; here the
+    # predicate is forced so the interpreter runs that path.
+    need_triton()
+    import greta_core.torch.rms_norm as binding
+    from greta_core import observe, reference
+
+    x, w = torch.randn(4, 32), torch.randn(32)
+    monkeypatch.setattr(binding, "eager_raw", lambda *t: True)
+    hops = []
+    real = torch.ops.greta.rms_norm_fwd
+    monkeypatch.setattr(torch.ops.greta, "rms_norm_fwd", lambda *a: hops.append(1) or real(*a))
+    y = torch.ops.greta.rms_norm(x, w, 1e-6)
+    assert hops == [] and observe.last_implementation("rms_norm") == "triton-interpret"
+    torch.testing.assert_close(y, reference.rms_norm(x, w, 1e-6))
+    monkeypatch.setattr(binding, "eager_raw", lambda *t: False)
+    torch.ops.greta.rms_norm(x, w, 1e-6)
+    assert hops == [1]

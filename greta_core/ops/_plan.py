@@ -105,12 +105,109 @@ def memo(build: Callable[..., Plan]) -> Callable[..., Plan]:
     return plan
 
 
+class CallCache:
+    """What a call signature resolved to (arch, plan, layout flags): a hit skips validation
+    and planning, so an eager call pays one key build and one dict lookup.
+
+    The key holds each tensor's dtype, device, shape and strides, the other arguments as
+    they are, and ``configs.lookup`` (``greta tune`` swaps it). Only successful resolutions
+    are stored, so bad input raises on every call. A key that cannot be built or hashed
+    (torch.compile's symbolic sizes, a non-tensor where a tensor belongs) resolves afresh.
+    """
+
+    def __init__(self, resolve: Callable[..., Any], n_tensors: int, maxsize: int = 4096):
+        self._resolve = resolve
+        self._n = n_tensors
+        self._maxsize = maxsize
+        self._entries: dict[Any, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        from greta_core import configs
+
+        try:
+            key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
+            for t in args[: self._n]:
+                key += (t.dtype, t.device, t.shape, t.stride()) if t is not None else (None,)
+            return self._entries[key]
+        except KeyError:
+            value = self._resolve(*args)
+            if len(self._entries) >= self._maxsize:
+                self._entries.clear()
+            self._entries[key] = value
+            return value
+        except (TypeError, AttributeError):  # unhashable (symbolic) or not a tensor
+            return self._resolve(*args)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def eager_raw(*tensors: Any) -> bool:
+    """True when a GRETA op may launch its plan directly instead of going through torch.ops.
+
+    torch.library's custom-op dispatch costs tens of microseconds of host time per call (a
+    launch-bound decode step pays it on every op). It buys autograd, tracing and dispatch
+    modes; when none of them can be involved (plain GPU tensors, no gradient wanted, no
+    torch.compile tracing, no torch function/dispatch mode active) the raw launcher runs the
+    same kernel with the same checks. Anything else, or a torch without these hooks, takes
+    the torch op.
+    """
+    import torch
+
+    try:
+        if (
+            torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._len_torch_function_stack()
+        ):
+            return False
+    except AttributeError:
+        return False
+    grad = torch.is_grad_enabled()
+    plain = (torch.Tensor, torch.nn.Parameter)  # subclasses (FakeTensor, DTensor...) excluded
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in plain or t.device.type != "cuda" or (grad and t.requires_grad):
+            return False
+    return True
+
+
 def _identity(kernel: Any) -> Any:
     return kernel
 
 
 def implementation(arch: str) -> str:
     return "triton-interpret" if arch == "cpu" else "triton"
+
+
+_IN, _OUT, _SCALAR = 0, 1, 2
+# Per plan (by id, the plan kept alive beside it): its buffers and launches in the form the
+# torch executor runs fastest (torch dtypes resolved, argument kinds decided, keywords
+# merged). Plans are memoized, so this is built once per call signature.
+_TORCH_FORM: dict[int, tuple[Plan, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = {}
+
+
+def _torch_form(plan: Plan) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    form = _TORCH_FORM.get(id(plan))
+    if form is not None and form[0] is plan:
+        return form[1], form[2]
+    import torch
+
+    allocs = [
+        (b.alias, b.fill, b.zeroed, tuple(b.shape), getattr(torch, b.dtype)) for b in plan.buffers
+    ]
+    launches = []
+    for launch in plan.launches:
+        spec = tuple(
+            (_IN, a.index) if type(a) is In else (_OUT, a.index) if type(a) is Out else (_SCALAR, a)
+            for a in launch.args
+        )
+        launches.append((launch.kernel, launch.grid, spec, {**launch.constexprs, **launch.options}))
+    if len(_TORCH_FORM) >= 4096:
+        _TORCH_FORM.clear()
+    _TORCH_FORM[id(plan)] = (plan, allocs, launches)
+    return allocs, launches
 
 
 def run(
@@ -126,28 +223,27 @@ def run(
     """
     import torch
 
+    allocs, launches = _torch_form(plan)
     device = inputs[0].device
-    given = dict(zip(plan.results, out, strict=True)) if out is not None else {}
+    given = dict(zip(plan.results, out, strict=True)) if out is not None else None
     bufs: list[Any] = []
-    for i, b in enumerate(plan.buffers):
-        if b.alias is not None:
-            t = inputs[b.alias]
-        elif i in given:
+    for i, (alias, fill, zeroed, shape, dtype) in enumerate(allocs):
+        if alias is not None:
+            t = inputs[alias]
+        elif given is not None and i in given:
             t = given[i]
-            if b.zeroed:
+            if zeroed:
                 t.zero_()
-        elif b.fill is not None:
-            t = torch.full(b.shape, b.fill, dtype=getattr(torch, b.dtype), device=device)
+        elif fill is not None:
+            t = torch.full(shape, fill, dtype=dtype, device=device)
+        elif zeroed:
+            t = torch.zeros(shape, dtype=dtype, device=device)
         else:
-            make = torch.zeros if b.zeroed else torch.empty
-            t = make(b.shape, dtype=getattr(torch, b.dtype), device=device)
+            t = torch.empty(shape, dtype=dtype, device=device)
         bufs.append(t)
-    for launch in plan.launches:
-        args = [
-            inputs[a.index] if type(a) is In else bufs[a.index] if type(a) is Out else a
-            for a in launch.args
-        ]
-        wrap(launch.kernel)[launch.grid](*args, **launch.constexprs, **launch.options)
-    if plan.launches:
+    for kernel, grid, spec, keywords in launches:
+        args = [inputs[v] if k == _IN else bufs[v] if k == _OUT else v for k, v in spec]
+        wrap(kernel)[grid](*args, **keywords)
+    if launches:
         record(plan.op, implementation(plan.arch), plan.arch)
     return tuple(bufs[i] for i in plan.results)

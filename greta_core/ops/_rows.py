@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from greta_core import configs
 from greta_core.configs.blocks import row_block
 from greta_core.kernels.col_sum import col_sum_kernel
-from greta_core.ops._plan import Launch
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan
 from greta_core.ops._validate import GretaInputError, check_tensor, launch_arch
 
 TRITON_DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -84,6 +86,18 @@ def arch_for(op: str, x: Any, reference: bool) -> str:
     return "reference" if reference else launch_arch(op, x)
 
 
+def row_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The row stride of x seen as [rows, N] without a copy; None when flattening the
+    leading dims needs one (then ``rows_view`` copies into a contiguous [rows, N])."""
+    lead = [(n, st) for n, st in zip(shape[:-1], strides[:-1], strict=True) if n != 1]
+    if not lead or any(n == 0 for n, _ in lead):
+        return shape[-1]
+    for (_, outer), (n, inner) in itertools.pairwise(lead):
+        if outer != inner * n:
+            return None
+    return lead[-1][1]
+
+
 def rows_view(x: Any) -> Any:
     """[..., N] -> [rows, N]; a copy only when the leading dims cannot be flattened."""
     return x.reshape(-1, x.shape[-1])
@@ -114,3 +128,35 @@ def col_sum_launch(arch: str, partial: Any, n_partials: int, n_cols: int, out: A
         {"BLOCK_P": config["BLOCK_P"], "BLOCK_N": block_n},
         configs.launch_options(config, arch),
     )
+
+
+def norm_bwd_plan(
+    op: str, kernel: Any, n_inputs: int, n_params: int, shape: tuple[int, ...],
+    stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str,
+) -> Plan:  # fmt: skip
+    """The backward of a norm with `n_params` per-column parameters (weight[, bias]).
+
+    Inputs In(0..n_inputs-1) = (dy, x, weight, saved stats...). One launch of `kernel` (a
+    program per ``bwd_programs``) writes dx and one fp32 partials row per program for each
+    parameter; a column sum per parameter adds them (deterministic). Buffers: dx, the
+    partials (scratch), the parameter gradients (weight dtype, zeros when there are no rows).
+    """
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    rp = row_plan(op, arch, n_cols)
+    programs = bwd_programs(arch, op, n_rows, n_cols)
+    partials = tuple(Out(1 + i) for i in range(n_params))
+    grads = tuple(Out(1 + n_params + i) for i in range(n_params))
+    bwd = Launch(
+        kernel, (programs,),
+        (*(In(i) for i in range(n_inputs)), n_rows, n_cols, stride_dy, stride_x, Out(0), *partials),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
+    )  # fmt: skip
+    sums = tuple(
+        col_sum_launch(arch, p, programs, n_cols, g) for p, g in zip(partials, grads, strict=True)
+    )
+    buffers = (
+        Buffer(shape, dtype),
+        *(Buffer((programs, n_cols), "float32") for _ in partials),
+        *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
+    )
+    return Plan(op, arch, buffers, (bwd, *sums) if n_rows else (), (0, *(g.index for g in grads)))

@@ -11,10 +11,9 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
-    bwd_programs,
     check_rows_input,
     check_vector,
-    col_sum_launch,
+    norm_bwd_plan,
     param_dtypes,
     row_plan,
     rows_view,
@@ -87,26 +86,10 @@ def plan_fwd(
 def plan_bwd(
     shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
 ) -> Plan:
-    """Buffers: dx, dweight/dbias fp32 partials (scratch), dweight, dbias (weight dtype)."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
-    rp = row_plan("layer_norm_bwd", arch, n_cols)
-    programs = bwd_programs(arch, "layer_norm_bwd", n_rows, n_cols)
-    bwd = Launch(
-        layer_norm_bwd_kernel, (programs,),
-        (In(0), In(1), In(2), In(3), In(4), n_rows, n_cols, stride_dy, stride_x,
-         Out(0), Out(1), Out(2)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
-    )  # fmt: skip
-    partial = Buffer((programs, n_cols), "float32")
-    grad = Buffer((n_cols,), w_dtype, zeroed=n_rows == 0)  # no rows: zero gradients
-    launches = (
-        bwd,
-        col_sum_launch(arch, Out(1), programs, n_cols, Out(3)),
-        col_sum_launch(arch, Out(2), programs, n_cols, Out(4)),
-    )
-    return Plan(
-        "layer_norm_bwd", arch, (Buffer(shape, dtype), partial, partial, grad, grad),
-        launches if n_rows else (), (0, 3, 4),
+    """Inputs (dy2, x2, weight, mean, rstd); buffers: dx, fp32 partials, dweight, dbias."""
+    return norm_bwd_plan(
+        "layer_norm_bwd", layer_norm_bwd_kernel, 5, 2, shape, stride_dy, stride_x, dtype,
+        w_dtype, arch,
     )  # fmt: skip
 
 

@@ -7,16 +7,27 @@ from typing import Any
 
 from greta_core.kernels.rms_norm import rms_norm_bwd_kernel, rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import (
+    Buffer,
+    CallCache,
+    In,
+    Launch,
+    Out,
+    Plan,
+    Wrap,
+    dtype_name,
+    memo,
+    run,
+)
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
-    bwd_programs,
     check_rows_input,
     check_vector,
-    col_sum_launch,
+    norm_bwd_plan,
     param_dtypes,
     row_plan,
+    row_stride,
     rows_view,
     stat_dtypes,
 )
@@ -80,22 +91,10 @@ def plan_fwd(shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch
 def plan_bwd(
     shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
 ) -> Plan:
-    """Buffers: dx (x's shape), fp32 per-program dweight partials (scratch), dweight [N]."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
-    rp = row_plan("rms_norm_bwd", arch, n_cols)
-    programs = bwd_programs(arch, "rms_norm_bwd", n_rows, n_cols)
-    bwd = Launch(
-        rms_norm_bwd_kernel, (programs,),
-        (In(0), In(1), In(2), In(3), n_rows, n_cols, stride_dy, stride_x, Out(0), Out(1)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
-    )  # fmt: skip
-    buffers = (
-        Buffer(shape, dtype),
-        Buffer((programs, n_cols), "float32"),
-        Buffer((n_cols,), w_dtype, zeroed=n_rows == 0),  # no rows: a zero gradient
+    """Inputs (dy2, x2, weight, rstd); buffers: dx (x's shape), fp32 partials, dweight."""
+    return norm_bwd_plan(
+        "rms_norm_bwd", rms_norm_bwd_kernel, 4, 1, shape, stride_dy, stride_x, dtype, w_dtype, arch
     )
-    launches = (bwd, col_sum_launch(arch, Out(1), programs, n_cols, Out(2))) if n_rows else ()
-    return Plan("rms_norm_bwd", arch, buffers, launches, (0, 2))
 
 
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
@@ -109,15 +108,26 @@ def launch_fwd(
     run(plan, (x2, weight), out=(y2, rstd), wrap=wrap)
 
 
+def _resolve_fwd(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
+    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
+    arch = validate(x, weight)
+    shape = tuple(x.shape)
+    stride = row_stride(shape, tuple(x.stride()))
+    plan = plan_fwd(shape, shape[-1] if stride is None else stride, dtype_name(x.dtype), eps, arch)
+    return plan, stride is None
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=2)
+
+
 def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
     """(y, rstd): y = x * rstd * weight over the last dim; rstd fp32 [rows].
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x, weight)
-    x2 = rows_view(x)
-    plan = plan_fwd(tuple(x.shape), x2.stride(0), dtype_name(x.dtype), float(eps), arch)
-    return run(plan, (x2, weight), wrap=wrap)
+    # Hot path: one signature lookup (validation and planning ran on the first call).
+    plan, copies = _fwd_call(x, weight, float(eps))
+    return run(plan, (rows_view(x) if copies else x, weight), wrap=wrap)
 
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
