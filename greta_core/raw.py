@@ -5,7 +5,7 @@ These launch the Triton kernels directly: GPU tensors, or CPU tensors under
 autograd included) or ``greta_core.jax``.
 """
 
-from greta_core.ops._validate import GretaInputError
+from greta_core.errors import GretaInputError
 from greta_core.ops.add_rms_norm import add_rms_norm, add_rms_norm_bwd, add_rms_norm_fwd
 from greta_core.ops.attention import attention, attention_with_lse
 from greta_core.ops.attention_bwd import attention_bwd

@@ -48,6 +48,12 @@ UV_TIMEOUT_S = 600
 INDEX_TIMEOUT_S = 15
 
 
+# Kept importable from here (other installer modules used these names); the rule itself
+# lives in greta_install.kernel_names.
+kernel_wheel_name = kernel_names.distribution_name
+kernel_wheel_requirement = kernel_names.requirement
+
+
 class LockGenError(GretaError):
     """A row could not be resolved; the message says which and why."""
 

@@ -58,7 +58,8 @@ def kv_cache_append(
         check_lengths(int(lens.min()), int(lens.max()), n_new, max_seq)
     from greta_core.jax._runtime import use_triton
 
-    if str(k_cache.dtype) in FLOAT_DTYPES and use_triton():
+    # No new tokens: the reference (no zero-size buffers through jax-triton).
+    if str(k_cache.dtype) in FLOAT_DTYPES and n_new > 0 and use_triton():
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.kv_cache import plan

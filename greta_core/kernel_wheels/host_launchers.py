@@ -35,7 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from greta_core.errors import AotError, KernelWheelError
+from greta_core.errors import AotError, GretaError, KernelWheelError
 from greta_core.kernel_wheels import triton_key_memo
 from greta_core.kernel_wheels.cache import cache_root
 
@@ -112,7 +112,9 @@ def make_launcher(spec: dict[str, Any], metadata: Any) -> Any:
     return getattr(module, launcher_cls)(_source_object(spec), metadata)
 
 
-class _Captured(Exception):
+class _Captured(GretaError):
+    """Raised (and caught) inside `_capturing`: carries the C source out of the build call."""
+
     def __init__(self, source: str) -> None:
         super().__init__("captured")
         self.source = source
