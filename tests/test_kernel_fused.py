@@ -139,6 +139,25 @@ def test_torch_add_rms_norm_autograd_matches_float64() -> None:
     )
 
 
+def test_add_rms_norm_no_grad_and_strided_inputs() -> None:
+    """The no-grad call (on a GPU: the plan launched without the custom-op dispatch) and a
+    repeated call (the cached signature) agree; leading dims that need a copy work."""
+    need_triton()
+    torch.manual_seed(11)
+    x = torch.randn(5, 3, 40, device=DEVICE).transpose(0, 1)  # not flattenable as a view
+    r = torch.randn(3, 5, 40, device=DEVICE)
+    w = torch.randn(40, device=DEVICE)
+    with torch.no_grad():
+        y, s = torch.ops.greta.add_rms_norm(x, r, w, 1e-6)
+    assert observe.last_implementation("add_rms_norm") == expected_impl()
+    ry, rs = _arn_ref(x.double(), r.double(), w.double(), 1e-6)
+    assert_close(s, rs, torch.float32)
+    assert_close(y, ry, torch.float32)
+    for _ in range(2):
+        y2, s2, _ = raw.add_rms_norm_fwd(x, r, w, 1e-6)
+        assert torch.equal(y, y2) and torch.equal(s, s2)
+
+
 def test_add_rms_norm_rejects_bad_input() -> None:
     x = torch.randn(3, 8, device=DEVICE)
     with pytest.raises(raw.GretaInputError, match="shapes must match"):

@@ -10,7 +10,18 @@ from typing import Any
 from greta_core.errors import GretaInputError
 from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel, add_rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import (
+    Buffer,
+    CallCache,
+    In,
+    Launch,
+    Out,
+    Plan,
+    Wrap,
+    dtype_name,
+    memo,
+    run,
+)
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
@@ -20,6 +31,7 @@ from greta_core.ops._rows import (
     col_sum_launch,
     param_dtypes,
     row_plan,
+    row_stride,
     rows_view,
 )
 from greta_core.ops._validate import (
@@ -110,6 +122,23 @@ def plan_bwd(
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
 
+def _resolve_fwd(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Plan, bool, bool]:
+    """(plan, whether x / residual must be copied to be seen as [rows, N]) for one call
+    signature."""
+    arch = validate(x, residual, weight)
+    shape = tuple(x.shape)
+    sx = row_stride(shape, tuple(x.stride()))
+    sr = row_stride(shape, tuple(residual.stride()))
+    n = shape[-1]
+    plan = plan_fwd(
+        shape, n if sx is None else sx, n if sr is None else sr, dtype_name(x.dtype), eps, arch
+    )
+    return plan, sx is None, sr is None
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=3)
+
+
 def add_rms_norm_fwd(
     x: Any, residual: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap
 ) -> tuple[Any, Any, Any]:
@@ -117,11 +146,10 @@ def add_rms_norm_fwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x, residual, weight)
-    x2, r2 = rows_view(x), rows_view(residual)
-    plan = plan_fwd(
-        tuple(x.shape), x2.stride(0), r2.stride(0), dtype_name(x.dtype), float(eps), arch
-    )
+    # Hot path: one signature lookup (validation and planning ran on the first call).
+    plan, copy_x, copy_r = _fwd_call(x, residual, weight, float(eps))
+    x2 = rows_view(x) if copy_x else x
+    r2 = rows_view(residual) if copy_r else residual
     return run(plan, (x2, r2, weight), wrap=wrap)
 
 

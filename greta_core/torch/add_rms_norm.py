@@ -10,8 +10,9 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import add_rms_norm as raw
+from greta_core.ops._plan import eager_raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x, residual, weight, eps):
@@ -30,7 +31,7 @@ def _reference_bwd(dy, ds, s, weight, rstd):
 def add_rms_norm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_fwd(x, residual, weight, eps)
     return raw.add_rms_norm_fwd(x, residual, weight, eps, wrap=wrap_triton)
 
@@ -46,7 +47,7 @@ def _add_rms_norm_fwd_cpu(x, residual, weight, eps):
 def add_rms_norm_bwd(
     dy: torch.Tensor, ds: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if s.device.type == "cpu":
+    if takes_reference(s):
         return _reference_bwd(dy, ds, s, weight, rstd)
     return raw.add_rms_norm_bwd(dy, ds, s, weight, rstd, wrap=wrap_triton)
 
@@ -84,7 +85,12 @@ _lib.define(
 def _add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, s, _ = torch.ops.greta.add_rms_norm_fwd(x, residual, weight, eps)
+    if eager_raw(x, residual, weight) and not takes_reference(x):
+        # Plain GPU tensors, no gradient, no tracing (a decode step): the plan launches
+        # without the custom-op dispatch; autograd and torch.compile take add_rms_norm_fwd.
+        y, s, _ = raw.add_rms_norm_fwd(x, residual, weight, eps)
+    else:
+        y, s, _ = torch.ops.greta.add_rms_norm_fwd(x, residual, weight, eps)
     return y, s
 
 

@@ -15,7 +15,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import linear_cross_entropy as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _empty(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ def linear_cross_entropy_fwd(
     reduction: str,
     with_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if hidden.device.type == "cpu":
+    if takes_reference(hidden):
         return _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
     return _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad, wrap_triton)
 
@@ -79,7 +79,7 @@ def linear_cross_entropy_bwd(
     row_scale: torch.Tensor,
     ignore_index: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if hidden.device.type == "cpu":
+    if takes_reference(hidden):
         return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
     return raw.linear_cross_entropy_bwd(
         hidden, weight, target, row_scale, ignore_index, wrap=wrap_triton

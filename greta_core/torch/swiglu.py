@@ -11,7 +11,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import swiglu as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _register(op: str) -> None:
@@ -28,7 +28,7 @@ def _register(op: str) -> None:
         return reference.glu_bwd(dy, gate, up, activation)
 
     def fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        if gate.device.type == "cpu":
+        if takes_reference(gate):
             return reference_fwd(gate, up)
         return raw.glu(op, gate.contiguous(), up.contiguous(), wrap=wrap_triton)
 
@@ -40,7 +40,7 @@ def _register(op: str) -> None:
     def bwd(
         dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if gate.device.type == "cpu":
+        if takes_reference(gate):
             return reference_bwd(dy, gate, up)
         return raw.glu_bwd(op, dy, gate, up, wrap=wrap_triton)
 
