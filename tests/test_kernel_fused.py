@@ -278,6 +278,7 @@ def test_torch_opcheck_glu() -> None:
     u = torch.randn(3, 16, device=DEVICE, requires_grad=True)
     for op in ("swiglu", "geglu"):
         torch.library.opcheck(getattr(ops, op).default, (g, u))
+        torch.library.opcheck(getattr(ops, f"{op}_fwd").default, (g, u))
         dy = torch.randn(3, 16, device=DEVICE)
         torch.library.opcheck(getattr(ops, f"{op}_bwd").default, (dy, g.detach(), u.detach()))
 

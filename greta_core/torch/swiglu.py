@@ -1,5 +1,6 @@
-"""greta::swiglu and greta::geglu (act(gate) * up, autograd) with their triton_op backwards
-greta::swiglu_bwd / greta::geglu_bwd, so compiled graphs keep both Triton kernels."""
+"""greta::swiglu and greta::geglu (act(gate) * up; user ops, autograd) = the triton_ops
+greta::swiglu_fwd / geglu_fwd, whose backwards are the triton_ops greta::swiglu_bwd /
+geglu_bwd, so compiled graphs keep both Triton kernels."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import swiglu as raw
+from greta_core.ops._plan import eager_raw
 from greta_core.torch._common import record_reference
 from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
@@ -49,7 +51,7 @@ def _register(op: str) -> None:
             return raw.glu_bwd(op, dy, gate, up)
         return reference_bwd(dy, gate, up)
 
-    fwd_op = triton_op(f"greta::{op}", fwd, mutates_args=())
+    fwd_op = triton_op(f"greta::{op}_fwd", fwd, mutates_args=())
     fwd_op.register_kernel("cpu")(fwd_cpu)
     bwd_op = triton_op(f"greta::{op}_bwd", bwd, mutates_args=())
     bwd_op.register_kernel("cpu")(bwd_cpu)
@@ -63,6 +65,18 @@ def _register(op: str) -> None:
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
+    def user_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if eager_raw(gate, up) and not takes_reference(gate):
+            # Plain GPU tensors, no gradient, no tracing (a decode step): the plan launches
+            # without the custom-op dispatch; autograd and torch.compile take the triton_op.
+            return raw.glu(op, gate.contiguous(), up.contiguous())
+        return fwd_op(gate, up)
 
+    _lib.define(f"{op}(Tensor gate, Tensor up) -> Tensor")
+    # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
+    _lib.impl(op, user_op, "CompositeImplicitAutograd")
+
+
+_lib = torch.library.Library("greta", "FRAGMENT")
 for _op in raw.OPS:
     _register(_op)
