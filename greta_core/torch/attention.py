@@ -16,6 +16,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference as ref
 from greta_core.ops import attention as raw
 from greta_core.ops import attention_bwd as raw_bwd
+from greta_core.ops._plan import eager_raw
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16)
@@ -141,6 +142,10 @@ def _attention(
     q_lens: torch.Tensor | None = None,
     kv_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    if eager_raw(q, k, v, q_lens, kv_lens) and q.dtype in _TRITON_DTYPES:
+        # Plain GPU tensors, no gradient, no tracing (a decode step): the plan launches
+        # without the custom-op dispatch; autograd and torch.compile take the triton_op.
+        return raw.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
     return torch.ops.greta.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
 
 
