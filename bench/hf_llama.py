@@ -325,11 +325,17 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
                 if row.get("status") == "ok" and row.get(metric) is not None:
                     xs.append(j + (i - (len(variants) - 1) / 2) * width)
                     hs.append(row[metric])
-            ax.bar(xs, hs, width=width, label=variant)
+            if xs:
+                ax.bar(xs, hs, width=width, label=variant, color=f"C{VARIANTS.index(variant)}")
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels(shapes, fontsize=8)
         ax.set_title(label, fontsize=9)
     axes[0].legend(fontsize=8)
+    missing = [
+        v for v in variants if not any(r["variant"] == v and r["status"] == "ok" for r in rows)
+    ]
+    if missing:
+        title += f" (no bars: {', '.join(missing)}: skipped or failed, see the CSV)"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
