@@ -6,7 +6,7 @@ own empty GRETA cache directory:
 - ``cold``: the wheel is importable (same tuned configs) but ``GRETA_PRECOMPILED=0``
   turns its precompiled code off, so Triton compiles everything;
 - ``wheel``: the kernel wheel's precompiled device code is served
-  (``greta_core.precompiled``), but ``greta warm`` has not run: Triton still builds its
+  (``greta_core.kernel_wheels.precompiled``), but ``greta warm`` has not run: Triton still builds its
   host launcher modules with the C compiler and hashes its own build;
 - ``warm``: as ``wheel``, after ``greta warm`` (what ``greta install`` runs) built the
   host launchers and remembered Triton's build key, in a process before the measured one.
@@ -48,7 +48,7 @@ t_start = float(sys.argv[1])
 op = sys.argv[2]
 import torch
 import triton.runtime.build as build
-from greta_core import precompiled
+from greta_core.kernel_wheels import precompiled
 builds = []
 real_build = build._build
 def timed_build(name, *args, **kwargs):
@@ -58,7 +58,7 @@ def timed_build(name, *args, **kwargs):
     finally:
         builds.append((name, time.time() - t))
 build._build = timed_build
-from greta_core.tune import SPACES
+from greta_core.kernel_wheels.tune import SPACES
 problem = SPACES[op].problems[0]
 call = problem.make(torch, "cuda")
 torch.cuda.synchronize()

@@ -7,6 +7,10 @@ library, else the reference), so this script holds no device-specific code: it r
 a CPU, an NVIDIA GPU and an AMD GPU. Each mode's output is checked against a plain-PyTorch
 reference block before its latency and tokens/s are printed.
 
+On a GPU the defaults are a Llama-sized block (dim 2048, eager / graph / compile); on a CPU
+a small one (dim 256, eager / graph) that finishes in seconds.
+
+    python examples/llama_block.py
     python examples/llama_block.py --batch 1,8,32 --out bench/results
 """
 
@@ -287,22 +291,35 @@ def git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+# A GPU runs the Llama-2/3-like block; a CPU a small one, so the first run takes seconds
+# (pass the GPU values explicitly to time the full block on a CPU).
+GPU_DEFAULTS = dict(batch="1,8", prefill_len=64, decode_steps=32, dim=2048, heads=32, kv_heads=4,
+                    modes="eager,graph,compile", repeats=5)  # fmt: skip
+CPU_DEFAULTS = dict(batch="1,4", prefill_len=16, decode_steps=4, dim=256, heads=8, kv_heads=2,
+                    modes="eager,graph", repeats=2)  # fmt: skip
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", default="1,8", help="decode batch sizes, comma-separated")
-    ap.add_argument("--prefill-len", type=int, default=64)
-    ap.add_argument("--decode-steps", type=int, default=32)
-    ap.add_argument("--dim", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--batch", help="decode batch sizes, comma-separated (GPU 1,8; CPU 1,4)")
+    ap.add_argument("--prefill-len", type=int, help="GPU 64, CPU 16")
+    ap.add_argument("--decode-steps", type=int, help="GPU 32, CPU 4")
+    ap.add_argument("--dim", type=int, help="model width (GPU 2048, CPU 256)")
+    ap.add_argument("--heads", type=int, help="GPU 32, CPU 8")
+    ap.add_argument("--kv-heads", type=int, help="GPU 4, CPU 2")
     ap.add_argument("--hidden", type=int, default=0, help="MLP width (default: 2.75 x dim)")
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, ...")
     ap.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda")
-    ap.add_argument("--modes", default="eager,graph,compile")
-    ap.add_argument("--repeats", type=int, default=5, help="timed repetitions (median kept)")
+    ap.add_argument("--modes", help="GPU eager,graph,compile; CPU eager,graph")
+    ap.add_argument("--repeats", type=int, help="timed repetitions, median kept (GPU 5, CPU 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write CSV + JSON results here")
     args = ap.parse_args(argv)
+    args.device = gc.default_device() if args.device == "auto" else args.device
+    defaults = CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.dim % args.heads or args.heads % args.kv_heads or (args.dim // args.heads) % 2:
         ap.error("--dim must split into --heads of even size, and --heads into --kv-heads groups")
     try:
@@ -318,7 +335,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = gc.default_device() if args.device == "auto" else args.device
+    device = args.device
     try:
         dtype = gc.resolve_dtype(args.dtype, device)
     except ValueError as exc:

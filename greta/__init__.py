@@ -1,3 +1,5 @@
 """GRETA: the `greta` command line. The work lives in `greta_install` and `greta_core`."""
 
-__version__ = "0.1.0"
+from greta_install.version import __version__
+
+__all__ = ["__version__"]

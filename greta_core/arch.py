@@ -9,6 +9,8 @@ import functools
 import os
 import re
 
+from greta_core.errors import GretaInputError, NoGpuError
+
 # Arch names we ship tuned tables / wheels for; anything else uses "default".
 TUNED_ARCHS: tuple[str, ...] = ("sm_90", "gfx942", "gfx1100", "gfx1201")
 
@@ -23,7 +25,7 @@ def normalize_arch(name: str) -> str:
         major, minor = match.groups()
         digits = f"{major}{minor}" if minor is not None else major
         return f"sm_{digits}"
-    raise ValueError(f"unrecognised GPU arch {name!r}: expected e.g. 'gfx942' or 'sm_90'")
+    raise GretaInputError(f"unrecognised GPU arch {name!r}: expected e.g. 'gfx942' or 'sm_90'")
 
 
 def is_hip(arch: str) -> bool:
@@ -32,6 +34,13 @@ def is_hip(arch: str) -> bool:
 
 def is_cuda(arch: str) -> bool:
     return arch.startswith("sm_")
+
+
+def backend(arch: str) -> str:
+    """ "hip", "cuda" or "cpu" (the Triton interpreter): a config-table feature."""
+    if arch == "cpu":
+        return "cpu"
+    return "hip" if is_hip(arch) else "cuda"
 
 
 def warp_size(arch: str) -> int:
@@ -52,7 +61,7 @@ def device_arch(device_index: int = 0) -> str:
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA/ROCm GPU visible to torch")
+        raise NoGpuError("no CUDA/ROCm GPU visible to torch")
     props = torch.cuda.get_device_properties(device_index)
     if getattr(torch.version, "hip", None):
         return normalize_arch(props.gcnArchName)

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Any
 
+from greta_core.arch import device_arch
+
 SCHEMA = 1
 
 # (env var, platforms it applies to, what it changes)
@@ -33,7 +35,8 @@ ENV_SWITCHES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _dist_version(*names: str) -> str | None:
+def dist_version(*names: str) -> str | None:
+    """The installed version of the first of `names` that is installed, or None."""
     for name in names:
         try:
             return importlib.metadata.version(name)
@@ -79,7 +82,7 @@ def _torch_section(torch: Any) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         gpu = {
             "name": props.name,
-            "arch": getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}",
+            "arch": device_arch(0),
             "count": torch.cuda.device_count(),
         }
     return {
@@ -100,13 +103,13 @@ def _blas(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
         active = {"Cublas": "rocBLAS/hipBLAS", "Cublaslt": "hipBLASLt", "Ck": "CK"}.get(
             preferred or "", preferred
         )
-        version = _dist_version("rocm-sdk-libraries", "hipblaslt") or (
+        version = dist_version("rocm-sdk-libraries", "hipblaslt") or (
             f"bundled with ROCm {torch.version.hip}"
         )
     else:
         libs = []
         active = {"Cublas": "cuBLAS", "Cublaslt": "cuBLASLt"}.get(preferred or "", preferred)
-        version = _dist_version("nvidia-cublas-cu12", "nvidia-cublas-cu13", "nvidia-cublas")
+        version = dist_version("nvidia-cublas-cu12", "nvidia-cublas-cu13", "nvidia-cublas")
     return {
         "id": "blas",
         "role": "GEMM",
@@ -185,11 +188,11 @@ def _graph_compiler(build: str, gpu: bool) -> dict[str, Any]:
     trt = _has_module("torch_tensorrt")
     mgx = _has_module("torch_migraphx")
     detail = {
-        "torch_tensorrt": _dist_version("torch-tensorrt", "torch_tensorrt") if trt else None,
-        "tensorrt": _dist_version("tensorrt", "tensorrt-cu12") if _has_module("tensorrt") else None,
-        "torch_migraphx": _dist_version("torch-migraphx", "torch_migraphx") if mgx else None,
+        "torch_tensorrt": dist_version("torch-tensorrt", "torch_tensorrt") if trt else None,
+        "tensorrt": dist_version("tensorrt", "tensorrt-cu12") if _has_module("tensorrt") else None,
+        "torch_migraphx": dist_version("torch-migraphx", "torch_migraphx") if mgx else None,
         "migraphx": "importable" if _has_module("migraphx") else None,
-        "onnxruntime": _dist_version("onnxruntime-rocm", "onnxruntime-gpu", "onnxruntime")
+        "onnxruntime": dist_version("onnxruntime-rocm", "onnxruntime-gpu", "onnxruntime")
         if providers
         else None,
         "onnxruntime_providers": providers,
@@ -251,7 +254,7 @@ def _collectives(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
 
 
 def _triton(torch: Any, build: str, gpu: bool) -> dict[str, Any]:
-    version = _dist_version("triton", "triton-rocm", "pytorch-triton-rocm", "pytorch-triton")
+    version = dist_version("triton", "triton-rocm", "pytorch-triton-rocm", "pytorch-triton")
     return {
         "id": "triton",
         "role": "GRETA kernels",

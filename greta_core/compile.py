@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any
 
-from greta_core.compute.registry import GretaUnavailableError
+from greta_core.errors import GretaInputError, GretaUnavailableError
 
 ENV = "GRETA_COMPILE_BACKEND"
 # GRETA name -> (module to import so it registers itself, torch.compile backend string)
@@ -65,7 +65,9 @@ def choose_backend(requested: str | None = None) -> tuple[str, str]:
     requested = (requested or os.environ.get(ENV, "") or "auto").lower()
     if requested != "auto":
         if requested not in BACKENDS:
-            raise ValueError(f"unknown compile backend {requested!r}: auto, {', '.join(BACKENDS)}")
+            raise GretaInputError(
+                f"unknown compile backend {requested!r}: auto, {', '.join(BACKENDS)}"
+            )
         why = unavailable_reason(requested, platform)
         if why:
             raise GretaUnavailableError("compile", requested, why)

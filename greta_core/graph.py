@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from greta_core.errors import GretaInputError, GretaTypeError
+
 
 def _is_tensor(x: Any) -> bool:
     return hasattr(x, "data_ptr") and hasattr(x, "copy_")
@@ -66,7 +68,7 @@ class GretaGraph:
 
     def _load(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != len(self.static_inputs):
-            raise TypeError(
+            raise GretaTypeError(
                 f"GretaGraph: captured with {len(self.static_inputs)} inputs, called with {len(inputs)}"
             )
         for i, (static, new) in enumerate(zip(self.static_inputs, inputs, strict=True)):
@@ -74,13 +76,13 @@ class GretaGraph:
                 continue
             if _is_tensor(static):
                 if tuple(new.shape) != tuple(static.shape):
-                    raise ValueError(
+                    raise GretaInputError(
                         f"GretaGraph: input {i} has shape {tuple(new.shape)}; the graph was "
                         f"captured for {tuple(static.shape)} (capture another graph per shape)"
                     )
                 static.copy_(new)
             elif new != static:
-                raise ValueError(
+                raise GretaInputError(
                     f"GretaGraph: input {i} is the constant {static!r} in the captured graph; got {new!r}"
                 )
 

@@ -24,3 +24,8 @@ def last_implementation(op: str) -> str | None:
 
 def implementations_seen() -> dict[str, str]:
     return dict(_last)
+
+
+def reset() -> None:
+    """Forget what ran so far (a benchmark variant, a test): later calls record afresh."""
+    _last.clear()

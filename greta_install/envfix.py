@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from greta_install.boundedio import ENV_FILE_MAX_BYTES, read_bytes
+from greta_install.errors import GretaError
 
 JSON_NAME = "greta-env.json"
 PTH_NAME = "greta-env.pth"
@@ -122,7 +123,7 @@ if _os.environ.get("GRETA_ENV_DISABLE") != "1":
 PTH_SOURCE = 'import sys; exec("try:\\n import _greta_env\\nexcept BaseException:\\n pass")\n'
 
 
-class EnvFixError(Exception):
+class EnvFixError(GretaError):
     """The persisted fixes are unreadable or cannot be written."""
 
 

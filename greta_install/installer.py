@@ -29,8 +29,9 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from greta_install import boundedio, commandline, vendor_index, wheelfiles
+from greta_install.errors import GretaError
 from greta_install.hashrecord import HashRecord, HashRecordError
-from greta_install.lockgen import _Links, sha256_file
+from greta_install.lockgen import IndexLinks, sha256_file
 from greta_install.plan import InstallPlan, KernelLookup, PlannedPackage
 from greta_install.vendor_index import Probe
 
@@ -46,7 +47,7 @@ MAX_PLATFORM_FLAGS = 64
 Log = Callable[[str], None]
 
 
-class InstallError(Exception):
+class InstallError(GretaError):
     """A package could not be staged or installed; names the package and the reason."""
 
     def __init__(self, package: str, reason: str) -> None:
@@ -208,7 +209,7 @@ def find_kernel_wheel(
             html = fetch_text(page, allow_http)
         except DownloadError as exc:
             return KernelLookup(source, problem=f"kernel index {page} unreachable ({exc})")
-        parser = _Links()
+        parser = IndexLinks()
         parser.feed(html)
         for href in parser.links:
             url = urllib.parse.urljoin(page, href)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from greta_install.lockgen import kernel_wheel_name  # the one naming function (issue 12 unifies it)
+from greta_install.kernel_names import distribution_name as kernel_wheel_name
+from greta_install.version import __version__
 
 Log = Callable[[str], None]
 BUILD_TIMEOUT_S = 3 * 3600
@@ -67,8 +68,6 @@ def greta_source_hash() -> str:
     for path in files:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
-    from greta import __version__
-
     digest.update(__version__.encode())
     return digest.hexdigest()
 

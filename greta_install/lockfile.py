@@ -29,6 +29,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from greta_install.envfix import allowed_name, allowed_value
+from greta_install.errors import GretaError
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -63,7 +64,7 @@ def marker_environment(python: str, platform: str) -> dict[str, str]:
     }
 
 
-class LockError(Exception):
+class LockError(GretaError):
     """A lock file is missing, unreadable or malformed."""
 
 

@@ -34,6 +34,8 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from greta_install import kernel_names
+from greta_install.errors import GretaError
 from greta_install.lockfile import (
     Lock,
     LockedPackage,
@@ -49,7 +51,13 @@ UV_TIMEOUT_S = 600
 INDEX_TIMEOUT_S = 15
 
 
-class LockGenError(Exception):
+# Kept importable from here (other installer modules used these names); the rule itself
+# lives in greta_install.kernel_names.
+kernel_wheel_name = kernel_names.distribution_name
+kernel_wheel_requirement = kernel_names.requirement
+
+
+class LockGenError(GretaError):
     """A row could not be resolved; the message says which and why."""
 
 
@@ -59,17 +67,8 @@ class VendorHash:
     how: str  # "vendor index", "local copy", or why it is unverified
 
 
-def kernel_wheel_name(arch: str) -> str:
-    """Distribution name of the GRETA kernel wheel for an arch: sm_90 -> greta-kernels-sm-90."""
-    return str(canonicalize_name(f"greta-kernels-{arch}"))
-
-
-def kernel_wheel_requirement(arch: str, version: str) -> str:
-    return f"{kernel_wheel_name(arch)}=={version}"
-
-
 def greta_version() -> str:
-    from greta import __version__
+    from greta_install.version import __version__
 
     return __version__
 
@@ -97,7 +96,7 @@ def fingerprint(
         "platform": matrix.platform,
         "exclude_newer": matrix.exclude_newer,
         "env": dict(sorted(spec.env.items())),
-        "kernel_wheel": kernel_wheel_requirement(spec.default_arch, version)
+        "kernel_wheel": kernel_names.requirement(spec.default_arch, version)
         if spec.kernel_wheel and spec.default_arch
         else None,
         "pins": sorted(
@@ -241,7 +240,9 @@ def matching_wheel(filename: str, name: str, version: str, tags: set[Tag]) -> bo
     )
 
 
-class _Links(HTMLParser):
+class IndexLinks(HTMLParser):
+    """The href of every <a> in a PEP 503 simple-index page (its `links`)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.links: list[str] = []
@@ -264,7 +265,7 @@ def hashes_from_simple_index(
             with urllib.request.urlopen(u, timeout=INDEX_TIMEOUT_S) as response:
                 return response.read().decode("utf-8", errors="replace")
 
-    parser = _Links()
+    parser = IndexLinks()
     parser.feed(fetch(url))
     found = []
     for href in parser.links:
@@ -406,7 +407,7 @@ def generate_row(
                 f"{target}/py{python}: resolved {pin.name}=={packages[pin.name].version}, matrix pins {pin.version}"
             )
     kernel = (
-        kernel_wheel_requirement(spec.default_arch, version)
+        kernel_names.requirement(spec.default_arch, version)
         if spec.kernel_wheel and spec.default_arch
         else None
     )
@@ -479,7 +480,7 @@ def _vendor_links(pin: Pin, fetch: Callable[[str], str]) -> list[tuple[str, str,
     """(filename, absolute url, sha256 fragment or None) of every file on the pin's page."""
     assert pin.index is not None
     page = f"{pin.index.rstrip('/')}/{pin.name}/"
-    parser = _Links()
+    parser = IndexLinks()
     parser.feed(fetch(page))
     out = []
     for href in parser.links:

@@ -19,6 +19,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from greta_install.errors import GretaError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -44,7 +46,7 @@ _LOCAL_INDEX = re.compile(r"^(rocm\d+(?:\.\d+)*|cpu|cu\d+)$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
-class MatrixError(ValueError):
+class MatrixError(GretaError, ValueError):
     """matrix.toml is unreadable or violates a rule; the message lists every problem."""
 
 

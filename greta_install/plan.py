@@ -13,10 +13,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from greta_install import archs, commandline
+from greta_install import archs, commandline, kernel_names
 from greta_install.commandline import STAGE
+from greta_install.errors import GretaError
 from greta_install.lockfile import Lock
-from greta_install.lockgen import kernel_wheel_name
 from greta_install.matrix import Matrix, Row, TargetSpec
 from greta_install.model import Detection
 
@@ -35,7 +35,7 @@ BUILD_NOTE = (
 HASH_VERIFIED, HASH_RECORDED, HASH_TOFU = "verified", "recorded", "trust-on-first-use"
 
 
-class PlanError(ValueError):
+class PlanError(GretaError, ValueError):
     """The request cannot be planned (unknown target, arch of another target...)."""
 
 
@@ -253,7 +253,7 @@ def build_plan(
                 f"{kernel_arch} code instead"
             )
             warnings.append(
-                f"kernel wheel: using {kernel_wheel_name(kernel_arch)} because "
+                f"kernel wheel: using {kernel_names.distribution_name(kernel_arch)} because "
                 f"HSA_OVERRIDE_GFX_VERSION={decision.value} makes the {chosen_arch} GPU run {kernel_arch} code"
             )
             warnings.extend(_restrict_visibility(detection, chosen_arch, env, env_why))
@@ -428,7 +428,7 @@ def _plan_kernel_wheel(
             "(nothing to precompile for a CPU)",
         )
     version = lock.kernel_wheel.split("==", 1)[1] if "==" in lock.kernel_wheel else ""
-    requirement = f"{kernel_wheel_name(arch)}=={version}"
+    requirement = kernel_names.requirement(arch, version)
     pinned = lock.kernel_hashes.get(requirement)
     why = None
     if kernel is None or kernel.source is None:

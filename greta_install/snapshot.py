@@ -19,7 +19,6 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from greta import __version__
 from greta_install.doctor.multi_gpu_facts import SNAPSHOT_FILES, scrub_cmdline
 from greta_install.evidence import (
     AMDGPU_MODULE_VERSION,
@@ -30,6 +29,7 @@ from greta_install.evidence import (
 )
 from greta_install.parsers.drm import CARD_FILES
 from greta_install.system_view import TOOL_COMMANDS, SystemView
+from greta_install.version import __version__
 
 KFD_NODE_FILES: tuple[str, ...] = ("properties", "name", "gpu_id")
 _CARD = re.compile(r"^card\d+$")

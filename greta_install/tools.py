@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from greta_install.errors import InterpreterError
 from greta_install.wheelfiles import Scheme
 
 
@@ -89,14 +90,16 @@ def python_version_of(python: str) -> str:
             cwd="/",
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ValueError(f"cannot run Python interpreter {python}: {exc}") from None
+        raise InterpreterError(f"cannot run Python interpreter {python}: {exc}") from None
     if proc.returncode != 0:
-        raise ValueError(
+        raise InterpreterError(
             f"cannot run Python interpreter {python}: {_said(proc.stderr, proc.returncode)}"
         )
     version = proc.stdout.strip()
     if not re.fullmatch(r"3\.\d{1,3}", version):
-        raise ValueError(f"{python} is not a Python 3 interpreter (it printed {version[:80]!r})")
+        raise InterpreterError(
+            f"{python} is not a Python 3 interpreter (it printed {version[:80]!r})"
+        )
     return version
 
 
@@ -111,7 +114,7 @@ def site_packages_of(python: str) -> Path:
         cwd="/",
     )
     if proc.returncode != 0:
-        raise ValueError(
+        raise InterpreterError(
             f"cannot ask {python} for its site-packages: {_said(proc.stderr, proc.returncode)}"
         )
     return Path(proc.stdout.strip())

@@ -53,7 +53,7 @@ def test_aot_report_for_gfx942_covers_every_kernel(tmp_path: Path) -> None:
     proc = _run(
         [
             "-m",
-            "greta_core.aot",
+            "greta_core.kernel_wheels.aot",
             "--arch",
             "gfx942",
             "--variants",
@@ -84,7 +84,7 @@ def test_aot_report_for_gfx942_covers_every_kernel(tmp_path: Path) -> None:
 
 
 def test_aot_rejects_unknown_arch(tmp_path: Path) -> None:
-    proc = _run(["-m", "greta_core.aot", "--arch", "volta"], tmp_path)
+    proc = _run(["-m", "greta_core.kernel_wheels.aot", "--arch", "volta"], tmp_path)
     assert proc.returncode == 2
     assert "unrecognised GPU arch" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -107,7 +107,7 @@ def tiny_dot(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
 DOT_DRIVER = """
 import json, sys
 import tiny_dot_kernel
-from greta_core.aot import compile_spec, compiling_for
+from greta_core.kernel_wheels.aot import compile_spec, compiling_for
 from greta_core.kernels._aot import AotSpec
 
 out = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from greta_core import host_launchers, triton_key_memo
+from greta_core.kernel_wheels import host_launchers, triton_key_memo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,8 +85,8 @@ def test_corrupt_launchers_json_is_reported(tmp_path: Path) -> None:
 
 REBUILD_PROBE = """
 import json
-from greta_core import host_launchers as H
-from greta_core.aot import compiling_for, discover, int_args_for, _stand_in
+from greta_core.kernel_wheels import host_launchers as H
+from greta_core.kernel_wheels.aot import compiling_for, discover, int_args_for, _stand_in
 import tempfile
 from pathlib import Path
 
@@ -124,7 +124,7 @@ def test_rebuilt_launcher_generates_the_jit_source(fake_rocm: Path) -> None:
 WARM_PROBE = """
 import json, sysconfig, hashlib
 from pathlib import Path
-from greta_core import host_launchers as H, precompiled
+from greta_core.kernel_wheels import host_launchers as H, precompiled
 from triton.runtime.build import platform_key
 from triton.runtime.cache import get_cache_manager
 
@@ -166,7 +166,7 @@ def test_warm_builds_each_distinct_launcher_once_where_triton_looks(
 
 
 def test_doctor_wants_warm_until_it_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from greta_core.kernel_wheel import KernelWheelInfo, check_kernel_wheel
+    from greta_core.kernel_wheels.installed import KernelWheelInfo, check_kernel_wheel
 
     monkeypatch.setenv("GRETA_CACHE_DIR", str(tmp_path))
     manifest = {"arch": "sm_90", "triton_version": "3.6.0", "package": "greta_kernels_sm_90",
@@ -224,7 +224,7 @@ def test_key_memo_is_dropped_when_triton_changes(
 SEED_PROBE = """
 import json, time
 from pathlib import Path
-from greta_core import triton_key_memo
+from greta_core.kernel_wheels import triton_key_memo
 import triton.runtime.cache as cache
 memo = Path({memo!r})
 seeded = triton_key_memo.seed(memo)
@@ -256,7 +256,7 @@ def test_seed_never_replaces_a_key_triton_computed(tmp_path: Path) -> None:
     triton_key_memo.remember(memo)
     out = _run(
         "import json, triton.runtime.cache as c; c.triton_key()\n"
-        "from greta_core import triton_key_memo as m; from pathlib import Path\n"
+        "from greta_core.kernel_wheels import triton_key_memo as m; from pathlib import Path\n"
         f"print(json.dumps({{'seeded': m.seed(Path({str(memo)!r}))}}))"
     )
     assert out == {"seeded": False}
@@ -272,7 +272,8 @@ def no_compiler(name, *args, **kwargs):
     raise AssertionError(f"the C compiler ran for {{name}}")
 build._build = no_compiler
 import triton.runtime.cache as cache
-from greta_core import raw, precompiled
+from greta_core import raw
+from greta_core.kernel_wheels import precompiled
 x = torch.randn(65536, device="cuda", dtype=torch.float16)
 torch.cuda.synchronize()
 t = time.perf_counter()

@@ -306,6 +306,36 @@ def test_torch_op_backward_runs_the_triton_kernels(causal: bool) -> None:
         assert err < TOL[torch.bfloat16]
 
 
+def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One forward kernel per training step: the backward takes the saved output and
+    logsumexp instead of running the forward again."""
+    import greta_core.torch  # noqa: F401
+    from greta_core.ops import attention_bwd as bwd_ops
+
+    _need_kernel()
+    calls = {"fwd": 0, "bwd": 0}
+    fwd, bwd = attn_ops.attention_with_lse, bwd_ops.attention_bwd
+
+    def counted_fwd(*a, **kw):
+        calls["fwd"] += 1
+        return fwd(*a, **kw)
+
+    def counted_bwd(*a, **kw):
+        calls["bwd"] += 1
+        return bwd(*a, **kw)
+
+    monkeypatch.setattr(attn_ops, "attention_with_lse", counted_fwd)
+    monkeypatch.setattr(bwd_ops, "attention_bwd", counted_bwd)
+    q, k, v = _inputs(1, 2, 2, 17, 17, 64, torch.bfloat16)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
+    torch.ops.greta.attention(*leaves, True).backward(do)
+    assert calls == {"fwd": 1, "bwd": 1}
+    for mine, want in zip(leaves, _grads64(q, k, v, do, True), strict=True):
+        err = ((mine.grad.double().cpu() - want).norm() / want.norm()).item()
+        assert err < TOL[torch.bfloat16]
+
+
 @pytest.mark.gpu
 def test_gpu_attention_bwd_matches_sdpa_at_scale() -> None:
     import greta_core.torch  # noqa: F401

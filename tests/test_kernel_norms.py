@@ -247,7 +247,7 @@ def test_jax_norms_and_grads() -> None:
 def test_row_plan_memo_follows_a_swapped_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     # `greta tune` swaps configs.lookup to time candidates: a memoized plan must not hide it.
     from greta_core import configs
-    from greta_core.kernels._rows import row_plan
+    from greta_core.ops._rows import row_plan
 
     shipped = row_plan("rms_norm", "sm_90", 4096)
     assert shipped.one_pass is True

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_WHEEL_ARCH, SHARED_WHEEL_KERNELS, SHARED_WHEEL_VEC_ADD_BLOCK
 
-from greta_core.kernel_wheel import KernelWheelInfo, check_kernel_wheel
-from greta_core.wheelbuild import (
+from greta_core.kernel_wheels.installed import KernelWheelInfo, check_kernel_wheel
+from greta_core.kernel_wheels.wheelbuild import (
     distribution_name,
     package_name,
     verify_record,
@@ -146,8 +146,8 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import MockTensor
-from greta_core import precompiled
-from greta_core.aot import _TargetDriver, target_for
+from greta_core.kernel_wheels import precompiled
+from greta_core.kernel_wheels.aot import _TargetDriver, target_for
 from greta_core.kernels.vec_add import vec_add_kernel
 
 knobs.cache.dir = tempfile.mkdtemp()  # empty: a hit can only come from the wheel
@@ -214,7 +214,7 @@ def test_doctor_checks() -> None:
 
 def test_installed_kernel_wheel_reads_the_install(venv: Path, built: dict) -> None:
     code = (
-        "from greta_core.kernel_wheel import installed_kernel_wheel as f; w = f();"
+        "from greta_core.kernel_wheels.installed import installed_kernel_wheel as f; w = f();"
         "print(w.arch, w.distribution, w.version, w.kernel_count)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -25,7 +25,8 @@ def test_llama_block_matches_reference(tmp_path: Path) -> None:
     }
     env["PYTHONPATH"] = str(ROOT)
     args = ["--batch", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2",
-            "--prefill-len", "7", "--decode-steps", "3", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
+            "--prefill-len", "7", "--decode-steps", "3", "--repeats", "1", "--out", str(tmp_path),
+            "--modes", "eager,graph,compile"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "llama_block.py"), *args],
         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
@@ -47,3 +48,21 @@ def test_llama_block_rejects_bad_arguments() -> None:
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert done.returncode == 2 and "--dim must split" in done.stderr
+
+
+def test_llama_block_cpu_defaults_are_small() -> None:
+    """The first thing a user runs finishes in seconds on a CPU: a small block, no compile."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "llama_block", ROOT / "examples" / "llama_block.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    args = module.parse_args(["--device", "cpu"])
+    assert (args.dim, args.heads, args.kv_heads) == (256, 8, 2)
+    assert args.mode_list == ["eager", "graph"] and args.batches == [1, 4]
+    gpu = module.parse_args(["--device", "cuda"])
+    assert (gpu.dim, gpu.mode_list) == (2048, ["eager", "graph", "compile"])
+    assert module.parse_args(["--device", "cpu", "--dim", "512"]).dim == 512

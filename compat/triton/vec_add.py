@@ -41,9 +41,9 @@ def main() -> int:
     try:
         import triton
 
-        from greta_core import configs
         from greta_core.arch import arch_of
-        from greta_core.kernels.vec_add import grid, vec_add_kernel
+        from greta_core.ops._plan import dtype_name, run
+        from greta_core.ops.vec_add import plan
     except Exception as exc:
         return finish("FAIL", f"cannot import the kernel: {exc.__class__.__name__}: {exc}")
 
@@ -57,11 +57,10 @@ def main() -> int:
             y = torch.randn(n, device=device, dtype=dtype)
             out = torch.full_like(x, float("nan"))  # poison: unwritten elements stay NaN
             arch = arch_of(x)
-            config = configs.lookup("vec_add", arch, {"n": n})
-            block = config["BLOCK"]
-            vec_add_kernel[grid(n, block)](
-                x, y, n, out, BLOCK=block, **configs.launch_options(config, arch)
-            )
+            # GRETA's launch plan for this call (kernel, grid, arguments, config-table block).
+            launch_plan = plan(tuple(x.shape), dtype_name(x.dtype), arch)
+            block = launch_plan.launches[0].constexprs["BLOCK"]
+            run(launch_plan, (x, y), out=(out,))
             ref = x.double() + y.double()
             # Elementwise |out - ref| <= rtol * |ref| + atol: one rounding of the output.
             rtol = 1e-6 if dtype == torch.float32 else 1e-3

@@ -12,10 +12,11 @@ Sizes and cost formulas are pure data; `build_case` turns one (op, params) pair 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from greta_core.errors import GretaInputError
 
 OPS: tuple[str, ...] = (
     "vec_add",
@@ -129,7 +130,7 @@ def cost(op: str, p: Params, itemsize: int) -> Cost:
         b, h, s_new, d = p["b"], p["h"], p["s_new"], p["d"]
         # k_new and v_new read, the same amount written into the caches, lengths read.
         return Cost(4 * b * h * s_new * d * itemsize + 4 * b, 0, "memory")
-    raise ValueError(f"unknown op {op!r}")
+    raise GretaInputError(f"unknown op {op!r}")
 
 
 def describe(op: str, p: Params) -> str:
@@ -146,16 +147,18 @@ def describe(op: str, p: Params) -> str:
         return f"B{p['b']} S{p['s']} H{p['h']} D{p['d']}"
     if op == "kv_cache_append":
         return f"B{p['b']} H{p['h']} Smax{p['s_max']} Snew{p['s_new']} D{p['d']}"
-    raise ValueError(f"unknown op {op!r}")
+    raise GretaInputError(f"unknown op {op!r}")
 
 
 def select(preset: str, ops: list[str] | None) -> list[tuple[str, Params]]:
     """The preset's cases, restricted to `ops` (in the preset's order)."""
     if preset not in SIZES:
-        raise ValueError(f"unknown preset {preset!r}; expected one of: {', '.join(PRESETS)}")
+        raise GretaInputError(f"unknown preset {preset!r}; expected one of: {', '.join(PRESETS)}")
     unknown = sorted(set(ops or ()) - set(OPS))
     if unknown:
-        raise ValueError(f"unknown op(s): {', '.join(unknown)}; expected some of: {', '.join(OPS)}")
+        raise GretaInputError(
+            f"unknown op(s): {', '.join(unknown)}; expected some of: {', '.join(OPS)}"
+        )
     return [(op, p) for op, p in SIZES[preset] if not ops or op in ops]
 
 
@@ -262,32 +265,6 @@ def _vec_add(p: Params, device: str, dtype: Any) -> Case:
     return case
 
 
-def rms_norm_reference(x: Any, w: Any) -> Any:
-    import torch
-
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
-    return (y * w.float()).to(x.dtype)
-
-
-def layer_norm_reference(x: Any, w: Any, b: Any) -> Any:
-    import torch
-
-    xf = x.float()
-    mean = xf.mean(-1, keepdim=True)
-    var = (xf - mean).pow(2).mean(-1, keepdim=True)
-    y = (xf - mean) * torch.rsqrt(var + EPS)
-    return (y * w.float() + b.float()).to(x.dtype)
-
-
-def softmax_reference(x: Any) -> Any:
-    import torch
-
-    xf = x.float()
-    e = torch.exp(xf - xf.amax(-1, keepdim=True))
-    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
-
-
 def _norm(op: str) -> Callable[[Params, str, Any], Case]:
     def build(p: Params, device: str, dtype: Any) -> Case:
         import torch
@@ -301,16 +278,18 @@ def _norm(op: str) -> Callable[[Params, str, Any], Case]:
             extra = [torch.randn(cols, device=device, dtype=dtype) for _ in range(n_params)]
             return (x, *extra)
 
+        from greta_core import reference
+
         case = _new_case(op, p, dtype, make)
         if op == "rms_norm":
             vendor: Callable[..., Any] = lambda x, w: F.rms_norm(x, (cols,), w, EPS)  # noqa: E731
-            ref: Callable[..., Any] = rms_norm_reference
+            ref: Callable[..., Any] = lambda x, w: reference.rms_norm(x, w, EPS)  # noqa: E731
         elif op == "layer_norm":
             vendor = lambda x, w, b: F.layer_norm(x, (cols,), w, b, EPS)  # noqa: E731
-            ref = layer_norm_reference
+            ref = lambda x, w, b: reference.layer_norm(x, w, b, EPS)  # noqa: E731
         else:
             vendor = lambda x: torch.softmax(x, dim=-1)  # noqa: E731
-            ref = softmax_reference
+            ref = reference.softmax
         case.impls = {"vendor": vendor, "torch.compile": _compile(ref)}
         return case
 
@@ -335,25 +314,12 @@ def _matmul(p: Params, device: str, dtype: Any) -> Case:
     return case
 
 
-def attention_reference(q: Any, k: Any, v: Any) -> Any:
-    """Causal attention written out (k/v heads repeated for GQA): what inductor compiles."""
-    import torch
-
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    s = q.shape[2]
-    scores = (q @ k.transpose(-2, -1)).float() * (1.0 / math.sqrt(q.shape[-1]))
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    return probs.to(q.dtype) @ v
-
-
 def _attention(p: Params, device: str, dtype: Any) -> Case:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from greta_core import reference
 
     b, hq, hkv, s, d = p["b"], p["hq"], p["hkv"], p["s"], p["d"]
 
@@ -378,26 +344,18 @@ def _attention(p: Params, device: str, dtype: Any) -> Case:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
 
         impls[f"vendor:{name}"] = sdpa
-    impls["torch.compile"] = _compile(attention_reference)
+    # The reference maths (k/v heads repeated for GQA, fp32 softmax): what inductor compiles.
+    impls["torch.compile"] = _compile(lambda q, k, v: reference.attention(q, k, v, True))
     case.impls = impls
     case.optional = frozenset(f"vendor:{n}" for n in SDPA_BACKENDS)
     case.note = "vendor = fastest F.scaled_dot_product_attention backend"
     return case
 
 
-def rope_reference(x: Any, cos: Any, sin: Any) -> Any:
-    """Rotary embedding, rotate-half layout: x [B,S,H,D], cos/sin [S,D/2]."""
-    import torch
-
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    c = cos[None, :, None, :].float()
-    s = sin[None, :, None, :].float()
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-
 def _rope(p: Params, device: str, dtype: Any) -> Case:
     import torch
+
+    from greta_core import reference
 
     b, s, h, d = p["b"], p["s"], p["h"], p["d"]
 
@@ -410,27 +368,17 @@ def _rope(p: Params, device: str, dtype: Any) -> Case:
         )
 
     case = _new_case("rope", p, dtype, make)
-    case.impls = {"vendor": rope_reference, "torch.compile": _compile(rope_reference)}
+    case.impls = {"vendor": reference.rope, "torch.compile": _compile(reference.rope)}
     # GRETA's pairing of the rotated halves may differ from this reference's: no check.
     case.comparable = False
     case.note = "torch has no rope op: vendor = torch eager reference"
     return case
 
 
-def kv_cache_append_reference(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, lens: Any) -> Any:
-    """Write k_new/v_new [B,H,Snew,D] at positions lens[b].. of the caches [B,H,Smax,D]."""
-    import torch
-
-    s_new = k_new.shape[2]
-    pos = lens.long()[:, None] + torch.arange(s_new, device=lens.device)
-    index = pos[:, None, :, None].expand(-1, k_new.shape[1], -1, k_new.shape[3])
-    k_cache.scatter_(2, index, k_new)
-    v_cache.scatter_(2, index, v_new)
-    return k_cache, v_cache
-
-
 def _kv_cache_append(p: Params, device: str, dtype: Any) -> Case:
     import torch
+
+    from greta_core import reference
 
     b, h, s_max, s_new, d = p["b"], p["h"], p["s_max"], p["s_new"], p["d"]
 
@@ -445,8 +393,8 @@ def _kv_cache_append(p: Params, device: str, dtype: Any) -> Case:
 
     case = _new_case("kv_cache_append", p, dtype, make)
     case.impls = {
-        "vendor": kv_cache_append_reference,
-        "torch.compile": _compile(kv_cache_append_reference),
+        "vendor": reference.kv_cache_append,
+        "torch.compile": _compile(reference.kv_cache_append),
     }
     case.comparable = False
     case.note = "in place; vendor = torch eager scatter_"

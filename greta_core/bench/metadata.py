@@ -6,13 +6,15 @@ No host name and no local path is recorded: result files are meant to be shared.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import platform
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from greta_core.arch import device_arch
+from greta_core.backends import dist_version
 
 # Distribution names that provide each import package (ROCm builds rename triton).
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -26,18 +28,9 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def dist_version(names: tuple[str, ...]) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def package_versions() -> dict[str, str | None]:
     """Installed versions, read from package metadata (importing jax here would be slow)."""
-    return {key: dist_version(names) for key, names in _DISTRIBUTIONS.items()}
+    return {key: dist_version(*names) for key, names in _DISTRIBUTIONS.items()}
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
@@ -98,7 +91,7 @@ def device_info(device: str) -> dict[str, Any]:
     info.update(
         gpu_name=torch.cuda.get_device_name(0),
         gpu_count=torch.cuda.device_count(),
-        arch=getattr(props, "gcnArchName", None) if is_hip else f"sm_{props.major}{props.minor}",
+        arch=device_arch(0),
         multiprocessors=props.multi_processor_count,
         memory_gib=round(props.total_memory / 2**30, 1),
         l2_cache_mb=round(getattr(props, "L2_cache_size", 0) / 1e6, 1) or None,

@@ -14,14 +14,11 @@ from typing import Any
 from greta_core.bench import cases as cases_mod
 from greta_core.bench import metadata, report
 from greta_core.bench.timing import TimingPolicy, host_time_per_call, synchronize, time_device
+from greta_core.errors import BenchError
 
 DEFAULT_L2_BYTES = 50_000_000  # H100; used when torch does not report the L2 size
 MAX_INPUT_SETS = 8
 SCHEMA = "greta-bench/1"
-
-
-class BenchError(Exception):
-    """A user-facing problem (bad preset for this machine, torch missing...)."""
 
 
 @dataclass(frozen=True)

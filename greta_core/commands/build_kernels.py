@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from greta_core.errors import AotError
+
 HELP = "Build GRETA kernel wheels (precompiled Triton code + tuned configs) per GPU arch."
 
 MANIFEST_FORMAT = 1
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         default="aligned,ragged",
-        help="int specialisations (see python -m greta_core.aot)",
+        help="int specialisations (see python -m greta_core.kernel_wheels.aot)",
     )
     parser.add_argument(
         "--configs",
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_core.aot import AotError, parse_archs
+    from greta_core.kernel_wheels.aot import parse_archs
 
     try:
         archs = parse_archs(args.arch)
@@ -142,10 +144,10 @@ def build_arch(
     configs_text: str | None = None,
 ) -> dict[str, Any]:
     """Compile every spec for `arch` and write its wheel (runs in a worker process)."""
-    from greta import __version__
-    from greta_core.aot import run_aot
-    from greta_core.host_launchers import SPECS_FILE
-    from greta_core.wheelbuild import build_wheel, distribution_name, package_name
+    from greta_core.kernel_wheels.aot import run_aot
+    from greta_core.kernel_wheels.host_launchers import SPECS_FILE
+    from greta_core.kernel_wheels.wheelbuild import build_wheel, distribution_name, package_name
+    from greta_install.version import __version__
 
     start = time.perf_counter()
     table_text = configs_text if configs_text is not None else shipped_table(arch)
@@ -212,7 +214,7 @@ def build_arch(
 
 def launcher_spec(res: Any, entry: dict[str, bytes]) -> dict[str, Any] | None:
     """{"digest", "spec"} of a compiled kernel's host launcher (None if not captured)."""
-    from greta_core.host_launchers import spec_digest
+    from greta_core.kernel_wheels.host_launchers import spec_digest
 
     if not res.launcher:
         return None
@@ -236,7 +238,7 @@ def collect_entry(staging: Path, key: str) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     groups = sorted(src.glob("__grp__*.json"))
     if len(groups) != 1:
-        raise RuntimeError(f"cache entry {name}: expected one group file, found {len(groups)}")
+        raise AotError(f"cache entry {name}: expected one group file, found {len(groups)}")
     children = json.loads(groups[0].read_text())["child_paths"]
     kept = {}
     for child in children:

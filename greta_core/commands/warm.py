@@ -1,7 +1,7 @@
 """`greta warm`: build the installed kernel wheel's host launchers for this Python.
 
 `greta install` runs it after installing a kernel wheel; run it by hand after installing
-one with pip, or after clearing GRETA's cache. See `greta_core.host_launchers`.
+one with pip, or after clearing GRETA's cache. See `greta_core.kernel_wheels.host_launchers`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def warm_installed(jobs: int = 0) -> list[dict[str, Any]]:
     """Warm every installed kernel wheel built for the installed Triton; one row per wheel."""
     import triton
 
-    from greta_core import host_launchers
-    from greta_core.precompiled import installed_wheel_dirs, read_manifest
+    from greta_core.kernel_wheels import host_launchers
+    from greta_core.kernel_wheels.precompiled import installed_wheel_dirs, read_manifest
 
     rows: list[dict[str, Any]] = []
     for arch, package_dir in installed_wheel_dirs():

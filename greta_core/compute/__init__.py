@@ -20,12 +20,8 @@ from greta_core.compute import ops_attention, ops_conv, ops_matmul, ops_norm, op
 from greta_core.compute.device import default_device, default_dtype, resolve_dtype, synchronize
 from greta_core.compute.dispatch import candidates, clear_cache, run, select
 from greta_core.compute.forcing import force, forced, set_impl
-from greta_core.compute.registry import (
-    REGISTRY,
-    GretaConfigError,
-    GretaUnavailableError,
-    valid_choices,
-)
+from greta_core.compute.registry import REGISTRY, valid_choices
+from greta_core.errors import GretaConfigError, GretaUnavailableError
 
 __all__ = [
     "REGISTRY",

@@ -6,6 +6,8 @@ import functools
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from greta_core.ops._plan import eager_raw  # noqa: F401  (the compute ops call p.eager_raw)
+
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 HALF_AND_FLOAT = ("float16", "bfloat16", "float32")
 
@@ -83,37 +85,6 @@ def acc_dtype(dtype: Any) -> Any:
     import torch
 
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def eager_raw(*tensors: Any) -> bool:
-    """True when a GRETA op may launch its raw kernel instead of going through torch.ops.
-
-    torch.library's custom-op dispatch costs ~26 us of host time per call on the H100 (a
-    launch-bound decode step pays it on every op). It buys autograd, tracing and dispatch
-    modes; when none of them can be involved (plain GPU tensors, no gradient wanted, no
-    torch.compile tracing, no torch function/dispatch mode active) the raw launcher runs the
-    same kernel with the same checks. Anything else, or a torch without these hooks, takes
-    the torch op.
-    """
-    import torch
-
-    try:
-        if (
-            torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._len_torch_function_stack()
-        ):
-            return False
-    except AttributeError:
-        return False
-    grad = torch.is_grad_enabled()
-    plain = (torch.Tensor, torch.nn.Parameter)  # subclasses (FakeTensor, DTensor...) excluded
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) not in plain or t.device.type != "cuda" or (grad and t.requires_grad):
-            return False
-    return True
 
 
 def unwrap(out: Any) -> Any:

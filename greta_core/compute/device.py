@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from greta_core.arch import device_arch
+from greta_core.errors import GretaInputError
+
 
 def default_device() -> str:
     """ "cuda" when torch sees a CUDA or ROCm GPU (ROCm torch also says "cuda"), else "cpu"."""
@@ -31,7 +34,9 @@ def resolve_dtype(name: str, device: str) -> Any:
     if name == "auto":
         return default_dtype(device)
     if name not in ("float16", "bfloat16", "float32", "float64"):
-        raise ValueError(f"unknown dtype {name!r}: use auto, float32, bfloat16, float16, float64")
+        raise GretaInputError(
+            f"unknown dtype {name!r}: use auto, float32, bfloat16, float16, float64"
+        )
     return getattr(torch, name)
 
 
@@ -60,7 +65,7 @@ def describe(device: str) -> dict[str, Any]:
     if device.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         meta["gpu"] = props.name
-        meta["gpu_arch"] = getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"
+        meta["gpu_arch"] = device_arch(0)
         meta["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
     else:
         meta["gpu"] = None

@@ -6,7 +6,8 @@ from typing import Any
 
 from greta_core.compute._probes import CallInfo
 from greta_core.compute.forcing import forced
-from greta_core.compute.registry import KINDS, GretaUnavailableError, Impl, get
+from greta_core.compute.registry import KINDS, Impl, get
+from greta_core.errors import GretaUnavailableError
 from greta_core.observe import record
 
 _cache: dict[tuple[str, CallInfo, str | None], str] = {}

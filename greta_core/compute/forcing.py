@@ -11,7 +11,8 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 
-from greta_core.compute.registry import GretaConfigError, get, valid_choices
+from greta_core.compute.registry import get, valid_choices
+from greta_core.errors import GretaConfigError
 
 ENV_ALL = "GRETA_IMPL"
 ENV_PREFIX = "GRETA_IMPL_"

@@ -57,20 +57,9 @@ def _reference(
     q: Any, k: Any, v: Any, causal: bool = True, scale: float | None = None,
     q_lens: Any = None, kv_lens: Any = None,
 ) -> Any:  # fmt: skip
-    import torch
+    from greta_core import reference
 
-    acc = p.acc_dtype(q.dtype)
-    b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    rep = hq // hkv
-    kf = k.to(acc).repeat_interleave(rep, dim=1)
-    vf = v.to(acc).repeat_interleave(rep, dim=1)
-    scores = (q.to(acc) @ kf.transpose(-1, -2)) * (scale if scale is not None else d**-0.5)
-    allowed, row_valid = masks(b, sq, skv, causal, q_lens, kv_lens, q.device)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    out = torch.where(row_valid, probs @ vf, 0.0)
-    return out.to(q.dtype)
+    return reference.attention(q, k, v, causal, scale, q_lens, kv_lens)
 
 
 def _head_dim_reason(info: p.CallInfo) -> str | None:

@@ -33,11 +33,9 @@ def _vendor(a: Any, b: Any, bias: Any = None) -> Any:
 
 
 def _reference(a: Any, b: Any, bias: Any = None) -> Any:
-    acc = p.acc_dtype(a.dtype)
-    out = a.to(acc) @ b.to(acc)
-    if bias is not None:
-        out = out + bias.to(acc)
-    return out.to(a.dtype)
+    from greta_core import reference
+
+    return reference.matmul(a, b, bias)
 
 
 OP = define("matmul", "GEMM a @ b (+ bias)", _info)

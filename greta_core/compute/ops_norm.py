@@ -62,11 +62,9 @@ def _rms_vendor(x: Any, weight: Any, eps: float = 1e-6) -> Any:
 
 
 def _rms_reference(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-    import torch
+    from greta_core import reference
 
-    xf = x.to(p.acc_dtype(x.dtype))
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(xf.dtype)
-    return y.to(x.dtype)
+    return reference.rms_norm(x, weight, eps)
 
 
 RMS = define("rms_norm", "RMSNorm over the last dim", _rms_info)
@@ -96,15 +94,9 @@ def _ln_vendor(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
 
 
 def _ln_reference(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
-    import torch
+    from greta_core import reference
 
-    xf = x.to(p.acc_dtype(x.dtype))
-    mean = xf.mean(-1, keepdim=True)
-    var = (xf - mean).pow(2).mean(-1, keepdim=True)
-    y = (xf - mean) * torch.rsqrt(var + eps) * weight.to(xf.dtype)
-    if bias is not None:
-        y = y + bias.to(xf.dtype)
-    return y.to(x.dtype)
+    return reference.layer_norm(x, weight, bias, eps)
 
 
 LN = define("layer_norm", "LayerNorm over the last dim", _ln_info)
@@ -134,9 +126,9 @@ def _sm_vendor(x: Any) -> Any:
 
 
 def _sm_reference(x: Any) -> Any:
-    xf = x.to(p.acc_dtype(x.dtype))
-    e = (xf - xf.amax(-1, keepdim=True)).exp()
-    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+    from greta_core import reference
+
+    return reference.softmax(x)
 
 
 SOFTMAX = define("softmax", "softmax over the last dim", _sm_info)

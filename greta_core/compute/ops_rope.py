@@ -25,14 +25,9 @@ def _rope_greta(x: Any, cos: Any, sin: Any) -> Any:
 
 
 def _rope_reference(x: Any, cos: Any, sin: Any) -> Any:
-    import torch
+    from greta_core import reference
 
-    acc = p.acc_dtype(x.dtype)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].to(acc), x[..., half:].to(acc)
-    c = cos.to(acc)[None, :, None, :]
-    s = sin.to(acc)[None, :, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    return reference.rope(x, cos, sin)
 
 
 ROPE = define("rope", "rotary position embedding, rotate-half, x [B,S,H,D]", _rope_info)
@@ -74,14 +69,11 @@ def _kv_greta(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, cache_lens: An
 
 
 def _kv_reference(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, cache_lens: Any) -> None:
-    import torch
+    from greta_core import reference
 
-    b, h, s, d = k_new.shape
-    # Positions as a tensor (no .item()): stays capturable in a CUDA/HIP graph.
-    pos = cache_lens.to(torch.long)[:, None] + torch.arange(s, device=k_new.device)[None, :]
-    index = pos[:, None, :, None].expand(b, h, s, d)
-    k_cache.scatter_(2, index, k_new.to(k_cache.dtype))
-    v_cache.scatter_(2, index, v_new.to(v_cache.dtype))
+    reference.kv_cache_append(
+        k_cache, v_cache, k_new.to(k_cache.dtype), v_new.to(v_cache.dtype), cache_lens
+    )
 
 
 KV = define("kv_cache_append", "write new K/V at each sequence's cache length", _kv_info)

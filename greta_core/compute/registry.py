@@ -13,22 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from greta_core.errors import GretaConfigError, UnknownOpError
+
 KINDS: tuple[str, ...] = ("greta", "vendor", "reference")
 
 # A probe gets the call's metadata and returns None (available) or the reason it is not.
 Probe = Callable[[Any], "str | None"]
-
-
-class GretaUnavailableError(RuntimeError):
-    """A forced implementation cannot run here; never silently replaced by another."""
-
-    def __init__(self, op: str, impl: str, reason: str) -> None:
-        self.op, self.impl, self.reason = op, impl, reason
-        super().__init__(f"GretaCompute: {op} implementation '{impl}' is unavailable: {reason}")
-
-
-class GretaConfigError(ValueError):
-    """A malformed force setting (API argument or GRETA_IMPL* environment variable)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +48,7 @@ class Op:
         for impl in self.impls:
             if impl.name == name:
                 return impl
-        raise KeyError(name)
+        raise UnknownOpError(name)
 
     def names(self) -> list[str]:
         return [impl.name for impl in self.impls]
@@ -80,9 +70,9 @@ def define(name: str, describe: str, info: Callable[..., Any]) -> Op:
 
 def add(op: Op, impl: Impl) -> None:
     if impl.kind not in KINDS:
-        raise ValueError(f"{op.name}: unknown implementation kind {impl.kind!r}")
+        raise GretaConfigError(f"{op.name}: unknown implementation kind {impl.kind!r}")
     if impl.name in op.names():
-        raise ValueError(f"{op.name}: implementation {impl.name!r} defined twice")
+        raise GretaConfigError(f"{op.name}: implementation {impl.name!r} defined twice")
     op.impls.append(impl)
 
 

@@ -22,6 +22,8 @@ from importlib import resources
 from typing import Any
 
 from greta_core.arch import is_hip
+from greta_core.errors import ConfigError
+from greta_install.kernel_names import package_name
 
 Features = Mapping[str, Any]
 
@@ -30,14 +32,6 @@ HIP_ONLY_OPTIONS: frozenset[str] = frozenset({"waves_per_eu", "matrix_instr_nonk
 LAUNCH_OPTIONS: frozenset[str] = (
     frozenset({"num_warps", "num_stages", "num_ctas"}) | HIP_ONLY_OPTIONS
 )
-
-
-class ConfigError(LookupError):
-    pass
-
-
-def _wheel_module_name(arch: str) -> str:
-    return "greta_kernels_" + arch.replace("-", "_")
 
 
 def _read_json(text: str, origin: str) -> dict[str, Any]:
@@ -54,7 +48,7 @@ def _read_json(text: str, origin: str) -> dict[str, Any]:
 def load_table(arch: str) -> dict[str, Any]:
     """The config table for `arch`: a kernel wheel's, else the shipped one, else default."""
     try:
-        module = importlib.import_module(_wheel_module_name(arch))
+        module = importlib.import_module(package_name(arch))
         wheel_table = resources.files(module).joinpath("configs.json")
         if wheel_table.is_file():
             return _read_json(wheel_table.read_text(), f"{module.__name__}/configs.json")

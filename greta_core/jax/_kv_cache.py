@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from greta_core.jax._rows_common import FLOAT_DTYPES, call_options, check_float
+from greta_core.errors import GretaInputError
+from greta_core.jax._rows_common import FLOAT_DTYPES, check_float
 from greta_core.observe import record
-from greta_core.ops._validate import GretaInputError
 
 OP = "kv_cache_append"
 
@@ -52,35 +52,22 @@ def kv_cache_append(
     batch, heads, max_seq, d = k_cache.shape
     n_new = k.shape[2]
     if not isinstance(cache_lens, jax.core.Tracer) and batch > 0:
+        from greta_core.ops.kv_cache import check_lengths
+
         lens = np.asarray(cache_lens)
-        if lens.min() < 0 or lens.max() + n_new > max_seq:
-            raise GretaInputError(
-                f"{OP}: appending {n_new} tokens to lengths {lens.min()}..{lens.max()} overflows "
-                f"max_seq {max_seq} (argument 'cache_lens')"
-            )
+        check_lengths(int(lens.min()), int(lens.max()), n_new, max_seq)
     from greta_core.jax._runtime import use_triton
 
-    if str(k_cache.dtype) in FLOAT_DTYPES and batch * heads > 0 and n_new > 0 and use_triton():
-        import jax_triton as jt
-
+    # No new tokens: the reference (no zero-size buffers through jax-triton).
+    if str(k_cache.dtype) in FLOAT_DTYPES and n_new > 0 and use_triton():
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels.kv_cache import grid, kv_cache_append_kernel, plan
+        from greta_core.ops.kv_cache import plan
 
-        block_t, block_d, options = plan(jax_arch(), n_new, d)
-        record(OP, "jax-triton", jax_arch())
         ks = (heads * n_new * d, n_new * d, d)
         cs = (heads * max_seq * d, max_seq * d, d)
-        return jt.triton_call(
-            k, v, cache_lens, k_cache, v_cache, heads, n_new, max_seq, d, *ks, *ks, *cs, *cs,
-            kernel=kv_cache_append_kernel,
-            out_shape=[
-                jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
-                jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
-                jax.ShapeDtypeStruct(cache_lens.shape, cache_lens.dtype),
-            ],
-            grid=grid(batch, heads, n_new, block_t), input_output_aliases={3: 0, 4: 1},
-            BLOCK_T=block_t, BLOCK_D=block_d, **call_options(options),
-        )  # fmt: skip
+        p = plan(k_cache.shape, n_new, (ks, ks, cs, cs), str(k_cache.dtype), jax_arch())
+        return run(p, (k_cache, v_cache, k, v, cache_lens))
     record(OP, "reference-jnp")
     pos = cache_lens[:, None] + jnp.arange(n_new, dtype=cache_lens.dtype)  # [B, T]
     b_idx = jnp.arange(batch)[:, None, None]

@@ -4,7 +4,6 @@ import functools
 from typing import Any
 
 from greta_core.jax._rows_common import (
-    call_options,
     check_param,
     check_rows,
     compute_dtype,
@@ -19,25 +18,13 @@ def _fwd_impl(x: Any, w: Any, b: Any | None, eps: float) -> tuple[Any, Any, Any]
 
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
-    rows = x2.shape[0]
-    if triton_ok(x, w) and rows > 0:
-        import jax_triton as jt
-
+    if triton_ok(x, w):
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels._rows import row_plan
-        from greta_core.kernels.layer_norm import layer_norm_fwd_kernel
+        from greta_core.ops.layer_norm import plan_fwd
 
-        plan = row_plan("layer_norm", jax_arch(), n)
-        record("layer_norm", "jax-triton", jax_arch())
-        stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
-        y, mean, rstd = jt.triton_call(
-            x2, w, w if b is None else b, n, n, float(eps),
-            kernel=layer_norm_fwd_kernel,
-            out_shape=[jax.ShapeDtypeStruct(x2.shape, x.dtype), stat, stat],
-            grid=(rows,), BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, HAS_BIAS=b is not None,
-            **call_options(plan.options),
-        )  # fmt: skip
-        return y.reshape(x.shape), mean, rstd
+        plan = plan_fwd(x.shape, n, str(x.dtype), b is not None, float(eps), jax_arch())
+        return run(plan, (x2, w) if b is None else (x2, w, b))
     record("layer_norm", "reference-jnp")
     ct = compute_dtype(x)
     xf = x2.astype(ct)
@@ -51,50 +38,17 @@ def _fwd_impl(x: Any, w: Any, b: Any | None, eps: float) -> tuple[Any, Any, Any]
 
 
 def _bwd_impl(dy: Any, x: Any, w: Any, mean: Any, rstd: Any) -> tuple[Any, Any, Any]:
-    import jax
     import jax.numpy as jnp
 
     n = x.shape[-1]
     x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
-    rows = x2.shape[0]
-    if triton_ok(x, w) and rows > 0:
-        import jax_triton as jt
-
-        from greta_core import configs
+    if triton_ok(x, w):
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels._rows import bwd_programs, row_plan
-        from greta_core.kernels.col_sum import col_sum_kernel
-        from greta_core.kernels.col_sum import grid as col_sum_grid
-        from greta_core.kernels.layer_norm import layer_norm_bwd_kernel
+        from greta_core.ops.layer_norm import plan_bwd
 
-        arch = jax_arch()
-        plan = row_plan("layer_norm_bwd", arch, n)
-        programs = bwd_programs(arch, "layer_norm_bwd", rows, n)
-        record("layer_norm_bwd", "jax-triton", arch)
-        part = jax.ShapeDtypeStruct((programs, n), jnp.float32)
-        dx, dw_part, db_part = jt.triton_call(
-            dy2, x2, w, mean, rstd, rows, n, n, n,
-            kernel=layer_norm_bwd_kernel,
-            out_shape=[jax.ShapeDtypeStruct(x2.shape, x.dtype), part, part],
-            grid=(programs,), BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass,
-            **call_options(plan.options),
-        )  # fmt: skip
-        cfg = configs.lookup("col_sum", arch, {"N": n})
-        sums = [
-            jt.triton_call(
-                p,
-                programs,
-                n,
-                kernel=col_sum_kernel,
-                out_shape=jax.ShapeDtypeStruct((n,), w.dtype),
-                grid=col_sum_grid(n, cfg["BLOCK_N"]),
-                BLOCK_P=cfg["BLOCK_P"],
-                BLOCK_N=cfg["BLOCK_N"],
-                **call_options(configs.launch_options(cfg, arch)),
-            )
-            for p in (dw_part, db_part)
-        ]
-        return dx.reshape(x.shape), sums[0], sums[1]
+        plan = plan_bwd(x.shape, n, n, str(x.dtype), str(w.dtype), jax_arch())
+        return run(plan, (dy2, x2, w, mean, rstd))
     record("layer_norm_bwd", "reference-jnp")
     ct = compute_dtype(x)
     r = rstd.astype(ct)[:, None]

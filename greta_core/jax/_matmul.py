@@ -2,20 +2,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from greta_core.errors import GretaInputError
+from greta_core.jax._rows_common import check_float
 from greta_core.jax._runtime import jax_arch, use_triton
 from greta_core.observe import record
 
 
 def _check(a: Any, b: Any, bias: Any | None) -> None:
+    """Raises GretaInputError unless a [M, K] @ b [K, N] (+ bias [N]) share a float dtype."""
+    check_float("matmul", "a", a)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(
+        raise GretaInputError(
             f"matmul: arguments 'a' {a.shape} and 'b' {b.shape} must be 2-D with "
             "a.shape[1] == b.shape[0]"
         )
     if a.dtype != b.dtype:
-        raise ValueError(f"matmul: argument 'b' has dtype {b.dtype}; expected a's {a.dtype}")
+        raise GretaInputError(f"matmul: argument 'b' has dtype {b.dtype}; expected a's {a.dtype}")
     if bias is not None and (bias.shape != (b.shape[1],) or bias.dtype != a.dtype):
-        raise ValueError(
+        raise GretaInputError(
             f"matmul: argument 'bias' {bias.shape} {bias.dtype} must be ({b.shape[1]},) {a.dtype}"
         )
 
@@ -31,52 +35,22 @@ def _reference(a: Any, b: Any, bias: Any | None) -> Any:
 
 
 def _triton(a: Any, b: Any, bias: Any | None) -> Any:
-    import jax
-    import jax_triton as jt
+    from greta_core.jax._plan import run
+    from greta_core.ops.matmul import plan
 
-    from greta_core import configs
-    from greta_core.kernels.matmul import features, grid, matmul_kernel
-
-    arch = jax_arch()
     m, k = a.shape
     n = b.shape[1]
-    config = configs.lookup("matmul", arch, features(m, n, k))
-    meta = configs.meta_params(config)
-    record("matmul", "jax-triton", arch)
-    return jt.triton_call(
-        a,
-        b,
-        bias if bias is not None else a,  # never read when HAS_BIAS is False
-        m,
-        n,
-        k,
-        k,  # row-major JAX arrays: stride_am, stride_ak, stride_bk, stride_bn, stride_cm, ...
-        1,
-        n,
-        1,
-        n,
-        1,
-        kernel=matmul_kernel,
-        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
-        grid=grid(m, n, meta["BLOCK_M"], meta["BLOCK_N"]),
-        num_warps=config.get("num_warps", 4),
-        num_stages=config.get("num_stages", 3),
-        BLOCK_M=meta["BLOCK_M"],
-        BLOCK_N=meta["BLOCK_N"],
-        BLOCK_K=meta["BLOCK_K"],
-        GROUP_M=meta["GROUP_M"],
-        HAS_BIAS=bias is not None,
-        EVEN_K=k % meta["BLOCK_K"] == 0,
-        INT64=max(m * k, k * n, m * n) >= 2**31,
-        UPCAST=False,
-    )
+    # Row-major JAX arrays.
+    p = plan(m, n, k, (k, 1), (n, 1), (n, 1), str(a.dtype), bias is not None, jax_arch())
+    return run(p, (a, b) if bias is None else (a, b, bias))[0]
 
 
 def _forward(a: Any, b: Any, bias: Any | None) -> Any:
     import jax.numpy as jnp
 
     triton_dtypes = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-    if use_triton() and jnp.dtype(a.dtype) in triton_dtypes and 0 not in (*a.shape, b.shape[1]):
+    # K = 0 (an empty sum) takes the reference: no zero-size buffers through jax-triton.
+    if use_triton() and jnp.dtype(a.dtype) in triton_dtypes and a.shape[1] > 0:
         return _triton(a, b, bias)
     record("matmul", "reference-jnp")
     return _reference(a, b, bias)

@@ -4,9 +4,9 @@ import functools
 import math
 from typing import Any
 
-from greta_core.jax._rows_common import FLOAT_DTYPES, call_options, check_float, compute_dtype
+from greta_core.errors import GretaInputError
+from greta_core.jax._rows_common import FLOAT_DTYPES, check_float, compute_dtype
 from greta_core.observe import record
-from greta_core.ops._validate import GretaInputError
 
 
 def _check_x(op: str, x: Any) -> None:
@@ -57,35 +57,23 @@ def _triton_ok(x: Any, *tables: Any) -> bool:
     from greta_core.jax._runtime import use_triton
 
     floats = (x, *(t for t in tables if str(t.dtype) not in ("int32", "int64")))
-    return all(str(a.dtype) in FLOAT_DTYPES for a in floats) and x.size > 0 and use_triton()
+    return all(str(a.dtype) in FLOAT_DTYPES for a in floats) and use_triton()
 
 
-def _launch(x: Any, kernel: Any, tables: list[Any], scalars: list[Any], inverse: bool) -> Any:
-    import jax
-    import jax_triton as jt
-
-    from greta_core.jax._runtime import jax_arch
-    from greta_core.kernels.rope import grid, plan
-
-    batch, seq, heads, d = x.shape
-    block_h, block_half, options = plan(jax_arch(), heads, d)
-    xs = (seq * heads * d, heads * d, d, 1)
-    return jt.triton_call(
-        x, *tables, seq, heads, d // 2, *xs, *scalars, *xs[:3],
-        kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        grid=grid(batch, seq, heads, block_h),
-        BLOCK_H=block_h, BLOCK_HALF=block_half, INVERSE=inverse, **call_options(options),
-    )  # fmt: skip
+def _x_strides(x: Any) -> tuple[int, ...]:
+    _, seq, heads, d = x.shape
+    return (seq * heads * d, heads * d, d, 1)
 
 
 def _rope_impl(x: Any, cos: Any, sin: Any, inverse: bool) -> Any:
     if _triton_ok(x, cos, sin):
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels.rope import rope_kernel
+        from greta_core.ops.rope import plan_rope
 
-        record("rope", "jax-triton", jax_arch())
-        half = x.shape[-1] // 2
-        return _launch(x, rope_kernel, [cos, sin], list(_batch_stride(cos, 1, half)), inverse)
+        strides = _batch_stride(cos, 1, x.shape[-1] // 2)
+        plan = plan_rope(x.shape, _x_strides(x), strides, str(x.dtype), inverse, jax_arch())
+        return run(plan, (x, cos, sin))[0]
     record("rope", "reference-jnp")
     return _rotate_ref(x, cos, sin, inverse)
 
@@ -99,12 +87,15 @@ def _angles(positions: Any, theta: float, head_dim: int, dtype: Any) -> Any:
 
 def _rope_positions_impl(x: Any, positions: Any, theta: float, inverse: bool) -> Any:
     if _triton_ok(x, positions):
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels.rope import rope_positions_kernel
+        from greta_core.ops.rope import plan_rope_positions
 
-        record("rope_positions", "jax-triton", jax_arch())
-        scalars = [*_batch_stride(positions, 0, 1), math.log2(theta)]
-        return _launch(x, rope_positions_kernel, [positions], scalars, inverse)
+        plan = plan_rope_positions(
+            x.shape, _x_strides(x), _batch_stride(positions, 0, 1), theta, str(x.dtype),
+            inverse, jax_arch(),
+        )  # fmt: skip
+        return run(plan, (x, positions))[0]
     record("rope_positions", "reference-jnp")
     ang = _angles(positions, theta, x.shape[-1], compute_dtype(x))
     import jax.numpy as jnp

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from greta_core.ops._validate import GretaInputError
+from greta_core.errors import GretaInputError
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from greta_core.jax._rows_common import call_options, check_rows, compute_dtype, triton_ok
+from greta_core.jax._rows_common import check_rows, compute_dtype, triton_ok
 from greta_core.observe import record
 
 
@@ -12,48 +12,27 @@ def _fwd_impl(x: Any) -> Any:
 
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
-    rows = x2.shape[0]
-    if triton_ok(x) and rows > 0:
-        import jax_triton as jt
-
+    if triton_ok(x):
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels._rows import row_plan
-        from greta_core.kernels.softmax import softmax_fwd_kernel
+        from greta_core.ops.softmax import plan_fwd
 
-        plan = row_plan("softmax", jax_arch(), n)
-        record("softmax", "jax-triton", jax_arch())
-        y = jt.triton_call(
-            x2, n, n, kernel=softmax_fwd_kernel,
-            out_shape=jax.ShapeDtypeStruct(x2.shape, x.dtype), grid=(rows,),
-            BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **call_options(plan.options),
-        )  # fmt: skip
-        return y.reshape(x.shape)
+        return run(plan_fwd(x.shape, n, str(x.dtype), jax_arch()), (x2,))[0]
     record("softmax", "reference-jnp")
     return jax.nn.softmax(x.astype(compute_dtype(x)), axis=-1).astype(x.dtype)
 
 
 def _bwd_impl(dy: Any, y: Any) -> Any:
-    import jax
     import jax.numpy as jnp
 
     n = y.shape[-1]
     y2, dy2 = y.reshape(-1, n), dy.reshape(-1, n)
-    rows = y2.shape[0]
-    if triton_ok(y) and rows > 0:
-        import jax_triton as jt
-
+    if triton_ok(y):
+        from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
-        from greta_core.kernels._rows import row_plan
-        from greta_core.kernels.softmax import softmax_bwd_kernel
+        from greta_core.ops.softmax import plan_bwd
 
-        plan = row_plan("softmax_bwd", jax_arch(), n)
-        record("softmax_bwd", "jax-triton", jax_arch())
-        dx = jt.triton_call(
-            dy2, y2, n, n, n, kernel=softmax_bwd_kernel,
-            out_shape=jax.ShapeDtypeStruct(y2.shape, y.dtype), grid=(rows,),
-            BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **call_options(plan.options),
-        )  # fmt: skip
-        return dx.reshape(y.shape)
+        return run(plan_bwd(y.shape, n, n, str(y.dtype), jax_arch()), (dy2, y2))[0]
     record("softmax_bwd", "reference-jnp")
     ct = compute_dtype(y)
     yf, dyf = y.astype(ct), dy.astype(ct)

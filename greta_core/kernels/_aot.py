@@ -2,7 +2,7 @@
 
 Each kernel module exposes ``aot_specs(arch) -> list[AotSpec]``: the signature
 specialisations GRETA launches (pointer dtypes, scalar types) and the constexprs the
-arch's config table picks. ``greta_core.aot`` compiles them for any arch without a GPU;
+arch's config table picks. ``greta_core.kernel_wheels.aot`` compiles them for any arch without a GPU;
 kernel wheels carry the results.
 """
 

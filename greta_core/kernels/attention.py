@@ -182,7 +182,9 @@ def attention_fwd_kernel(
         full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST,
     )  # fmt: skip
 
-    row_ok = (offs_m < q_len) & (l_i > 0.0)
+    # l_i is exactly 0 only for a row that sees no key (zeros out, lse -inf); a NaN from the
+    # inputs keeps the row (NaN out, as in SDPA).
+    row_ok = (offs_m < q_len) & (l_i != 0.0)
     l_safe = tl.where(row_ok, l_i, 1.0)
     out = tl.where(row_ok[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
@@ -201,10 +203,6 @@ _SCALAR_ARGS = (
     "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
     "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
 )  # fmt: skip
-
-
-def grid(batch: int, heads_q: int, seq_q: int, block_m: int) -> tuple[int, int]:
-    return (triton.cdiv(seq_q, block_m), batch * heads_q)
 
 
 def features(head_dim: int, seq_q: int, seq_kv: int, causal: bool) -> dict[str, object]:

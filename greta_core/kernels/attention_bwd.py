@@ -200,12 +200,15 @@ SCALAR_ARGS = (
 
 
 def aot_specs(arch: str) -> list:
+    from greta_core import configs
+    from greta_core.arch import backend
     from greta_core.kernels._aot import AotSpec
-    from greta_core.ops.attention_bwd import kernel_configs, split_config
 
     specs = []
     for head_dim in (64, 128):
-        dkdv_cfg, dq_cfg = kernel_configs(arch, head_dim)
+        features = {"D": head_dim, "backend": backend(arch)}
+        dkdv_cfg = configs.lookup("attention_bwd_dkdv", arch, features)
+        dq_cfg = configs.lookup("attention_bwd_dq", arch, features)
         for dtype in ("fp16", "bf16"):
             for causal in (False, True):
                 for name, kernel, outs, config in (
@@ -216,7 +219,8 @@ def aot_specs(arch: str) -> list:
                     signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
                     signature |= {arg: "i32" for arg in SCALAR_ARGS}
                     signature |= {out: "*fp32" for out in outs}
-                    blocks, options = split_config(config)
+                    blocks = configs.meta_params(config)
+                    options = configs.launch_options(config, arch)
                     specs.append(
                         AotSpec(
                             name=f"attention_bwd_{name}[{dtype},d{head_dim}"

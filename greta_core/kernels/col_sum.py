@@ -31,10 +31,6 @@ def col_sum_kernel(
     tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
-def grid(n_cols: int, block_n: int) -> tuple[int]:
-    return (triton.cdiv(n_cols, block_n),)
-
-
 def aot_specs(arch: str) -> list:
     from greta_core import configs
     from greta_core.kernels._aot import AotSpec

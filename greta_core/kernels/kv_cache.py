@@ -3,8 +3,8 @@ current length, in place, and write the new lengths.
 
 k_cache/v_cache: [batch, heads_kv, max_seq, head_dim]; k/v: [batch, heads_kv, new_tokens,
 head_dim]; cache_lens: int32 [batch]. Token t of batch b lands at cache_lens[b] + t.
-Positions >= max_seq are never written (the device-side guard against overflow; the
-launchers check on the host where that is cheap). The last dim must be contiguous; other
+Positions outside [0, max_seq) are never written (the device-side guard against overflow;
+the launchers check on the host where that is cheap). The last dim must be contiguous; other
 dims take strides. ``k_cache_in``/``v_cache_in`` are the same buffers as ``k_cache_ptr``/
 ``v_cache_ptr``: jax-triton passes an aliased buffer once as input and once as output.
 """
@@ -35,8 +35,10 @@ def kv_cache_append_kernel(
     length = tl.load(lens_ptr + b)
     t = t_block * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.arange(0, BLOCK_D)
-    pos = (length + t).to(tl.int64)
-    mask = (t[:, None] < n_new) & (pos[:, None] < max_seq) & (d[None, :] < head_dim)
+    # int64 before the sum: a length near 2**31 must not wrap to a small position.
+    pos = length.to(tl.int64) + t
+    in_cache = (pos >= 0) & (pos < max_seq)
+    mask = (t[:, None] < n_new) & in_cache[:, None] & (d[None, :] < head_dim)
     t64 = t.to(tl.int64)
     k = tl.load(
         k_ptr + b * stride_kb + h * stride_kh + t64[:, None] * stride_kt + d[None, :], mask=mask
@@ -52,26 +54,16 @@ def kv_cache_append_kernel(
         tl.store(new_lens_ptr + b, length + n_new)
 
 
-def plan(arch: str, n_new: int, head_dim: int) -> tuple[int, int, dict]:
-    """(BLOCK_T, BLOCK_D, launch options)."""
-    from greta_core import configs
-
-    config = configs.lookup("kv_cache_append", arch, {"new_tokens": n_new})
-    block_d = triton.next_power_of_2(max(head_dim, 1))
-    block_t = max(1, min(triton.next_power_of_2(max(n_new, 1)), config["ELEMS"] // block_d))
-    return block_t, block_d, configs.launch_options(config, arch)
-
-
-def grid(batch: int, n_heads: int, n_new: int, block_t: int) -> tuple[int, int]:
-    return (batch * n_heads, triton.cdiv(n_new, block_t))
-
-
 def aot_specs(arch: str) -> list:
+    from greta_core import configs
+    from greta_core.configs.blocks import kv_cache_blocks
     from greta_core.kernels._aot import AotSpec
 
     specs = []
     for head_dim, n_new in ((64, 1), (128, 1), (128, 512)):
-        block_t, block_d, options = plan(arch, n_new, head_dim)
+        config = configs.lookup("kv_cache_append", arch, {"new_tokens": n_new})
+        block_t, block_d = kv_cache_blocks(config, n_new, head_dim)
+        options = configs.launch_options(config, arch)
         for dtype in DTYPES:
             signature = {
                 "k_ptr": f"*{dtype}",

@@ -156,26 +156,21 @@ def layer_norm_bwd_kernel(
                 tl.store(db_row + cols, part + dy, mask=mask)
 
 
-def fwd_grid(n_rows: int) -> tuple[int]:
-    return (n_rows,)
-
-
 def aot_specs(arch: str) -> list:
+    from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
-    from greta_core.kernels._rows import aot_blocks, row_plan
     from greta_core.kernels.rms_norm import weight_dtypes
 
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for n, block in aot_blocks("layer_norm", arch):
-                plan = row_plan("layer_norm", arch, n)
+            for block, one_pass, options in aot_variants("layer_norm", arch):
                 for has_bias in (True, False):
                     specs.append(
                         AotSpec(
                             name=(
                                 f"layer_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
-                                f"one_pass={plan.one_pass},bias={has_bias}]"
+                                f"one_pass={one_pass},bias={has_bias}]"
                             ),
                             kernel=layer_norm_fwd_kernel,
                             signature={
@@ -191,17 +186,16 @@ def aot_specs(arch: str) -> list:
                             },
                             constexprs={
                                 "BLOCK_N": block,
-                                "ONE_PASS": plan.one_pass,
+                                "ONE_PASS": one_pass,
                                 "HAS_BIAS": has_bias,
                             },
-                            options=plan.options,
+                            options=options,
                         )
                     )
-            for n, block in aot_blocks("layer_norm_bwd", arch):
-                plan = row_plan("layer_norm_bwd", arch, n)
+            for block, one_pass, options in aot_variants("layer_norm_bwd", arch):
                 specs.append(
                     AotSpec(
-                        name=f"layer_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                        name=f"layer_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
                         kernel=layer_norm_bwd_kernel,
                         signature={
                             "dy_ptr": f"*{dtype}",
@@ -217,8 +211,8 @@ def aot_specs(arch: str) -> list:
                             "dw_partial_ptr": "*fp32",
                             "db_partial_ptr": "*fp32",
                         },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
-                        options=plan.options,
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
                     )
                 )
     return specs

@@ -91,18 +91,9 @@ def matmul_kernel(
     tl.store(c_ptrs, c, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def grid(m: int, n: int, block_m: int, block_n: int) -> tuple[int]:
-    return (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-
-
 def features(m: int, n: int, k: int) -> dict[str, int]:
     """What the config tables' rules key on."""
     return {"M": m, "N": n, "K": k}
-
-
-def needs_int64(*extents: int) -> bool:
-    """Element offsets past 2**31 - 1 overflow Triton's default 32-bit index math."""
-    return max(extents, default=0) >= 2**31
 
 
 # Shapes whose configs the kernel wheels precompile: one per rule of the tables (decode-

@@ -120,27 +120,22 @@ def rms_norm_bwd_kernel(
                 tl.store(partial_row + cols, part + dy * xhat, mask=mask)
 
 
-def fwd_grid(n_rows: int) -> tuple[int]:
-    return (n_rows,)
-
-
 def weight_dtypes(dtype: str) -> tuple[str, ...]:
     """Weight may match x or be fp32 (mixed-precision models keep fp32 norm weights)."""
     return (dtype,) if dtype == "fp32" else (dtype, "fp32")
 
 
 def aot_specs(arch: str) -> list:
+    from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
-    from greta_core.kernels._rows import aot_blocks, row_plan
 
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for n, block in aot_blocks("rms_norm", arch):
-                plan = row_plan("rms_norm", arch, n)
+            for block, one_pass, options in aot_variants("rms_norm", arch):
                 specs.append(
                     AotSpec(
-                        name=f"rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                        name=f"rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
                         kernel=rms_norm_fwd_kernel,
                         signature={
                             "x_ptr": f"*{dtype}",
@@ -151,15 +146,14 @@ def aot_specs(arch: str) -> list:
                             "y_ptr": f"*{dtype}",
                             "rstd_ptr": "*fp32",
                         },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
-                        options=plan.options,
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
                     )
                 )
-            for n, block in aot_blocks("rms_norm_bwd", arch):
-                plan = row_plan("rms_norm_bwd", arch, n)
+            for block, one_pass, options in aot_variants("rms_norm_bwd", arch):
                 specs.append(
                     AotSpec(
-                        name=f"rms_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                        name=f"rms_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
                         kernel=rms_norm_bwd_kernel,
                         signature={
                             "dy_ptr": f"*{dtype}",
@@ -173,8 +167,8 @@ def aot_specs(arch: str) -> list:
                             "dx_ptr": f"*{dtype}",
                             "dw_partial_ptr": "*fp32",
                         },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
-                        options=plan.options,
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
                     )
                 )
     return specs

@@ -93,22 +93,9 @@ def rope_positions_kernel(
     )  # fmt: skip
 
 
-def plan(arch: str, n_heads: int, head_dim: int) -> tuple[int, int, dict]:
-    """(BLOCK_H, BLOCK_HALF, launch options) for a head count and head size."""
-    from greta_core import configs
-
-    block_half = triton.next_power_of_2(max(head_dim // 2, 1))
-    config = configs.lookup("rope", arch, {"head_dim": head_dim})
-    # Cap a program's tile at ELEMS elements; small head counts get one program per token.
-    block_h = max(1, min(triton.next_power_of_2(n_heads), config["ELEMS"] // (2 * block_half)))
-    return block_h, block_half, configs.launch_options(config, arch)
-
-
-def grid(batch: int, seq: int, n_heads: int, block_h: int) -> tuple[int, int]:
-    return (batch * seq, triton.cdiv(n_heads, block_h))
-
-
 def aot_specs(arch: str) -> list:
+    from greta_core import configs
+    from greta_core.configs.blocks import rope_blocks
     from greta_core.kernels._aot import AotSpec
 
     specs = []
@@ -116,7 +103,9 @@ def aot_specs(arch: str) -> list:
     strides_o = {f"stride_o{k}": "i32" for k in "bsh"}
     sizes = {"seq_len": "i32", "n_heads": "i32", "half": "i32"}
     for head_dim, n_heads in ((64, 32), (128, 32), (128, 8)):
-        block_h, block_half, options = plan(arch, n_heads, head_dim)
+        config = configs.lookup("rope", arch, {"head_dim": head_dim})
+        block_h, block_half = rope_blocks(config, n_heads, head_dim)
+        options = configs.launch_options(config, arch)
         for dtype in DTYPES:
             for inverse in (False, True):
                 const = {"BLOCK_H": block_h, "BLOCK_HALF": block_half, "INVERSE": inverse}

@@ -96,21 +96,16 @@ def softmax_bwd_kernel(
             tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def grid(n_rows: int) -> tuple[int]:
-    return (n_rows,)
-
-
 def aot_specs(arch: str) -> list:
+    from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
-    from greta_core.kernels._rows import aot_blocks, row_plan
 
     specs = []
     for dtype in DTYPES:
-        for n, block in aot_blocks("softmax", arch):
-            plan = row_plan("softmax", arch, n)
+        for block, one_pass, options in aot_variants("softmax", arch):
             specs.append(
                 AotSpec(
-                    name=f"softmax_fwd[{dtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                    name=f"softmax_fwd[{dtype},BLOCK_N={block},one_pass={one_pass}]",
                     kernel=softmax_fwd_kernel,
                     signature={
                         "x_ptr": f"*{dtype}",
@@ -118,15 +113,14 @@ def aot_specs(arch: str) -> list:
                         "stride_x": "i32",
                         "y_ptr": f"*{dtype}",
                     },
-                    constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
-                    options=plan.options,
+                    constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                    options=options,
                 )
             )
-        for n, block in aot_blocks("softmax_bwd", arch):
-            plan = row_plan("softmax_bwd", arch, n)
+        for block, one_pass, options in aot_variants("softmax_bwd", arch):
             specs.append(
                 AotSpec(
-                    name=f"softmax_bwd[{dtype},BLOCK_N={block},one_pass={plan.one_pass}]",
+                    name=f"softmax_bwd[{dtype},BLOCK_N={block},one_pass={one_pass}]",
                     kernel=softmax_bwd_kernel,
                     signature={
                         "dy_ptr": f"*{dtype}",
@@ -136,8 +130,8 @@ def aot_specs(arch: str) -> list:
                         "stride_y": "i32",
                         "dx_ptr": f"*{dtype}",
                     },
-                    constexprs={"BLOCK_N": block, "ONE_PASS": plan.one_pass},
-                    options=plan.options,
+                    constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                    options=options,
                 )
             )
     return specs

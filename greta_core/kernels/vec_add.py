@@ -20,10 +20,6 @@ def vec_add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
-def grid(n_elements: int, block: int) -> tuple[int]:
-    return (triton.cdiv(n_elements, block),)
-
-
 def aot_specs(arch: str) -> list:
     from greta_core import configs
     from greta_core.kernels._aot import AotSpec

@@ -1,12 +1,54 @@
-"""Validation and reshaping shared by the row-wise launchers (norms, softmax)."""
+"""Validation, reshaping and launch planning shared by the row-wise ops (norms, softmax)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
+from dataclasses import dataclass
 from typing import Any
 
+from greta_core import configs
+from greta_core.configs.blocks import row_block
+from greta_core.kernels.col_sum import col_sum_kernel
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan
 from greta_core.ops._validate import GretaInputError, check_tensor, launch_arch
 
 TRITON_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    block_n: int
+    one_pass: bool
+    options: dict[str, Any]  # num_warps / num_stages (+ HIP knobs on AMD)
+    config: dict[str, Any]
+
+
+def row_plan(op: str, arch: str, n_cols: int) -> RowPlan:
+    """Block, pass count and options for rows of `n_cols`: memoized.
+
+    Keyed on `configs.lookup` itself, so `greta tune` swapping it never sees a stale
+    plan; a symbolic width (torch.compile tracing) is planned without the memo.
+    """
+    if type(n_cols) is not int:
+        return _plan(op, arch, n_cols, configs.lookup)
+    return _memo_plan(op, arch, n_cols, configs.lookup)
+
+
+def _plan(op: str, arch: str, n_cols: int, lookup: Any) -> RowPlan:
+    config = lookup(op, arch, {"N": n_cols})
+    block, one_pass = row_block(config, n_cols)
+    return RowPlan(block, one_pass, configs.launch_options(config, arch), config)
+
+
+_memo_plan = functools.lru_cache(maxsize=1024)(_plan)
+
+
+def bwd_programs(arch: str, op: str, n_rows: int, n_cols: int) -> int:
+    """Programs of a backward that writes per-program weight-grad partials (deterministic)."""
+    config = configs.lookup(op, arch, {"N": n_cols})
+    return max(1, min(n_rows, int(config["PROGRAMS"])))
 
 
 def float_dtypes(reference: bool = False) -> tuple[Any, ...]:
@@ -44,9 +86,28 @@ def arch_for(op: str, x: Any, reference: bool) -> str:
     return "reference" if reference else launch_arch(op, x)
 
 
+def row_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The row stride of x seen as [rows, N] without a copy; None when flattening the
+    leading dims needs one (then ``rows_view`` copies into a contiguous [rows, N])."""
+    lead = [(n, st) for n, st in zip(shape[:-1], strides[:-1], strict=True) if n != 1]
+    if not lead or any(n == 0 for n, _ in lead):
+        return shape[-1]
+    for (_, outer), (n, inner) in itertools.pairwise(lead):
+        if outer != inner * n:
+            return None
+    return lead[-1][1]
+
+
 def rows_view(x: Any) -> Any:
     """[..., N] -> [rows, N]; a copy only when the leading dims cannot be flattened."""
     return x.reshape(-1, x.shape[-1])
+
+
+def stat_dtypes(reference: bool) -> tuple[Any, ...]:
+    """The norms' saved mean/rstd: fp32 (float64 too on the reference path, for gradcheck)."""
+    import torch
+
+    return (torch.float32, torch.float64) if reference else (torch.float32,)
 
 
 def param_dtypes(x_dtype: Any) -> tuple[Any, ...]:
@@ -54,3 +115,48 @@ def param_dtypes(x_dtype: Any) -> tuple[Any, ...]:
     import torch
 
     return (x_dtype,) if x_dtype in (torch.float32, torch.float64) else (x_dtype, torch.float32)
+
+
+def col_sum_launch(arch: str, partial: Any, n_partials: int, n_cols: int, out: Any) -> Launch:
+    """Add [n_partials, n_cols] fp32 partials into `out` [n_cols] (the norms' dweight/dbias)."""
+    config = configs.lookup("col_sum", arch, {"N": n_cols})
+    block_n = config["BLOCK_N"]
+    return Launch(
+        col_sum_kernel,
+        ((n_cols + block_n - 1) // block_n,),
+        (partial, n_partials, n_cols, out),
+        {"BLOCK_P": config["BLOCK_P"], "BLOCK_N": block_n},
+        configs.launch_options(config, arch),
+    )
+
+
+def norm_bwd_plan(
+    op: str, kernel: Any, n_inputs: int, n_params: int, shape: tuple[int, ...],
+    stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str,
+) -> Plan:  # fmt: skip
+    """The backward of a norm with `n_params` per-column parameters (weight[, bias]).
+
+    Inputs In(0..n_inputs-1) = (dy, x, weight, saved stats...). One launch of `kernel` (a
+    program per ``bwd_programs``) writes dx and one fp32 partials row per program for each
+    parameter; a column sum per parameter adds them (deterministic). Buffers: dx, the
+    partials (scratch), the parameter gradients (weight dtype, zeros when there are no rows).
+    """
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    rp = row_plan(op, arch, n_cols)
+    programs = bwd_programs(arch, op, n_rows, n_cols)
+    partials = tuple(Out(1 + i) for i in range(n_params))
+    grads = tuple(Out(1 + n_params + i) for i in range(n_params))
+    bwd = Launch(
+        kernel, (programs,),
+        (*(In(i) for i in range(n_inputs)), n_rows, n_cols, stride_dy, stride_x, Out(0), *partials),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
+    )  # fmt: skip
+    sums = tuple(
+        col_sum_launch(arch, p, programs, n_cols, g) for p, g in zip(partials, grads, strict=True)
+    )
+    buffers = (
+        Buffer(shape, dtype),
+        *(Buffer((programs, n_cols), "float32") for _ in partials),
+        *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
+    )
+    return Plan(op, arch, buffers, (bwd, *sums) if n_rows else (), (0, *(g.index for g in grads)))

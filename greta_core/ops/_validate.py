@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from greta_core import precompiled
 from greta_core.arch import arch_of, interpreter_active
-
-
-class GretaInputError(ValueError):
-    """A wrong tensor shape, dtype, device or layout passed to a GRETA op."""
+from greta_core.errors import GretaInputError
+from greta_core.kernel_wheels import precompiled
 
 
 def check_tensor(

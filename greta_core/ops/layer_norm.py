@@ -1,16 +1,24 @@
+"""layer_norm: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from typing import Any
 
-from greta_core import configs
-from greta_core.kernels._rows import bwd_programs, row_plan
-from greta_core.kernels.col_sum import col_sum_kernel
-from greta_core.kernels.col_sum import grid as col_sum_grid
-from greta_core.kernels.layer_norm import fwd_grid, layer_norm_bwd_kernel, layer_norm_fwd_kernel
-from greta_core.observe import record
+from greta_core.kernels.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._rows import arch_for, check_rows_input, check_vector, param_dtypes, rows_view
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._rows import (
+    arch_for,
+    check_rows_input,
+    check_vector,
+    norm_bwd_plan,
+    param_dtypes,
+    row_plan,
+    rows_view,
+    stat_dtypes,
+)
 from greta_core.ops._validate import (
     GretaInputError,
     check_same_device,
@@ -18,26 +26,12 @@ from greta_core.ops._validate import (
     check_tensor,
 )
 
-Wrap = Callable[[Any], Any]
 OP = "layer_norm"
 _interp_compat.apply()
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
-def _stat_dtypes(reference: bool) -> tuple[Any, ...]:
-    import torch
-
-    return (torch.float32, torch.float64) if reference else (torch.float32,)
-
-
-def _impl(arch: str) -> str:
-    return "triton-interpret" if arch == "cpu" else "triton"
-
-
 def validate(x: Any, weight: Any, bias: Any | None, reference: bool = False) -> str:
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     if bias is not None:
@@ -49,6 +43,7 @@ def validate(x: Any, weight: Any, bias: Any | None, reference: bool = False) -> 
 def validate_bwd(
     dy: Any, x: Any, weight: Any, mean: Any, rstd: Any, reference: bool = False
 ) -> str:
+    """Check the backward's inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_rows_input(OP, "dy", dy, reference)
@@ -56,7 +51,7 @@ def validate_bwd(
     check_same_shape(OP, dy=dy, x=x)
     rows = x.numel() // x.shape[-1]
     for name, t in (("mean", mean), ("rstd", rstd)):
-        check_tensor(OP, name, t, dtypes=_stat_dtypes(reference), contiguous=True)
+        check_tensor(OP, name, t, dtypes=stat_dtypes(reference), contiguous=True)
         if t.numel() != rows:
             raise GretaInputError(
                 f"{OP}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"
@@ -65,84 +60,91 @@ def validate_bwd(
     return arch_for(OP, x, reference)
 
 
+# --- launch plans: inputs (x2 [rows, N], weight, bias) and (dy2, x2, weight, mean, rstd) --
+
+
+@memo
+def plan_fwd(
+    shape: tuple[int, ...], stride_x: int, dtype: str, has_bias: bool, eps: float, arch: str
+) -> Plan:
+    """Buffers: y (x's shape and dtype), mean and rstd fp32 [rows]. Without a bias the
+    kernel gets the weight in its place (never read: HAS_BIAS is False)."""
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    rp = row_plan(OP, arch, n_cols)
+    launch = Launch(
+        layer_norm_fwd_kernel, (n_rows,),
+        (In(0), In(1), In(2 if has_bias else 1), n_cols, stride_x, eps, Out(0), Out(1), Out(2)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "HAS_BIAS": has_bias}, rp.options,
+    )  # fmt: skip
+    stat = Buffer((n_rows,), "float32")
+    return Plan(
+        OP, arch, (Buffer(shape, dtype), stat, stat), (launch,) if n_rows else (), (0, 1, 2)
+    )
+
+
+@memo
+def plan_bwd(
+    shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
+) -> Plan:
+    """Inputs (dy2, x2, weight, mean, rstd); buffers: dx, fp32 partials, dweight, dbias."""
+    return norm_bwd_plan(
+        "layer_norm_bwd", layer_norm_bwd_kernel, 5, 2, shape, stride_dy, stride_x, dtype,
+        w_dtype, arch,
+    )  # fmt: skip
+
+
+# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+
+
+def _inputs(x2: Any, weight: Any, bias: Any | None) -> tuple[Any, ...]:
+    return (x2, weight) if bias is None else (x2, weight, bias)
+
+
 def launch_fwd(
     x2: Any, weight: Any, bias: Any | None, eps: float, y2: Any, mean: Any, rstd: Any,
-    arch: str, wrap: Wrap = _identity,
+    arch: str, wrap: Wrap = _no_wrap,
 ) -> None:  # fmt: skip
-    n_rows, n_cols = x2.shape
-    if n_rows == 0:
-        return
-    plan = row_plan(OP, arch, n_cols)
-    has_bias = bias is not None
-    wrap(layer_norm_fwd_kernel)[fwd_grid(n_rows)](
-        x2, weight, bias if has_bias else weight, n_cols, x2.stride(0), eps, y2, mean, rstd,
-        BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, HAS_BIAS=has_bias, **plan.options,
-    )  # fmt: skip
-    record(OP, _impl(arch), arch)
-
-
-def partial_rows(arch: str, n_rows: int, n_cols: int) -> int:
-    return bwd_programs(arch, "layer_norm_bwd", n_rows, n_cols)
-
-
-def launch_bwd(
-    dy2: Any, x2: Any, weight: Any, mean: Any, rstd: Any, dx2: Any,
-    dw_partial: Any, db_partial: Any, dw: Any, db: Any, arch: str, wrap: Wrap = _identity,
-) -> None:  # fmt: skip
-    n_rows, n_cols = x2.shape
-    plan = row_plan("layer_norm_bwd", arch, n_cols)
-    wrap(layer_norm_bwd_kernel)[(dw_partial.shape[0],)](
-        dy2, x2, weight, mean, rstd, n_rows, n_cols, dy2.stride(0), x2.stride(0),
-        dx2, dw_partial, db_partial,
-        BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **plan.options,
-    )  # fmt: skip
-    sum_cfg = configs.lookup("col_sum", arch, {"N": n_cols})
-    for partial, out in ((dw_partial, dw), (db_partial, db)):
-        wrap(col_sum_kernel)[col_sum_grid(n_cols, sum_cfg["BLOCK_N"])](
-            partial, partial.shape[0], n_cols, out,
-            BLOCK_P=sum_cfg["BLOCK_P"], BLOCK_N=sum_cfg["BLOCK_N"],
-            **configs.launch_options(sum_cfg, arch),
-        )  # fmt: skip
-    record("layer_norm_bwd", _impl(arch), arch)
+    """Run the forward into preallocated y2 [rows, N], mean and rstd fp32 [rows]."""
+    plan = plan_fwd(
+        tuple(x2.shape), x2.stride(0), dtype_name(x2.dtype), bias is not None, float(eps), arch
+    )
+    run(plan, _inputs(x2, weight, bias), out=(y2, mean, rstd), wrap=wrap)
 
 
 def layer_norm_fwd(
-    x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5
+    x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, wrap: Wrap = _no_wrap
 ) -> tuple[Any, Any, Any]:
-    """(y, mean, rstd): y = (x - mean) * rstd * weight + bias; mean/rstd fp32 [rows]."""
-    import torch
+    """(y, mean, rstd): y = (x - mean) * rstd * weight + bias; mean/rstd fp32 [rows].
 
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate(x, weight, bias)
     x2 = rows_view(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
-    launch_fwd(x2, weight, bias, float(eps), y.view(x2.shape), mean, rstd, arch)
-    return y, mean, rstd
+    plan = plan_fwd(
+        tuple(x.shape), x2.stride(0), dtype_name(x.dtype), bias is not None, float(eps), arch
+    )
+    return run(plan, _inputs(x2, weight, bias), wrap=wrap)
 
 
 def layer_norm(x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5) -> Any:
-    """LayerNorm over the last dim of x ([..., N]); weight/bias [N]. No autograd."""
+    """LayerNorm over the last dim of x ([..., N]); weight/bias [N]. No autograd.
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     return layer_norm_fwd(x, weight, bias, eps)[0]
 
 
-def layer_norm_bwd(dy: Any, x: Any, weight: Any, mean: Any, rstd: Any) -> tuple[Any, Any, Any]:
-    """(dx, dweight, dbias); deterministic (fixed-order partial sums). dbias in weight dtype."""
-    import torch
+def layer_norm_bwd(
+    dy: Any, x: Any, weight: Any, mean: Any, rstd: Any, wrap: Wrap = _no_wrap
+) -> tuple[Any, Any, Any]:
+    """(dx, dweight, dbias); deterministic (fixed-order partial sums). dbias in weight dtype.
 
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate_bwd(dy, x, weight, mean, rstd)
-    x2 = rows_view(x)
-    n_rows, n_cols = x2.shape
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.empty_like(weight)
-    db = torch.empty_like(weight)
-    if n_rows == 0:
-        return dx, dw.zero_(), db.zero_()
-    programs = partial_rows(arch, n_rows, n_cols)
-    dw_partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
-    db_partial = torch.empty_like(dw_partial)
-    launch_bwd(
-        rows_view(dy), x2, weight, mean, rstd, dx.view(x2.shape), dw_partial, db_partial,
-        dw, db, arch,
+    x2, dy2 = rows_view(x), rows_view(dy)
+    plan = plan_bwd(
+        tuple(x.shape), dy2.stride(0), x2.stride(0),
+        dtype_name(x.dtype), dtype_name(weight.dtype), arch,
     )  # fmt: skip
-    return dx, dw, db
+    return run(plan, (dy2, x2, weight, mean, rstd), wrap=wrap)

@@ -1,19 +1,15 @@
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from greta_core import configs
-from greta_core.kernels.matmul import features, grid, matmul_kernel, needs_int64
-from greta_core.observe import record
+from greta_core.kernels.matmul import features, matmul_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
 
-Wrap = Callable[[Any], Any]
-
-
-def _identity(kernel: Any) -> Any:
-    return kernel
+OP = "matmul"
 
 
 def _dtypes() -> tuple[Any, ...]:
@@ -24,7 +20,12 @@ def _dtypes() -> tuple[Any, ...]:
 
 def check_shapes(a: Any, b: Any, bias: Any | None) -> None:
     """Shape/dtype rules shared by the Triton path and the torch reference."""
-    check_tensor("matmul", "a", a, ndim=2)
+    import torch
+
+    # Float dtypes only, on every path: the reference would otherwise take int/bool tensors
+    # the Triton path rejects (float32/float64 run the reference: gradcheck).
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    check_tensor("matmul", "a", a, dtypes=floats, ndim=2)
     check_tensor("matmul", "b", b, dtypes=(a.dtype,), ndim=2)
     if a.shape[1] != b.shape[0]:
         raise GretaInputError(
@@ -41,7 +42,7 @@ def check_shapes(a: Any, b: Any, bias: Any | None) -> None:
 
 
 def validate(a: Any, b: Any, bias: Any | None = None) -> str:
-    """Check the inputs and return the arch to launch on."""
+    """Check the inputs and return the arch to launch on. Raises GretaInputError."""
     check_tensor("matmul", "a", a, dtypes=_dtypes())
     check_shapes(a, b, bias)
     if bias is not None and bias.stride(0) != 1:
@@ -49,71 +50,80 @@ def validate(a: Any, b: Any, bias: Any | None = None) -> str:
     return launch_arch("matmul", a)
 
 
-def _extent(t: Any) -> int:
-    """One past the largest element offset reachable through `t`'s strides."""
-    return 1 + sum(
-        (size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True)
+def needs_int64(*extents: int) -> bool:
+    """Element offsets past 2**31 - 1 overflow Triton's default 32-bit index math."""
+    return max(extents, default=0) >= 2**31
+
+
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """One past the largest element offset reachable through `strides`."""
+    return 1 + sum((size - 1) * abs(st) for size, st in zip(shape, strides, strict=True))
+
+
+@memo
+def plan(
+    m: int, n: int, k: int, a_strides: tuple[int, int], b_strides: tuple[int, int],
+    c_strides: tuple[int, int], dtype: str, has_bias: bool, arch: str,
+) -> Plan:  # fmt: skip
+    """Inputs (a, b[, bias]); buffer: c [m, n] in a's dtype. K = 0 runs the kernel too: an
+    empty sum, so C is the bias (or zeros)."""
+    config = configs.lookup(OP, arch, features(m, n, k))
+    meta = configs.meta_params(config)
+    int64 = needs_int64(
+        _extent((m, k), a_strides), _extent((k, n), b_strides), _extent((m, n), c_strides)
     )
+    tiles = ((m + meta["BLOCK_M"] - 1) // meta["BLOCK_M"]) * (
+        (n + meta["BLOCK_N"] - 1) // meta["BLOCK_N"]
+    )
+    launch = Launch(
+        matmul_kernel, (tiles,),
+        # Without a bias the kernel gets a in its place (never read: HAS_BIAS is False).
+        (In(0), In(1), In(2 if has_bias else 0), m, n, k, *a_strides, *b_strides, *c_strides,
+         Out(0)),
+        {
+            "BLOCK_M": meta["BLOCK_M"], "BLOCK_N": meta["BLOCK_N"], "BLOCK_K": meta["BLOCK_K"],
+            "GROUP_M": meta["GROUP_M"], "HAS_BIAS": has_bias, "EVEN_K": k % meta["BLOCK_K"] == 0,
+            "INT64": int64, "UPCAST": arch == "cpu",
+        },
+        configs.launch_options(config, arch),
+    )  # fmt: skip
+    return Plan(OP, arch, (Buffer((m, n), dtype),), (launch,) if m and n else (), (0,))
 
 
-def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _identity) -> None:
-    """Launch the kernel; `wrap` is `torch.library.wrap_triton` inside a triton_op."""
-    m, k = a.shape
-    n = b.shape[1]
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        # An empty sum: C is the bias (or zeros); no tile to compute.
-        if bias is not None:
-            out.copy_(bias.expand(m, n))
-        else:
-            out.zero_()
-        record("matmul", "empty-k", arch)
-        return
+def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
+    """Launch into a preallocated `out` [m, n] (any strides); `wrap` is
+    `torch.library.wrap_triton` inside a triton_op."""
     if arch == "cpu":
         _interp_compat.apply()
-    config = configs.lookup("matmul", arch, features(m, n, k))
-    meta = configs.meta_params(config)
-    wrap(matmul_kernel)[grid(m, n, meta["BLOCK_M"], meta["BLOCK_N"])](
-        a,
-        b,
-        bias if bias is not None else a,  # never read when HAS_BIAS is False
-        m,
-        n,
-        k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        out.stride(0),
-        out.stride(1),
-        out,
-        BLOCK_M=meta["BLOCK_M"],
-        BLOCK_N=meta["BLOCK_N"],
-        BLOCK_K=meta["BLOCK_K"],
-        GROUP_M=meta["GROUP_M"],
-        HAS_BIAS=bias is not None,
-        EVEN_K=k % meta["BLOCK_K"] == 0,
-        INT64=needs_int64(_extent(a), _extent(b), _extent(out)),
-        UPCAST=arch == "cpu",
-        **configs.launch_options(config, arch),
-    )
-    record("matmul", "triton-interpret" if arch == "cpu" else "triton", arch)
+    p = plan(
+        a.shape[0], b.shape[1], a.shape[1], tuple(a.stride()), tuple(b.stride()),
+        tuple(out.stride()), dtype_name(a.dtype), bias is not None, arch,
+    )  # fmt: skip
+    run(p, (a, b) if bias is None else (a, b, bias), out=(out,), wrap=wrap)
 
 
-def matmul(a: Any, b: Any, bias: Any | None = None, out: Any | None = None) -> Any:
-    """C = a @ b (+ bias) for 2-D fp16/bf16 tensors; any strides (e.g. ``w.t()``)."""
+def matmul(
+    a: Any, b: Any, bias: Any | None = None, out: Any | None = None, wrap: Wrap = _no_wrap
+) -> Any:
+    """C = a @ b (+ bias) for 2-D fp16/bf16 tensors; any strides (e.g. ``w.t()``).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate(a, b, bias)
     if out is None:
-        import torch
-
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    else:
-        check_tensor("matmul", "out", out, dtypes=(a.dtype,), ndim=2)
-        if tuple(out.shape) != (a.shape[0], b.shape[1]):
-            raise GretaInputError(
-                f"matmul: argument 'out' has shape {tuple(out.shape)}; "
-                f"expected {(a.shape[0], b.shape[1])}"
-            )
-    launch(a, b, bias, out, arch)
+        if arch == "cpu":
+            _interp_compat.apply()
+        m, n = a.shape[0], b.shape[1]
+        p = plan(
+            m, n, a.shape[1], tuple(a.stride()), tuple(b.stride()), (n, 1),
+            dtype_name(a.dtype), bias is not None, arch,
+        )  # fmt: skip
+        return run(p, (a, b) if bias is None else (a, b, bias), wrap=wrap)[0]
+    check_tensor(OP, "out", out, dtypes=(a.dtype,), ndim=2)
+    if tuple(out.shape) != (a.shape[0], b.shape[1]):
+        raise GretaInputError(
+            f"matmul: argument 'out' has shape {tuple(out.shape)}; "
+            f"expected {(a.shape[0], b.shape[1])}"
+        )
+    launch(a, b, bias, out, arch, wrap)
     return out

@@ -1,20 +1,35 @@
+"""rms_norm: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from typing import Any
 
-from greta_core.kernels._rows import bwd_programs, row_plan
-from greta_core.kernels.col_sum import col_sum_kernel
-from greta_core.kernels.col_sum import grid as col_sum_grid
-from greta_core.kernels.rms_norm import fwd_grid, rms_norm_bwd_kernel, rms_norm_fwd_kernel
-from greta_core.observe import record
+from greta_core.kernels.rms_norm import rms_norm_bwd_kernel, rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._plan import (
+    Buffer,
+    CallCache,
+    In,
+    Launch,
+    Out,
+    Plan,
+    Wrap,
+    dtype_name,
+    memo,
+    run,
+)
+from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
     check_rows_input,
     check_vector,
+    norm_bwd_plan,
     param_dtypes,
+    row_plan,
+    row_stride,
     rows_view,
+    stat_dtypes,
 )
 from greta_core.ops._validate import (
     GretaInputError,
@@ -23,26 +38,12 @@ from greta_core.ops._validate import (
     check_tensor,
 )
 
-Wrap = Callable[[Any], Any]
 OP = "rms_norm"
 _interp_compat.apply()
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
-def _stat_dtypes(reference: bool) -> tuple[Any, ...]:
-    import torch
-
-    return (torch.float32, torch.float64) if reference else (torch.float32,)
-
-
-def _impl(arch: str) -> str:
-    return "triton-interpret" if arch == "cpu" else "triton"
-
-
 def validate(x: Any, weight: Any, reference: bool = False) -> str:
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_same_device(OP, x=x, weight=weight)
@@ -50,12 +51,13 @@ def validate(x: Any, weight: Any, reference: bool = False) -> str:
 
 
 def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = False) -> str:
+    """Check the backward's inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
-    check_tensor(OP, "rstd", rstd, dtypes=_stat_dtypes(reference), contiguous=True)
+    check_tensor(OP, "rstd", rstd, dtypes=stat_dtypes(reference), contiguous=True)
     if rstd.numel() != x.numel() // x.shape[-1]:
         raise GretaInputError(
             f"{OP}: argument 'rstd' has {rstd.numel()} elements; expected one per row "
@@ -65,76 +67,86 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
     return arch_for(OP, x, reference)
 
 
+# --- launch plans: inputs (x2 [rows, N], weight [N]) and (dy2, x2, weight, rstd) ----------
+
+
+@memo
+def plan_fwd(shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch: str) -> Plan:
+    """Buffers: y (x's shape and dtype), rstd fp32 [rows]."""
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    rp = row_plan(OP, arch, n_cols)
+    launch = Launch(
+        rms_norm_fwd_kernel, (n_rows,),
+        (In(0), In(1), n_cols, stride_x, eps, Out(0), Out(1)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
+    )  # fmt: skip
+    return Plan(
+        OP, arch,
+        (Buffer(shape, dtype), Buffer((n_rows,), "float32")),
+        (launch,) if n_rows else (), (0, 1),
+    )  # fmt: skip
+
+
+@memo
+def plan_bwd(
+    shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
+) -> Plan:
+    """Inputs (dy2, x2, weight, rstd); buffers: dx (x's shape), fp32 partials, dweight."""
+    return norm_bwd_plan(
+        "rms_norm_bwd", rms_norm_bwd_kernel, 4, 1, shape, stride_dy, stride_x, dtype, w_dtype, arch
+    )
+
+
+# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+
+
 def launch_fwd(
-    x2: Any, weight: Any, eps: float, y2: Any, rstd: Any, arch: str, wrap: Wrap = _identity
+    x2: Any, weight: Any, eps: float, y2: Any, rstd: Any, arch: str, wrap: Wrap = _no_wrap
 ) -> None:
-    n_rows, n_cols = x2.shape
-    if n_rows == 0:
-        return
-    plan = row_plan(OP, arch, n_cols)
-    wrap(rms_norm_fwd_kernel)[fwd_grid(n_rows)](
-        x2, weight, n_cols, x2.stride(0), eps, y2, rstd,
-        BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **plan.options,
-    )  # fmt: skip
-    record(OP, _impl(arch), arch)
+    """Run the forward into preallocated y2 [rows, N] and rstd fp32 [rows]."""
+    plan = plan_fwd(tuple(x2.shape), x2.stride(0), dtype_name(x2.dtype), float(eps), arch)
+    run(plan, (x2, weight), out=(y2, rstd), wrap=wrap)
 
 
-def launch_bwd(
-    dy2: Any, x2: Any, weight: Any, rstd: Any, dx2: Any, dw_partial: Any, dw: Any,
-    arch: str, wrap: Wrap = _identity,
-) -> None:  # fmt: skip
-    """dw_partial: fp32 [programs(arch, rows, N), N] scratch (see ``partial_rows``)."""
-    from greta_core import configs
-
-    n_rows, n_cols = x2.shape
-    plan = row_plan("rms_norm_bwd", arch, n_cols)
-    wrap(rms_norm_bwd_kernel)[(dw_partial.shape[0],)](
-        dy2, x2, weight, rstd, n_rows, n_cols, dy2.stride(0), x2.stride(0), dx2, dw_partial,
-        BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **plan.options,
-    )  # fmt: skip
-    sum_cfg = configs.lookup("col_sum", arch, {"N": n_cols})
-    wrap(col_sum_kernel)[col_sum_grid(n_cols, sum_cfg["BLOCK_N"])](
-        dw_partial, dw_partial.shape[0], n_cols, dw,
-        BLOCK_P=sum_cfg["BLOCK_P"], BLOCK_N=sum_cfg["BLOCK_N"],
-        **configs.launch_options(sum_cfg, arch),
-    )  # fmt: skip
-    record("rms_norm_bwd", _impl(arch), arch)
-
-
-def partial_rows(arch: str, n_rows: int, n_cols: int) -> int:
-    return bwd_programs(arch, "rms_norm_bwd", n_rows, n_cols)
-
-
-def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6) -> tuple[Any, Any]:
-    """(y, rstd): y = x * rstd * weight over the last dim; rstd fp32 [rows]."""
-    import torch
-
+def _resolve_fwd(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
+    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
     arch = validate(x, weight)
-    x2 = rows_view(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
-    launch_fwd(x2, weight, float(eps), y.view(x2.shape), rstd, arch)
-    return y, rstd
+    shape = tuple(x.shape)
+    stride = row_stride(shape, tuple(x.stride()))
+    plan = plan_fwd(shape, shape[-1] if stride is None else stride, dtype_name(x.dtype), eps, arch)
+    return plan, stride is None
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=2)
+
+
+def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
+    """(y, rstd): y = x * rstd * weight over the last dim; rstd fp32 [rows].
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    # Hot path: one signature lookup (validation and planning ran on the first call).
+    plan, copies = _fwd_call(x, weight, float(eps))
+    return run(plan, (rows_view(x) if copies else x, weight), wrap=wrap)
 
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-    """RMSNorm over the last dim of x ([..., N]); weight [N]. No autograd (see torch.ops)."""
+    """RMSNorm over the last dim of x ([..., N]); weight [N]. No autograd (see torch.ops).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     return rms_norm_fwd(x, weight, eps)[0]
 
 
-def rms_norm_bwd(dy: Any, x: Any, weight: Any, rstd: Any) -> tuple[Any, Any]:
-    """(dx, dweight) for dy = dL/dy; deterministic (fixed-order partial sums)."""
-    import torch
+def rms_norm_bwd(dy: Any, x: Any, weight: Any, rstd: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
+    """(dx, dweight) for dy = dL/dy; deterministic (fixed-order partial sums).
 
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate_bwd(dy, x, weight, rstd)
-    x2 = rows_view(x)
-    n_rows, n_cols = x2.shape
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.empty_like(weight)
-    if n_rows == 0:
-        return dx, dw.zero_()
-    partial = torch.empty(
-        (partial_rows(arch, n_rows, n_cols), n_cols), dtype=torch.float32, device=x.device
-    )
-    launch_bwd(rows_view(dy), x2, weight, rstd, dx.view(x2.shape), partial, dw, arch)
-    return dx, dw
+    x2, dy2 = rows_view(x), rows_view(dy)
+    plan = plan_bwd(
+        tuple(x.shape), dy2.stride(0), x2.stride(0),
+        dtype_name(x.dtype), dtype_name(weight.dtype), arch,
+    )  # fmt: skip
+    return run(plan, (dy2, x2, weight, rstd), wrap=wrap)

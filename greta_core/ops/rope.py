@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
-from greta_core.kernels.rope import grid, plan, rope_kernel, rope_positions_kernel
-from greta_core.observe import record
+from greta_core import configs
+from greta_core.configs.blocks import rope_blocks
+from greta_core.kernels.rope import rope_kernel, rope_positions_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes, param_dtypes
 from greta_core.ops._validate import (
     GretaInputError,
@@ -14,16 +16,7 @@ from greta_core.ops._validate import (
     check_tensor,
 )
 
-Wrap = Callable[[Any], Any]
 _interp_compat.apply()
-
-
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
-def _impl(arch: str) -> str:
-    return "triton-interpret" if arch == "cpu" else "triton"
 
 
 def check_x(op: str, x: Any, reference: bool = False) -> None:
@@ -50,6 +43,7 @@ def _check_batch(op: str, name: str, t: Any, batch: int, seq: int, tail: tuple[i
 
 
 def validate(x: Any, cos: Any, sin: Any, reference: bool = False) -> str:
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_x("rope", x, reference)
     batch, seq, _, head_dim = x.shape
     for name, t in (("cos", cos), ("sin", sin)):
@@ -68,6 +62,7 @@ def validate(x: Any, cos: Any, sin: Any, reference: bool = False) -> str:
 
 
 def validate_positions(x: Any, positions: Any, theta: float, reference: bool = False) -> str:
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     import torch
 
     check_x("rope_positions", x, reference)
@@ -81,63 +76,90 @@ def validate_positions(x: Any, positions: Any, theta: float, reference: bool = F
     return arch_for("rope_positions", x, reference)
 
 
-def _batch_strides(t: Any, n_tail: int) -> tuple[int, int]:
-    """(stride over batch, stride over seq); batch stride 0 broadcasts a missing/size-1 batch."""
+def table_strides(t: Any, n_tail: int) -> tuple[int, int]:
+    """(stride over batch, stride over seq) of a torch cos/sin/positions table; batch stride 0
+    broadcasts a missing or size-1 batch."""
     if t.dim() == n_tail + 1:
         return 0, t.stride(0)
     return (0 if t.shape[0] == 1 else t.stride(0)), t.stride(1)
 
 
-def launch(
-    x: Any, cos: Any, sin: Any, out: Any, arch: str, inverse: bool = False,
-    wrap: Wrap = _identity,
-) -> None:  # fmt: skip
-    batch, seq, heads, head_dim = x.shape
-    if x.numel() == 0:
-        return
-    block_h, block_half, options = plan(arch, heads, head_dim)
-    scb, scs = _batch_strides(cos, 1)
-    wrap(rope_kernel)[grid(batch, seq, heads, block_h)](
-        x, cos, sin, seq, heads, head_dim // 2, *x.stride(), scb, scs, *out.stride()[:3], out,
-        BLOCK_H=block_h, BLOCK_HALF=block_half, INVERSE=inverse, **options,
+# --- launch plans: inputs (x, cos, sin) and (x, positions) ------------------------------
+
+
+def _plan(
+    op: str, kernel: Any, n_tables: int, middle: tuple[Any, ...],
+    shape: tuple[int, ...], x_strides: tuple[int, ...], dtype: str, inverse: bool, arch: str,
+) -> Plan:  # fmt: skip
+    """x [batch, seq, heads, head_dim] (any strides) -> out, contiguous in x's dtype."""
+    batch, seq, heads, head_dim = shape
+    config = configs.lookup("rope", arch, {"head_dim": head_dim})
+    block_h, block_half = rope_blocks(config, heads, head_dim)
+    out_strides = (seq * heads * head_dim, heads * head_dim, head_dim)
+    args = (
+        In(0), *(In(1 + i) for i in range(n_tables)), seq, heads, head_dim // 2, *x_strides,
+        *middle, *out_strides, Out(0),
     )  # fmt: skip
-    record("rope", _impl(arch), arch)
+    launch = Launch(
+        kernel,
+        (batch * seq, (heads + block_h - 1) // block_h),
+        args,
+        {"BLOCK_H": block_h, "BLOCK_HALF": block_half, "INVERSE": inverse},
+        configs.launch_options(config, arch),
+    )
+    empty = batch * seq * heads * head_dim == 0
+    return Plan(op, arch, (Buffer(shape, dtype),), () if empty else (launch,), (0,))
 
 
-def launch_positions(
-    x: Any, positions: Any, theta: float, out: Any, arch: str, inverse: bool = False,
-    wrap: Wrap = _identity,
-) -> None:  # fmt: skip
-    batch, seq, heads, head_dim = x.shape
-    if x.numel() == 0:
-        return
-    block_h, block_half, options = plan(arch, heads, head_dim)
-    spb, sps = _batch_strides(positions, 0)
-    wrap(rope_positions_kernel)[grid(batch, seq, heads, block_h)](
-        x, positions, seq, heads, head_dim // 2, *x.stride(), spb, sps, math.log2(theta),
-        *out.stride()[:3], out,
-        BLOCK_H=block_h, BLOCK_HALF=block_half, INVERSE=inverse, **options,
-    )  # fmt: skip
-    record("rope_positions", _impl(arch), arch)
+@memo
+def plan_rope(
+    shape: tuple[int, ...], x_strides: tuple[int, ...], table_strides: tuple[int, int],
+    dtype: str, inverse: bool, arch: str,
+) -> Plan:  # fmt: skip
+    """`table_strides`: (batch, seq) strides of cos/sin (which share them)."""
+    return _plan("rope", rope_kernel, 2, table_strides, shape, x_strides, dtype, inverse, arch)
 
 
-def rope(x: Any, cos: Any, sin: Any, *, inverse: bool = False) -> Any:
+@memo
+def plan_rope_positions(
+    shape: tuple[int, ...], x_strides: tuple[int, ...], pos_strides: tuple[int, int],
+    theta: float, dtype: str, inverse: bool, arch: str,
+) -> Plan:  # fmt: skip
+    middle = (*pos_strides, math.log2(theta))
+    return _plan(
+        "rope_positions", rope_positions_kernel, 1, middle, shape, x_strides, dtype, inverse, arch
+    )
+
+
+# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+
+
+def rope(x: Any, cos: Any, sin: Any, *, inverse: bool = False, wrap: Wrap = _no_wrap) -> Any:
     """Rotate-half RoPE of x [batch, seq, heads, head_dim] (any strides) by cos/sin
-    ([seq, head_dim/2] or [batch|1, seq, head_dim/2]); inverse=True rotates back."""
-    import torch
+    ([seq, head_dim/2] or [batch|1, seq, head_dim/2]); inverse=True rotates back.
 
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate(x, cos, sin)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch(x, cos, sin, out, arch, inverse)
-    return out
+    plan = plan_rope(
+        tuple(x.shape), tuple(x.stride()), table_strides(cos, 1), dtype_name(x.dtype),
+        bool(inverse), arch,
+    )  # fmt: skip
+    return run(plan, (x, cos, sin), wrap=wrap)[0]
 
 
-def rope_positions(x: Any, positions: Any, theta: float = 10000.0, *, inverse: bool = False) -> Any:
+def rope_positions(
+    x: Any, positions: Any, theta: float = 10000.0, *, inverse: bool = False,
+    wrap: Wrap = _no_wrap,
+) -> Any:  # fmt: skip
     """RoPE with angle pos * theta^(-2i/head_dim) computed in the kernel; positions int32/int64
-    [seq] or [batch|1, seq]."""
-    import torch
+    [seq] or [batch|1, seq].
 
+    Raises GretaInputError for a wrong shape, dtype, device or layout, or theta <= 1.
+    """
     arch = validate_positions(x, positions, theta)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_positions(x, positions, float(theta), out, arch, inverse)
-    return out
+    plan = plan_rope_positions(
+        tuple(x.shape), tuple(x.stride()), table_strides(positions, 0), float(theta),
+        dtype_name(x.dtype), bool(inverse), arch,
+    )  # fmt: skip
+    return run(plan, (x, positions), wrap=wrap)[0]

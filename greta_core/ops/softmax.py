@@ -1,34 +1,29 @@
+"""softmax: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from typing import Any
 
-from greta_core.kernels._rows import row_plan
-from greta_core.kernels.softmax import grid, softmax_bwd_kernel, softmax_fwd_kernel
-from greta_core.observe import record
+from greta_core.kernels.softmax import softmax_bwd_kernel, softmax_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._rows import arch_for, check_rows_input, rows_view
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._rows import arch_for, check_rows_input, row_plan, rows_view
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
 
-Wrap = Callable[[Any], Any]
 OP = "softmax"
 _interp_compat.apply()
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
-def _impl(arch: str) -> str:
-    return "triton-interpret" if arch == "cpu" else "triton"
-
-
 def validate(x: Any, reference: bool = False) -> str:
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     return arch_for(OP, x, reference)
 
 
 def validate_bwd(dy: Any, y: Any, reference: bool = False) -> str:
+    """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "y", y, reference)
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(y.dtype,))
@@ -37,47 +32,66 @@ def validate_bwd(dy: Any, y: Any, reference: bool = False) -> str:
     return arch_for(OP, y, reference)
 
 
-def launch_fwd(x2: Any, y2: Any, arch: str, wrap: Wrap = _identity) -> None:
-    n_rows, n_cols = x2.shape
-    if n_rows == 0:
-        return
-    plan = row_plan(OP, arch, n_cols)
-    wrap(softmax_fwd_kernel)[grid(n_rows)](
-        x2, n_cols, x2.stride(0), y2,
-        BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **plan.options,
+# --- launch plans: inputs (x2 [rows, N]) and (dy2, y2) ---------------------------------
+
+
+@memo
+def plan_fwd(shape: tuple[int, ...], stride_x: int, dtype: str, arch: str) -> Plan:
+    """Buffers: y (x's shape and dtype)."""
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    rp = row_plan(OP, arch, n_cols)
+    launch = Launch(
+        softmax_fwd_kernel, (n_rows,), (In(0), n_cols, stride_x, Out(0)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
     )  # fmt: skip
-    record(OP, _impl(arch), arch)
+    return Plan(OP, arch, (Buffer(shape, dtype),), (launch,) if n_rows else (), (0,))
 
 
-def launch_bwd(dy2: Any, y2: Any, dx2: Any, arch: str, wrap: Wrap = _identity) -> None:
-    n_rows, n_cols = y2.shape
-    if n_rows == 0:
-        return
-    plan = row_plan("softmax_bwd", arch, n_cols)
-    wrap(softmax_bwd_kernel)[grid(n_rows)](
-        dy2, y2, n_cols, dy2.stride(0), y2.stride(0), dx2,
-        BLOCK_N=plan.block_n, ONE_PASS=plan.one_pass, **plan.options,
+@memo
+def plan_bwd(shape: tuple[int, ...], stride_dy: int, stride_y: int, dtype: str, arch: str) -> Plan:
+    """Buffers: dx (y's shape and dtype)."""
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    rp = row_plan("softmax_bwd", arch, n_cols)
+    launch = Launch(
+        softmax_bwd_kernel, (n_rows,), (In(0), In(1), n_cols, stride_dy, stride_y, Out(0)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
     )  # fmt: skip
-    record("softmax_bwd", _impl(arch), arch)
+    return Plan("softmax_bwd", arch, (Buffer(shape, dtype),), (launch,) if n_rows else (), (0,))
 
 
-def softmax(x: Any) -> Any:
-    """Softmax over the last dim of x ([..., N]), fp32 math, output in x's dtype."""
-    import torch
+# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
+
+def launch_fwd(x2: Any, y2: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
+    """Run the forward into a preallocated y2 [rows, N]."""
+    plan = plan_fwd(tuple(x2.shape), x2.stride(0), dtype_name(x2.dtype), arch)
+    run(plan, (x2,), out=(y2,), wrap=wrap)
+
+
+def softmax(x: Any, wrap: Wrap = _no_wrap) -> Any:
+    """Softmax over the last dim of x ([..., N]), fp32 math, output in x's dtype.
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate(x)
     x2 = rows_view(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_fwd(x2, y.view(x2.shape), arch)
-    return y
+    return run(plan_fwd(tuple(x.shape), x2.stride(0), dtype_name(x.dtype), arch), (x2,), wrap=wrap)[
+        0
+    ]
 
 
-def softmax_bwd(dy: Any, y: Any) -> Any:
-    """dx = y * (dy - sum(y * dy, -1)) for y = softmax(x)."""
-    import torch
+def softmax_bwd(dy: Any, y: Any, wrap: Wrap = _no_wrap) -> Any:
+    """dx = y * (dy - sum(y * dy, -1)) for y = softmax(x).
 
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate_bwd(dy, y)
-    y2 = rows_view(y)
-    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    launch_bwd(rows_view(dy), y2, dx.view(y2.shape), arch)
-    return dx
+    y2, dy2 = rows_view(y), rows_view(dy)
+    plan = plan_bwd(tuple(y.shape), dy2.stride(0), y2.stride(0), dtype_name(y.dtype), arch)
+    return run(plan, (dy2, y2), wrap=wrap)[0]
+
+
+def launch_bwd(dy2: Any, y2: Any, dx2: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
+    """Run the backward into a preallocated dx2 [rows, N]."""
+    plan = plan_bwd(tuple(y2.shape), dy2.stride(0), y2.stride(0), dtype_name(y2.dtype), arch)
+    run(plan, (dy2, y2), out=(dx2,), wrap=wrap)

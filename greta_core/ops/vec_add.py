@@ -1,11 +1,13 @@
+"""vec_add: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from greta_core import configs
-from greta_core.kernels.vec_add import grid, vec_add_kernel
-from greta_core.observe import record
+from greta_core.kernels.vec_add import vec_add_kernel
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import (
     check_same_device,
     check_same_shape,
@@ -13,42 +15,55 @@ from greta_core.ops._validate import (
     launch_arch,
 )
 
-Wrap = Callable[[Any], Any]
+OP = "vec_add"
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
+def check_inputs(x: Any, y: Any) -> None:
+    """The rules every path shares (the torch reference included)."""
+    check_tensor(OP, "x", x)
+    check_tensor(OP, "y", y, dtypes=(x.dtype,))
+    check_same_shape(OP, x=x, y=y)
 
 
 def validate(x: Any, y: Any) -> str:
-    """Check the inputs and return the arch to launch on."""
-    check_tensor("vec_add", "x", x, contiguous=True)
-    check_tensor("vec_add", "y", y, dtypes=(x.dtype,), contiguous=True)
-    check_same_shape("vec_add", x=x, y=y)
-    check_same_device("vec_add", x=x, y=y)
-    return launch_arch("vec_add", x)
+    """Check the inputs and return the arch to launch on. Raises GretaInputError."""
+    check_inputs(x, y)
+    check_tensor(OP, "x", x, contiguous=True)
+    check_tensor(OP, "y", y, contiguous=True)
+    check_same_device(OP, x=x, y=y)
+    return launch_arch(OP, x)
 
 
-def launch(x: Any, y: Any, out: Any, arch: str, wrap: Wrap = _identity) -> None:
-    """Launch the kernel; `wrap` is `torch.library.wrap_triton` inside a triton_op."""
-    n = x.numel()
-    config = configs.lookup("vec_add", arch, {"n": n})
+@memo
+def plan(shape: tuple[int, ...], dtype: str, arch: str) -> Plan:
+    """Inputs (x, y) contiguous; buffer: out (x's shape and dtype)."""
+    n = 1
+    for d in shape:
+        n *= d
+    config = configs.lookup(OP, arch, {"n": n})
     block = config["BLOCK"]
-    wrap(vec_add_kernel)[grid(n, block)](
-        x, y, n, out, BLOCK=block, **configs.launch_options(config, arch)
-    )
-    record("vec_add", "triton-interpret" if arch == "cpu" else "triton", arch)
+    launch = Launch(
+        vec_add_kernel, ((n + block - 1) // block,), (In(0), In(1), n, Out(0)),
+        {"BLOCK": block}, configs.launch_options(config, arch),
+    )  # fmt: skip
+    return Plan(OP, arch, (Buffer(shape, dtype),), (launch,) if n else (), (0,))
 
 
-def vec_add(x: Any, y: Any, out: Any | None = None) -> Any:
-    """out = x + y for contiguous tensors of one shape, dtype and device."""
+def launch(x: Any, y: Any, out: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
+    """Launch into a preallocated `out`; `wrap` is `torch.library.wrap_triton` in a triton_op."""
+    run(plan(tuple(x.shape), dtype_name(x.dtype), arch), (x, y), out=(out,), wrap=wrap)
+
+
+def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _no_wrap) -> Any:
+    """out = x + y for contiguous tensors of one shape, dtype and device.
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
     arch = validate(x, y)
+    p = plan(tuple(x.shape), dtype_name(x.dtype), arch)
     if out is None:
-        import torch
-
-        out = torch.empty_like(x)
-    else:
-        check_tensor("vec_add", "out", out, dtypes=(x.dtype,), contiguous=True)
-        check_same_shape("vec_add", x=x, out=out)
-    launch(x, y, out, arch)
+        return run(p, (x, y), wrap=wrap)[0]
+    check_tensor(OP, "out", out, dtypes=(x.dtype,), contiguous=True)
+    check_same_shape(OP, x=x, out=out)
+    run(p, (x, y), out=(out,), wrap=wrap)
     return out

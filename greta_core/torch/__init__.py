@@ -7,12 +7,15 @@ backward.
 """
 
 from greta_core.torch import (
+    add_rms_norm,  # noqa: F401  (greta::add_rms_norm[_fwd|_bwd])
     attention,  # noqa: F401  (greta::attention, greta::attention_with_lse)
     kv_cache,  # noqa: F401  (greta::kv_cache_append)
     layer_norm,  # noqa: F401  (greta::layer_norm[_fwd|_bwd])
+    linear_cross_entropy,  # noqa: F401  (greta::linear_cross_entropy[_fwd|_bwd])
     matmul,  # noqa: F401  (greta::matmul)
     rms_norm,  # noqa: F401  (greta::rms_norm[_fwd|_bwd])
     rope,  # noqa: F401  (greta::rope, greta::rope_positions)
     softmax,  # noqa: F401  (greta::softmax[_bwd])
+    swiglu,  # noqa: F401  (greta::swiglu[_bwd], greta::geglu[_bwd])
     vec_add,  # noqa: F401  (greta::vec_add)
 )

@@ -19,3 +19,12 @@ def run_triton_on_cpu(*tensors: torch.Tensor | None) -> bool:
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def takes_reference(
+    t: torch.Tensor, kernel_dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES
+) -> bool:
+    """True when a triton_op body runs the torch reference: CPU tensors (and tracing on the
+    CPU), and dtypes the kernels do not take on any device (float64 for gradcheck; the
+    reference's validation rejects int/bool), so CPU and GPU share one dtype rule."""
+    return t.device.type == "cpu" or t.dtype not in kernel_dtypes

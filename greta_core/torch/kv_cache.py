@@ -5,21 +5,16 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core import reference
 from greta_core.ops import kv_cache as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference(k_cache, v_cache, k, v, cache_lens) -> torch.Tensor:
     raw.validate(k_cache, v_cache, k, v, cache_lens, reference=True)
     record_reference("kv_cache_append")
-    batch, heads, new_tokens, head_dim = k.shape
-    pos = cache_lens.long()[:, None] + torch.arange(new_tokens, device=k.device)
-    index = pos[:, None, :, None].expand(batch, heads, new_tokens, head_dim)
-    # scatter_, not a Python loop over lengths: traceable under torch.compile.
-    k_cache.scatter_(2, index, k)
-    v_cache.scatter_(2, index, v)
-    return cache_lens + new_tokens
+    return reference.kv_cache_append(k_cache, v_cache, k, v, cache_lens)
 
 
 @triton_op("greta::kv_cache_append", mutates_args={"k_cache", "v_cache"})
@@ -30,14 +25,11 @@ def kv_cache_append(
     v: torch.Tensor,
     cache_lens: torch.Tensor,
 ) -> torch.Tensor:
-    if k_cache.device.type == "cpu":
+    if takes_reference(k_cache):
         return _reference(k_cache, v_cache, k, v, cache_lens)
     # No host-side overflow check here (it would sync every decode step): tokens past
     # max_seq are dropped by the kernel. raw.kv_cache_append(check=True) checks.
-    arch = raw.validate(k_cache, v_cache, k, v, cache_lens)
-    new_lens = torch.empty_like(cache_lens)
-    raw.launch(k_cache, v_cache, k, v, cache_lens, new_lens, arch, wrap=wrap_triton)
-    return new_lens
+    return raw.kv_cache_append(k_cache, v_cache, k, v, cache_lens, check=False, wrap=wrap_triton)
 
 
 @kv_cache_append.register_kernel("cpu")

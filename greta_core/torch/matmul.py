@@ -3,38 +3,25 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core import reference
 from greta_core.ops import matmul as raw
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
-def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Torch reference: fp32 (or wider) accumulation, result in the input dtype."""
-    raw.check_shapes(a, b, bias)
-    acc = _acc_dtype(a.dtype)
-    out = a.to(acc) @ b.to(acc)
-    if bias is not None:
-        out = out + bias.to(acc)
-    return out.to(a.dtype)
+from greta_core.torch._norms_common import takes_reference
 
 
 def _reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    raw.check_shapes(a, b, bias)
     record_reference("matmul")
-    return reference(a, b, bias)
+    return reference.matmul(a, b, bias)
 
 
 @triton_op("greta::matmul", mutates_args=())
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if a.device.type == "cpu":
-        # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly.
+    if takes_reference(a, (torch.float16, torch.bfloat16)):
+        # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly; fp32/fp64
+        # take it on every device (one dtype rule).
         return _reference(a, b, bias)
-    arch = raw.validate(a, b, bias)
-    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    raw.launch(a, b, bias, out, arch, wrap=wrap_triton)
-    return out
+    return raw.matmul(a, b, bias, wrap=wrap_triton)
 
 
 @matmul.register_kernel("cpu")
@@ -61,7 +48,7 @@ def _backward(
     grad_b = torch.ops.greta.matmul(a.t(), grad) if needs[1] else None
     grad_bias = None
     if ctx.has_bias and needs[2]:  # type: ignore[attr-defined]
-        grad_bias = grad.sum(0, dtype=_acc_dtype(grad.dtype)).to(grad.dtype)
+        grad_bias = grad.sum(0, dtype=reference.acc_dtype(grad.dtype)).to(grad.dtype)
     return grad_a, grad_b, grad_bias
 
 

@@ -8,47 +8,32 @@ from typing import Any
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core import reference
 from greta_core.ops import rms_norm as raw
-from greta_core.ops._rows import rows_view
+from greta_core.ops._plan import eager_raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import compute_dtype, run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float):
     raw.validate(x, weight, reference=True)
     record_reference("rms_norm")
-    ct = compute_dtype(x)
-    xf = rows_view(x).to(ct)
-    rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps)
-    y = (xf * rstd[:, None] * weight.to(ct)).to(x.dtype).reshape(x.shape)
-    return y, rstd
+    return reference.rms_norm_fwd(x, weight, eps)
 
 
 def _reference_bwd(dy, x, weight, rstd):
     raw.validate_bwd(dy, x, weight, rstd, reference=True)
     record_reference("rms_norm_bwd")
-    ct = compute_dtype(x)
-    xhat = rows_view(x).to(ct) * rstd.to(ct)[:, None]
-    dyf = rows_view(dy).to(ct)
-    g = dyf * weight.to(ct)
-    c = (g * xhat).mean(-1, keepdim=True)
-    dx = ((g - xhat * c) * rstd.to(ct)[:, None]).to(x.dtype).reshape(x.shape)
-    dw = (dyf * xhat).sum(0).to(weight.dtype)
-    return dx, dw
+    return reference.rms_norm_bwd(dy, x, weight, rstd)
 
 
 @triton_op("greta::rms_norm_fwd", mutates_args=())
 def rms_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_fwd(x, weight, eps)
-    arch = raw.validate(x, weight)
-    x2 = rows_view(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
-    raw.launch_fwd(x2, weight, eps, y.view(x2.shape), rstd, arch, wrap=wrap_triton)
-    return y, rstd
+    return raw.rms_norm_fwd(x, weight, eps, wrap=wrap_triton)
 
 
 @rms_norm_fwd.register_kernel("cpu")
@@ -62,19 +47,9 @@ def _rms_norm_fwd_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float):
 def rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_bwd(dy, x, weight, rstd)
-    arch = raw.validate_bwd(dy, x, weight, rstd)
-    x2 = rows_view(x)
-    n_rows, n_cols = x2.shape
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.empty_like(weight)
-    programs = raw.partial_rows(arch, n_rows, n_cols)
-    partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
-    raw.launch_bwd(
-        rows_view(dy), x2, weight, rstd, dx.view(x2.shape), partial, dw, arch, wrap=wrap_triton
-    )
-    return dx, dw
+    return raw.rms_norm_bwd(dy, x, weight, rstd, wrap=wrap_triton)
 
 
 @rms_norm_bwd.register_kernel("cpu")
@@ -104,6 +79,11 @@ _lib.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    if eager_raw(x, weight):
+        # Plain GPU tensors, no gradient, no tracing or mode: the plan launches without a
+        # second dispatcher hop and the custom-op autograd layer. Autograd, torch.compile
+        # and fake tensors take rms_norm_fwd, so compiled graphs still see the kernel.
+        return raw.rms_norm_fwd(x, weight, eps)[0]
     return torch.ops.greta.rms_norm_fwd(x, weight, eps)[0]
 
 

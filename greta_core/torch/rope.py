@@ -9,58 +9,31 @@ from typing import Any
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core import reference
 from greta_core.ops import rope as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import compute_dtype, run_triton_on_cpu
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
-    """cos/sin: [seq, d/2] or [batch|1, seq, d/2] in the compute dtype."""
-    ct = compute_dtype(x)
-    c = cos.to(ct).unsqueeze(-2)
-    s = sin.to(ct).unsqueeze(-2)
-    if c.dim() == 3:
-        c, s = c.unsqueeze(0), s.unsqueeze(0)
-    if inverse:
-        s = -s
-    half = x.shape[-1] // 2
-    xf = x.to(ct)
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-
-def angles(
-    positions: torch.Tensor, theta: float, head_dim: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """pos * theta^(-2i/head_dim): [..., head_dim/2]."""
-    i = torch.arange(head_dim // 2, device=positions.device, dtype=dtype)
-    inv_freq = theta ** (-(2.0 * i) / head_dim)
-    return positions.to(dtype)[..., None] * inv_freq
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference(x, cos, sin, inverse):
     raw.validate(x, cos, sin, reference=True)
     record_reference("rope")
-    return _rotate(x, cos, sin, inverse)
+    return reference.rope(x, cos, sin, inverse)
 
 
 def _reference_positions(x, positions, theta, inverse):
     raw.validate_positions(x, positions, theta, reference=True)
     record_reference("rope_positions")
-    ang = angles(positions, theta, x.shape[-1], compute_dtype(x))
-    return _rotate(x, ang.cos(), ang.sin(), inverse)
+    return reference.rope_positions(x, positions, theta, inverse)
 
 
 @triton_op("greta::rope", mutates_args=())
 def rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
 ) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference(x, cos, sin, inverse)
-    arch = raw.validate(x, cos, sin)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    raw.launch(x, cos, sin, out, arch, inverse, wrap=wrap_triton)
-    return out
+    return raw.rope(x, cos, sin, inverse=inverse, wrap=wrap_triton)
 
 
 @rope.register_kernel("cpu")
@@ -74,12 +47,9 @@ def _rope_cpu(x, cos, sin, inverse=False):
 def rope_positions(
     x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, inverse: bool = False
 ) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_positions(x, positions, theta, inverse)
-    arch = raw.validate_positions(x, positions, theta)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    raw.launch_positions(x, positions, theta, out, arch, inverse, wrap=wrap_triton)
-    return out
+    return raw.rope_positions(x, positions, theta, inverse=inverse, wrap=wrap_triton)
 
 
 @rope_positions.register_kernel("cpu")

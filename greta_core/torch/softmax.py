@@ -7,35 +7,29 @@ from typing import Any
 import torch
 from torch.library import triton_op, wrap_triton
 
+from greta_core import reference
 from greta_core.ops import softmax as raw
-from greta_core.ops._rows import rows_view
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import compute_dtype, run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x: torch.Tensor) -> torch.Tensor:
     raw.validate(x, reference=True)
     record_reference("softmax")
-    return torch.softmax(x.to(compute_dtype(x)), dim=-1).to(x.dtype)
+    return reference.softmax(x)
 
 
 def _reference_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     raw.validate_bwd(dy, y, reference=True)
     record_reference("softmax_bwd")
-    ct = compute_dtype(y)
-    yf, dyf = y.to(ct), dy.to(ct)
-    return (yf * (dyf - (yf * dyf).sum(-1, keepdim=True))).to(y.dtype)
+    return reference.softmax_bwd(dy, y)
 
 
 @triton_op("greta::softmax", mutates_args=())
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu":
+    if takes_reference(x):
         return _reference_fwd(x)
-    arch = raw.validate(x)
-    x2 = rows_view(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    raw.launch_fwd(x2, y.view(x2.shape), arch, wrap=wrap_triton)
-    return y
+    return raw.softmax(x, wrap=wrap_triton)
 
 
 @softmax.register_kernel("cpu")
@@ -47,13 +41,9 @@ def _softmax_cpu(x: torch.Tensor) -> torch.Tensor:
 
 @triton_op("greta::softmax_bwd", mutates_args=())
 def softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if y.device.type == "cpu":
+    if takes_reference(y):
         return _reference_bwd(dy, y)
-    arch = raw.validate_bwd(dy, y)
-    y2 = rows_view(y)
-    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    raw.launch_bwd(rows_view(dy), y2, dx.view(y2.shape), arch, wrap=wrap_triton)
-    return dx
+    return raw.softmax_bwd(dy, y, wrap=wrap_triton)
 
 
 @softmax_bwd.register_kernel("cpu")

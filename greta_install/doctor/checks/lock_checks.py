@@ -10,6 +10,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
+from greta_install import kernel_names
 from greta_install.doctor.facts import Facts
 from greta_install.doctor.model import Finding, fail, ok, skip, warn
 
@@ -154,7 +155,7 @@ def _kernel_dist(facts: Facts, arch: str) -> tuple[str, str | None]:
             return canonicalize_name(req.name), pins[0] if pins else None
         except InvalidRequirement:
             pass
-    return canonicalize_name(f"greta-kernels-{arch}"), None
+    return canonicalize_name(kernel_names.distribution_name(arch)), None
 
 
 def check_kernels(facts: Facts) -> Finding:
@@ -200,7 +201,7 @@ def _wheel_problems(facts: Facts, arch: str) -> list[Any]:
     data = probe.data if probe is not None else {}
     triton_version = (data.get("triton") or {}).get("version")
     try:
-        from greta_core.kernel_wheel import check_kernel_wheel
+        from greta_core.kernel_wheels.installed import check_kernel_wheel
 
         return [
             p for p in check_kernel_wheel(arch, triton_version) if p.id != "kernel-wheel-missing"

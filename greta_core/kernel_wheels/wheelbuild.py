@@ -17,30 +17,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
+from greta_core.errors import KernelWheelError
+from greta_install.kernel_names import WHEEL_TAG, distribution_name, package_name, wheel_filename
 
-WHEEL_TAG = "py3-none-any"
 # 1980-01-01, the zip epoch: identical inputs give byte-identical wheels.
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-
-
-def distribution_name(arch: str) -> str:
-    """'gfx942' -> 'greta-kernels-gfx942'; 'sm_90' -> 'greta-kernels-sm-90'."""
-    return str(canonicalize_name(f"greta-kernels-{arch}"))
-
-
-def package_name(arch: str) -> str:
-    """Import package: 'greta_kernels_sm_90'."""
-    return re.sub(r"[-.]+", "_", distribution_name(arch))
-
-
-def wheel_filename(arch: str, version: str) -> str:
-    return f"{package_name(arch)}-{version}-{WHEEL_TAG}.whl"
 
 
 def record_hash(data: bytes) -> str:
@@ -62,7 +47,7 @@ def metadata_text(arch: str, version: str, summary: str) -> str:
 def wheel_text() -> str:
     return (
         "Wheel-Version: 1.0\n"
-        "Generator: greta_core.wheelbuild\n"
+        "Generator: greta_core.kernel_wheels.wheelbuild\n"
         "Root-Is-Purelib: true\n"
         f"Tag: {WHEEL_TAG}\n"
     )
@@ -83,7 +68,7 @@ def build_wheel(
     for rel, data in package_files.items():
         rel = rel.replace("\\", "/").lstrip("/")
         if not rel or ".." in rel.split("/"):
-            raise ValueError(f"bad path in kernel wheel: {rel!r}")
+            raise KernelWheelError(f"bad path in kernel wheel: {rel!r}")
         entries[f"{pkg}/{rel}"] = data
     entries.setdefault(f"{pkg}/__init__.py", _init_text(arch).encode())
     entries[f"{dist_info}/METADATA"] = metadata_text(arch, version, summary).encode()

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from greta_core.errors import TuneError
+
 Config = dict[str, Any]
 
 
@@ -69,7 +71,7 @@ def build_entry(
     smaller problems whose best differs, smallest first (first match wins)."""
     tuned = sorted((p for p in problems if p.label in best), key=lambda p: p.features[size_key])
     if not tuned:
-        raise ValueError("no problem produced a valid timing")
+        raise TuneError("no problem produced a valid timing")
     default = best[tuned[-1].label]
     rules = []
     for p in tuned[:-1]:
@@ -233,7 +235,7 @@ def time_candidates(
                 try:
                     out = call().float()
                     if not torch.allclose(out, reference, rtol=2e-2, atol=2e-2):
-                        raise ValueError("output differs from the current config's")
+                        raise TuneError("output differs from the current config's")
                     # Replayed from a CUDA graph: small problems would otherwise time the
                     # host's launch cost, not the config (seen on the H100: 4096x1024 rows
                     # read ~60 us with do_bench for ~10 us of GPU work).

@@ -13,15 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from greta_install.kernel_names import distribution_name, package_name
+
 KNOWN_ARCHS: tuple[str, ...] = ("sm_90", "gfx942", "gfx1100", "gfx1201")
-
-
-def distribution_name(arch: str) -> str:
-    return "greta-kernels-" + arch.replace("_", "-").lower()
-
-
-def package_name(arch: str) -> str:
-    return "greta_kernels_" + arch.replace("-", "_").lower()
 
 
 @dataclass(frozen=True)
@@ -81,7 +75,7 @@ def installed_kernel_wheel() -> KernelWheelInfo | None:
 
 
 def _launchers_built(wheel: KernelWheelInfo) -> bool:
-    from greta_core.host_launchers import is_warm
+    from greta_core.kernel_wheels.host_launchers import is_warm
 
     try:
         return is_warm(wheel.manifest)

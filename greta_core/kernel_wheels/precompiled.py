@@ -9,13 +9,13 @@ every write. Nothing depends on ``TRITON_CACHE_DIR`` (jax-triton blanks it on im
 Why a cache manager: the JIT computes a cache key from Triton's own build, the kernel
 source, the call's specialisation (types, 16-byte divisibility, constexprs), the
 options and the backend (target arch; for CUDA also the bundled ptxas version). The
-AOT compiler (``greta_core.aot``) compiles through that same JIT path for the target
+AOT compiler (``greta_core.kernel_wheels.aot``) compiles through that same JIT path for the target
 arch, so a call the wheel covers finds its entry under the same key and Triton loads
 the binary instead of compiling; a call it does not cover misses and compiles as usual.
 
 The same manager serves the host launchers ``greta warm`` built
-(``greta_core.host_launchers``), and ``activate()`` hands Triton its remembered build key
-(``greta_core.triton_key_memo``), the two host-side costs of a first launch.
+(``greta_core.kernel_wheels.host_launchers``), and ``activate()`` hands Triton its remembered build key
+(``greta_core.kernel_wheels.triton_key_memo``), the two host-side costs of a first launch.
 
 Op launchers call ``activate()`` before their first launch; after the first call it is
 one boolean test. ``GRETA_PRECOMPILED=0`` turns it off (benchmarks, debugging).
@@ -31,6 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from greta_install.kernel_names import package_name
+
 logger = logging.getLogger("greta")
 
 _activated = False
@@ -44,10 +46,6 @@ def _say_once(topic: str, message: str, *args: Any) -> None:
         logger.debug("greta: " + message, *args)
 
 
-def wheel_package(arch: str) -> str:
-    return "greta_kernels_" + arch.replace("-", "_")
-
-
 def installed_wheel_dirs() -> list[tuple[str, Path]]:
     """(arch, package directory) of each GRETA kernel wheel importable here."""
     from greta_core.arch import TUNED_ARCHS
@@ -55,7 +53,7 @@ def installed_wheel_dirs() -> list[tuple[str, Path]]:
     found = []
     for arch in TUNED_ARCHS:
         try:
-            spec = importlib.util.find_spec(wheel_package(arch))
+            spec = importlib.util.find_spec(package_name(arch))
         except (ImportError, ValueError):
             spec = None
         if spec is not None and spec.submodule_search_locations and _installed(arch):
@@ -85,7 +83,7 @@ def read_manifest(package_dir: Path) -> dict[str, Any] | None:
 
 @functools.lru_cache(maxsize=1)
 def current_triton_fingerprint() -> str:
-    from greta_core.aot import triton_fingerprint
+    from greta_core.kernel_wheels.aot import triton_fingerprint
 
     return triton_fingerprint()
 
@@ -145,7 +143,7 @@ def _activate() -> bool:
 
 def _add_host_side() -> None:
     """Host launchers built by `greta warm`, and Triton's remembered build key."""
-    from greta_core import host_launchers, triton_key_memo
+    from greta_core.kernel_wheels import host_launchers, triton_key_memo
 
     try:
         launchers = host_launchers.launcher_dir()

@@ -53,7 +53,7 @@ def _triton_root() -> Path:
 
 
 def memo_path() -> Path:
-    from greta_core.host_launchers import cache_root
+    from greta_core.kernel_wheels.cache import cache_root
 
     return cache_root() / _FILE
 

@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of every GRETA kernel for any GPU arch, on any machine.
 
-``python -m greta_core.aot --arch gfx942,gfx1100,gfx1201,sm_90 --report aot.json``
+``python -m greta_core.kernel_wheels.aot --arch gfx942,gfx1100,gfx1201,sm_90 --report aot.json``
 compiles each kernel's :class:`~greta_core.kernels._aot.AotSpec` for each arch with no
 GPU present and reports, per kernel and arch: ok/error, compile seconds and the matrix
 instructions in the generated code (MFMA on CDNA, WMMA on RDNA3/4, wgmma on Hopper).
@@ -10,8 +10,8 @@ stand-in driver that reports the target GPU. That is deliberate: the JIT builds 
 signature, constexprs and specialisation attributes (16-byte divisibility, AMD's 32-bit
 pointer range, ints equal to 1 turned into constexprs) itself, so the cache key of
 every compiled kernel is the key the JIT computes when it meets the same call on a
-real GPU of that arch. Kernel wheels (``greta_core.wheelbuild``) ship these cache
-entries; ``greta_core.precompiled`` serves them at run time.
+real GPU of that arch. Kernel wheels (``greta_core.kernel_wheels.wheelbuild``) ship these cache
+entries; ``greta_core.kernel_wheels.precompiled`` serves them at run time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from greta_core.arch import interpreter_active, is_hip, normalize_arch, warp_size
-from greta_core.host_launchers import spec_of
+from greta_core.errors import AotError
+from greta_core.kernel_wheels.host_launchers import spec_of
 
 # Which specialisations of the int arguments to compile (see `int_args_for`).
 VARIANTS: tuple[str, ...] = ("aligned", "ragged")
@@ -58,10 +59,6 @@ MATRIX_PATTERNS: dict[str, tuple[str, str]] = {
 }
 
 
-class AotError(RuntimeError):
-    """A problem the user can fix (bad arch name, interpreter mode, missing kernels)."""
-
-
 @dataclass
 class CompileResult:
     spec: str  # AotSpec.name, e.g. "vec_add[fp32]"
@@ -78,7 +75,7 @@ class CompileResult:
     sass_matrix_instructions: list[str] = field(default_factory=list)
     signature: dict[str, str] = field(default_factory=dict)  # as the JIT specialised it
     specialised: dict[str, list[Any]] = field(default_factory=dict)  # arg -> attributes
-    # What Triton's host launcher needs (kernel wheels ship it; greta_core.host_launchers).
+    # What Triton's host launcher needs (kernel wheels ship it; greta_core.kernel_wheels.host_launchers).
     launcher: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -409,7 +406,7 @@ def _print_result(res: CompileResult) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m greta_core.aot",
+        prog="python -m greta_core.kernel_wheels.aot",
         description="Compile every GRETA kernel for GPU archs without a GPU and report.",
     )
     add_arguments(parser)
@@ -443,7 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "0", not unset: an environment's greta-env.pth (cpu row) re-sets unset variables.
         env = {**os.environ, "TRITON_INTERPRET": "0", "GRETA_AOT_CHILD": "1"}
         argv = list(sys.argv[1:] if argv is None else argv)
-        return subprocess.call([sys.executable, "-m", "greta_core.aot", *argv], env=env)
+        return subprocess.call(
+            [sys.executable, "-m", "greta_core.kernel_wheels.aot", *argv], env=env
+        )
     try:
         archs = parse_archs(args.arch)
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]

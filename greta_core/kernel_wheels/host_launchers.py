@@ -4,7 +4,7 @@ The kernel wheel removes the device compile, but the first launch of a Triton ke
 process still builds two small CPython extension modules with the system C compiler: the
 driver helpers (``cuda_utils`` / ``hip_utils``, once per machine) and one
 ``__triton_launcher`` per kernel signature. On the H100 that, with Triton hashing its own
-build (``greta_core.triton_key_memo``), is most of what is left of the first call once the
+build (``greta_core.kernel_wheels.triton_key_memo``), is most of what is left of the first call once the
 device code comes from the wheel.
 
 Those modules cannot ship in a ``py3-none-any`` wheel: they link the user's Python, and
@@ -14,7 +14,7 @@ order and the wheel entry whose metadata Triton's launcher class reads. ``greta 
 (run by ``greta install`` after it installs the wheel) hands each entry to Triton's own
 launcher class on the user's machine, which generates and builds the module exactly as at
 a first launch, into GRETA's launcher cache (``launcher_dir()``) instead of the user's.
-``greta_core.precompiled`` serves that directory to Triton next to the wheel.
+``greta_core.kernel_wheels.precompiled`` serves that directory to Triton next to the wheel.
 """
 
 from __future__ import annotations
@@ -35,22 +35,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from greta_core.errors import AotError, GretaError, KernelWheelError
+from greta_core.kernel_wheels import triton_key_memo
+from greta_core.kernel_wheels.cache import cache_root
+
 SPECS_FILE = "launchers.json"
 # Triton backend name -> (driver module, launcher class, driver helpers class)
 _BACKENDS: dict[str, tuple[str, str, str]] = {
     "cuda": ("triton.backends.nvidia.driver", "CudaLauncher", "CudaUtils"),
     "hip": ("triton.backends.amd.driver", "HIPLauncher", "HIPUtils"),
 }
-
-
-def cache_root() -> Path:
-    """GRETA's per-user cache (``GRETA_CACHE_DIR`` overrides the platform default)."""
-    override = os.environ.get("GRETA_CACHE_DIR", "").strip()
-    if override:
-        return Path(override)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("greta", appauthor=False))
 
 
 def launcher_dir() -> Path:
@@ -118,7 +112,9 @@ def make_launcher(spec: dict[str, Any], metadata: Any) -> Any:
     return getattr(module, launcher_cls)(_source_object(spec), metadata)
 
 
-class _Captured(Exception):
+class _Captured(GretaError):
+    """Raised (and caught) inside `_capturing`: carries the C source out of the build call."""
+
     def __init__(self, source: str) -> None:
         super().__init__("captured")
         self.source = source
@@ -159,7 +155,7 @@ def launcher_source(src: Any, metadata: Any) -> str:
             getattr(module, launcher_cls)(src, metadata)
         except _Captured as captured:
             return captured.source
-    raise RuntimeError(f"{launcher_cls} built nothing: Triton's launcher changed?")
+    raise AotError(f"{launcher_cls} built nothing: Triton's launcher changed?")
 
 
 # --- building (install time, on the user's machine) ------------------------------------
@@ -212,7 +208,7 @@ def wheel_specs(package_dir: Path) -> dict[str, dict[str, Any]]:
         return {}
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ValueError(f"{path}: not a JSON object of launcher specs (corrupt wheel?)")
+        raise KernelWheelError(f"{path}: not a JSON object of launcher specs (corrupt wheel?)")
     return data
 
 
@@ -230,8 +226,6 @@ def warm(
     `precompiled` is the wheel's ``precompiled/`` directory (the kernels' metadata).
     Builds go through Triton's own classes, so they are found by Triton's own lookups.
     """
-    from greta_core import triton_key_memo
-
     specs = list(specs)
     directory = directory or launcher_dir()
     backends = sorted({spec["backend"] for spec in specs})

@@ -1,0 +1,197 @@
+"""Residual add fused into RMSNorm: s = x + residual, y = s * rstd(s) * weight.
+
+Writes s (in x's dtype: the new residual stream), y and rstd (fp32, one per row, for the
+backward). The norm is taken of s as stored (rounded to x's dtype), so the result equals
+an unfused ``h = x + residual; rms_norm(h)`` in the same dtype. The backward receives the
+gradient of both outputs: ds_total = rms_norm_bwd(dy) + ds, which is also d(residual) and
+d(x); dweight comes back as fp32 per-program partial rows that ``col_sum`` adds.
+ONE_PASS keeps the row in registers; otherwise the row is processed in BLOCK_N chunks.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+@triton.jit
+def add_rms_norm_fwd_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    n_cols,
+    stride_x,
+    stride_r,
+    eps,
+    y_ptr,
+    s_ptr,
+    rstd_ptr,
+    BLOCK_N: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    r_row = res_ptr + row * stride_r
+    s_row = s_ptr + row * n_cols
+    y_row = y_ptr + row * n_cols
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_row + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty)
+        tl.store(s_row + cols, s, mask=mask)
+        sf = s.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, (sf * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(r_row + cols, mask=mask, other=0.0).to(tl.float32)
+            s = (x + r).to(s_ptr.dtype.element_ty)
+            tl.store(s_row + cols, s, mask=mask)
+            sf = s.to(tl.float32)
+            acc += sf * sf
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            # Same offsets and layout as the store above: each thread reads what it wrote.
+            sf = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + cols, (sf * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def add_rms_norm_bwd_kernel(
+    dy_ptr,
+    ds_ptr,
+    s_ptr,
+    w_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    stride_dy,
+    stride_ds,
+    dx_ptr,
+    dw_partial_ptr,
+    BLOCK_N: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
+    # dx = rstd * (g - shat * mean(g * shat)) + ds, g = w * dy, shat = s * rstd
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    partial_row = dw_partial_ptr + pid.to(tl.int64) * n_cols
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for row in range(pid, n_rows, n_progs):
+            row64 = tl.cast(row, tl.int64)
+            s = tl.load(s_ptr + row64 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            ds = tl.load(ds_ptr + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + row64)
+            shat = s * rstd
+            g = w * dy
+            c = tl.sum(g * shat, axis=0) / n_cols
+            dx = (g - shat * c) * rstd + ds
+            tl.store(dx_ptr + row64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw_acc += dy * shat
+        tl.store(partial_row + cols, dw_acc, mask=mask)
+    else:
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            tl.store(partial_row + cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=cols < n_cols)
+        for row in range(pid, n_rows, n_progs):
+            row64 = tl.cast(row, tl.int64)
+            rstd = tl.load(rstd_ptr + row64)
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = cols < n_cols
+                s = tl.load(s_ptr + row64 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=mask, other=0.0)
+                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                acc += w * dy.to(tl.float32) * s
+            c = tl.sum(acc, axis=0) * rstd / n_cols
+            for start in range(0, n_cols, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = cols < n_cols
+                s = tl.load(s_ptr + row64 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=mask, other=0.0)
+                dy = dy.to(tl.float32)
+                ds = tl.load(ds_ptr + row64 * stride_ds + cols, mask=mask, other=0.0)
+                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                shat = s * rstd
+                dx = (w * dy - shat * c) * rstd + ds.to(tl.float32)
+                tl.store(dx_ptr + row64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                # Same offsets, shape and layout as the zeroing store: no barrier needed.
+                part = tl.load(partial_row + cols, mask=mask, other=0.0)
+                tl.store(partial_row + cols, part + dy * shat, mask=mask)
+
+
+def weight_dtypes(dtype: str) -> tuple[str, ...]:
+    """Weight may match x or be fp32 (mixed-precision models keep fp32 norm weights)."""
+    return (dtype,) if dtype == "fp32" else (dtype, "fp32")
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core.configs.blocks import aot_variants
+    from greta_core.kernels._aot import AotSpec
+
+    specs = []
+    for dtype in DTYPES:
+        for wdtype in weight_dtypes(dtype):
+            for block, one_pass, options in aot_variants("add_rms_norm", arch):
+                specs.append(
+                    AotSpec(
+                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
+                        kernel=add_rms_norm_fwd_kernel,
+                        signature={
+                            "x_ptr": f"*{dtype}",
+                            "res_ptr": f"*{dtype}",
+                            "w_ptr": f"*{wdtype}",
+                            "n_cols": "i32",
+                            "stride_x": "i32",
+                            "stride_r": "i32",
+                            "eps": "fp32",
+                            "y_ptr": f"*{dtype}",
+                            "s_ptr": f"*{dtype}",
+                            "rstd_ptr": "*fp32",
+                        },
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
+                    )
+                )
+            for block, one_pass, options in aot_variants("add_rms_norm_bwd", arch):
+                specs.append(
+                    AotSpec(
+                        name=f"add_rms_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
+                        kernel=add_rms_norm_bwd_kernel,
+                        signature={
+                            "dy_ptr": f"*{dtype}",
+                            "ds_ptr": f"*{dtype}",
+                            "s_ptr": f"*{dtype}",
+                            "w_ptr": f"*{wdtype}",
+                            "rstd_ptr": "*fp32",
+                            "n_rows": "i32",
+                            "n_cols": "i32",
+                            "stride_dy": "i32",
+                            "stride_ds": "i32",
+                            "dx_ptr": f"*{dtype}",
+                            "dw_partial_ptr": "*fp32",
+                        },
+                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        options=options,
+                    )
+                )
+    return specs

@@ -1,0 +1,249 @@
+"""Launch plans: what one call of an op launches, written once, executed by every binding.
+
+A :class:`Plan` is framework-free data: the buffers to allocate (:class:`Buffer`), and the
+ordered :class:`Launch` list (kernel, grid, positional arguments, constexprs, options).
+Arguments are scalars or references: ``In(i)`` is the call's i-th input, ``Out(j)`` its
+j-th buffer. Kernels take their written buffers last (jax-triton's convention), so the
+trailing ``Out`` references of a launch are what it writes.
+
+``ops/<op>.py`` builds the plan from shapes, strides and dtype names (memoized per call
+signature: see :func:`memo`); :func:`run` executes it on torch tensors (the raw API, and
+the torch ops with ``wrap=torch.library.wrap_triton``); ``greta_core.jax._plan`` executes
+the same plan through ``jax_triton.triton_call``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from greta_core.observe import record
+
+Wrap = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class In:
+    """The call's ``index``-th input tensor."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Out:
+    """The plan's ``index``-th buffer (an output or scratch it allocates)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A tensor the plan allocates: shape, dtype name ("float32", "bfloat16", "int32")."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    zeroed: bool = False  # filled with zeros before any launch (also when nothing launches)
+    alias: int | None = None  # updated in place: the input with this index (no allocation)
+    fill: float | None = None  # filled with this value (e.g. a full-length lengths vector)
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    kernel: Any  # the @triton.jit function
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]  # In / Out references and scalars, in the kernel's order
+    constexprs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)  # num_warps, num_stages, HIP knobs
+
+    def written(self) -> tuple[int, ...]:
+        """Buffers this launch writes: its trailing ``Out`` arguments."""
+        out: list[int] = []
+        for arg in reversed(self.args):
+            if not isinstance(arg, Out):
+                break
+            out.append(arg.index)
+        return tuple(reversed(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    op: str  # recorded in greta_core.observe after the launches
+    arch: str
+    buffers: tuple[Buffer, ...]
+    launches: tuple[Launch, ...]
+    results: tuple[int, ...]  # the buffers the call returns, in order (the rest is scratch)
+
+
+def dtype_name(dtype: Any) -> str:
+    """ "torch.bfloat16" / numpy's "bfloat16" -> "bfloat16": the name plans use."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def memo(build: Callable[..., Plan]) -> Callable[..., Plan]:
+    """Memoize a plan builder on its (hashable) arguments: one dict lookup per call.
+
+    Under torch.compile shapes may be SymInts (unhashable): those calls build afresh. The
+    cache is keyed on ``configs.lookup`` too, so ``greta tune`` swapping it never sees a
+    stale plan.
+    """
+    from greta_core import configs
+
+    @functools.lru_cache(maxsize=4096)
+    def cached(lookup: Any, *args: Any) -> Plan:
+        return build(*args)
+
+    @functools.wraps(build)
+    def plan(*args: Any) -> Plan:
+        try:
+            return cached(configs.lookup, *args)
+        except TypeError:  # an unhashable (symbolic) argument
+            return build(*args)
+
+    plan.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return plan
+
+
+class CallCache:
+    """What a call signature resolved to (arch, plan, layout flags): a hit skips validation
+    and planning, so an eager call pays one key build and one dict lookup.
+
+    The key holds each tensor's dtype, device, shape and strides, the other arguments as
+    they are, and ``configs.lookup`` (``greta tune`` swaps it). Only successful resolutions
+    are stored, so bad input raises on every call. A key that cannot be built or hashed
+    (torch.compile's symbolic sizes, a non-tensor where a tensor belongs) resolves afresh.
+    """
+
+    def __init__(self, resolve: Callable[..., Any], n_tensors: int, maxsize: int = 4096):
+        self._resolve = resolve
+        self._n = n_tensors
+        self._maxsize = maxsize
+        self._entries: dict[Any, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        from greta_core import configs
+
+        try:
+            key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
+            for t in args[: self._n]:
+                key += (t.dtype, t.device, t.shape, t.stride()) if t is not None else (None,)
+            return self._entries[key]
+        except KeyError:
+            value = self._resolve(*args)
+            if len(self._entries) >= self._maxsize:
+                self._entries.clear()
+            self._entries[key] = value
+            return value
+        except (TypeError, AttributeError):  # unhashable (symbolic) or not a tensor
+            return self._resolve(*args)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def eager_raw(*tensors: Any) -> bool:
+    """True when a GRETA op may launch its plan directly instead of going through torch.ops.
+
+    torch.library's custom-op dispatch costs tens of microseconds of host time per call (a
+    launch-bound decode step pays it on every op). It buys autograd, tracing and dispatch
+    modes; when none of them can be involved (plain GPU tensors, no gradient wanted, no
+    torch.compile tracing, no torch function/dispatch mode active) the raw launcher runs the
+    same kernel with the same checks. Anything else, or a torch without these hooks, takes
+    the torch op.
+    """
+    import torch
+
+    try:
+        if (
+            torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._len_torch_function_stack()
+        ):
+            return False
+    except AttributeError:
+        return False
+    grad = torch.is_grad_enabled()
+    plain = (torch.Tensor, torch.nn.Parameter)  # subclasses (FakeTensor, DTensor...) excluded
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in plain or t.device.type != "cuda" or (grad and t.requires_grad):
+            return False
+    return True
+
+
+def _identity(kernel: Any) -> Any:
+    return kernel
+
+
+def implementation(arch: str) -> str:
+    return "triton-interpret" if arch == "cpu" else "triton"
+
+
+_IN, _OUT, _SCALAR = 0, 1, 2
+# Per plan (by id, the plan kept alive beside it): its buffers and launches in the form the
+# torch executor runs fastest (torch dtypes resolved, argument kinds decided, keywords
+# merged). Plans are memoized, so this is built once per call signature.
+_TORCH_FORM: dict[int, tuple[Plan, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = {}
+
+
+def _torch_form(plan: Plan) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    form = _TORCH_FORM.get(id(plan))
+    if form is not None and form[0] is plan:
+        return form[1], form[2]
+    import torch
+
+    allocs = [
+        (b.alias, b.fill, b.zeroed, tuple(b.shape), getattr(torch, b.dtype)) for b in plan.buffers
+    ]
+    launches = []
+    for launch in plan.launches:
+        spec = tuple(
+            (_IN, a.index) if type(a) is In else (_OUT, a.index) if type(a) is Out else (_SCALAR, a)
+            for a in launch.args
+        )
+        launches.append((launch.kernel, launch.grid, spec, {**launch.constexprs, **launch.options}))
+    if len(_TORCH_FORM) >= 4096:
+        _TORCH_FORM.clear()
+    _TORCH_FORM[id(plan)] = (plan, allocs, launches)
+    return allocs, launches
+
+
+def run(
+    plan: Plan,
+    inputs: Sequence[Any],
+    out: Sequence[Any] | None = None,
+    wrap: Wrap = _identity,
+) -> tuple[Any, ...]:
+    """Execute `plan` on torch tensors; returns its result buffers.
+
+    `out`: preallocated result buffers (in ``plan.results`` order) instead of new ones.
+    `wrap`: ``torch.library.wrap_triton`` inside a ``triton_op`` (compile sees the kernel).
+    """
+    import torch
+
+    allocs, launches = _torch_form(plan)
+    device = inputs[0].device
+    given = dict(zip(plan.results, out, strict=True)) if out is not None else None
+    bufs: list[Any] = []
+    for i, (alias, fill, zeroed, shape, dtype) in enumerate(allocs):
+        if alias is not None:
+            t = inputs[alias]
+        elif given is not None and i in given:
+            t = given[i]
+            if zeroed:
+                t.zero_()
+        elif fill is not None:
+            t = torch.full(shape, fill, dtype=dtype, device=device)
+        elif zeroed:
+            t = torch.zeros(shape, dtype=dtype, device=device)
+        else:
+            t = torch.empty(shape, dtype=dtype, device=device)
+        bufs.append(t)
+    for kernel, grid, spec, keywords in launches:
+        args = [inputs[v] if k == _IN else bufs[v] if k == _OUT else v for k, v in spec]
+        wrap(kernel)[grid](*args, **keywords)
+    if launches:
+        record(plan.op, implementation(plan.arch), plan.arch)
+    return tuple(bufs[i] for i in plan.results)

@@ -1,0 +1,185 @@
+"""linear_cross_entropy: validation, the chunk schedule and the per-chunk launch plan.
+
+``loss = cross_entropy(hidden @ weight.T, target)`` without ever holding the [tokens,
+vocab] logits: tokens go in chunks of :func:`chunk_rows` rows; per chunk a GEMM makes the
+chunk's logits, the plan's Triton kernel turns them into the loss rows and (in place) into
+``dlogits``, and two GEMMs add the chunk's share of the hidden and weight gradients. With
+``with_grad`` the forward computes the gradients on the way (the backward only scales
+them), as Liger-Kernel's fused linear cross-entropy does; reduction="none" gets its
+gradient from :func:`linear_cross_entropy_bwd`, which redoes the chunks with per-row
+scales. The GEMMs belong to each binding (torch.mm here and in torch.ops.greta,
+jnp.dot in JAX); the chunk schedule and the kernel plan are shared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from greta_core import configs
+from greta_core.errors import GretaInputError
+from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
+from greta_core.ops import _interp_compat
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._rows import arch_for, float_dtypes
+from greta_core.ops._validate import check_same_device, check_tensor
+
+OP = "linear_cross_entropy"
+REDUCTIONS = ("mean", "sum", "none")
+_interp_compat.apply()
+
+
+def validate(hidden: Any, weight: Any, target: Any, reduction: str, reference: bool = False) -> str:
+    """hidden [N, H], weight [V, H] (same dtype), target int64 [N]. Raises GretaInputError."""
+    import torch
+
+    check_tensor(OP, "hidden", hidden, dtypes=float_dtypes(reference), ndim=2)
+    check_tensor(OP, "weight", weight, dtypes=(hidden.dtype,), ndim=2)
+    check_tensor(OP, "target", target, dtypes=(torch.int64,), ndim=1, contiguous=True)
+    if weight.shape[1] != hidden.shape[1] or weight.shape[0] == 0:
+        raise GretaInputError(
+            f"{OP}: argument 'weight' has shape {tuple(weight.shape)}; expected "
+            f"[vocab >= 1, {hidden.shape[1]}] (the hidden size of 'hidden')"
+        )
+    if target.shape[0] != hidden.shape[0]:
+        raise GretaInputError(
+            f"{OP}: argument 'target' has {target.shape[0]} entries; expected one per row "
+            f"of 'hidden' ({hidden.shape[0]})"
+        )
+    if reduction not in REDUCTIONS:
+        raise GretaInputError(
+            f"{OP}: argument 'reduction' is {reduction!r}; expected one of {', '.join(REDUCTIONS)}"
+        )
+    check_same_device(OP, hidden=hidden, weight=weight, target=target)
+    return arch_for(OP, hidden, reference)
+
+
+def chunk_rows(n_rows: int, vocab: int, hidden: int) -> int:
+    """Tokens per chunk: the chunk's logits take about as much memory as `hidden` does
+    (a power of two, at least 1)."""
+    per_row = max(1, -(-vocab // max(hidden, 1)))
+    rows = max(1, -(-n_rows // per_row))
+    return 1 << (rows - 1).bit_length()
+
+
+def chunks(n_rows: int, vocab: int, hidden: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges covering n_rows."""
+    step = chunk_rows(n_rows, vocab, hidden)
+    return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+
+
+@memo
+def plan_rows(
+    n_rows: int, n_cols: int, stride: int, dtype: str, ignore_index: int,
+    write_grad: bool, row_scale: bool, arch: str,
+) -> Plan:  # fmt: skip
+    """Inputs (target [rows] int64, scale fp32 [1] or [rows], logits [rows, V]); buffers:
+    loss fp32 [rows], the logits updated in place to dlogits (when write_grad)."""
+    config = configs.lookup(OP, arch, {"V": n_cols})
+    launch = Launch(
+        cross_entropy_rows_kernel, grid(n_rows),
+        (In(0), In(1), n_cols, stride, ignore_index, Out(0), Out(1)),
+        {"BLOCK_V": config["BLOCK_V"], "WRITE_GRAD": write_grad, "ROW_SCALE": row_scale},
+        configs.launch_options(config, arch),
+    )  # fmt: skip
+    buffers = (Buffer((n_rows,), "float32"), Buffer((n_rows, n_cols), dtype, alias=2))
+    return Plan(OP, arch, buffers, (launch,) if n_rows else (), (0, 1))
+
+
+# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+
+
+def _chunked(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, scale: Any,
+    write_grad: bool, row_scale: bool, arch: str, wrap: Wrap,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """(loss rows fp32 [N], dhidden or None, dweight or None)."""
+    import torch
+
+    n_rows, vocab = hidden.shape[0], weight.shape[0]
+    loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
+    dh = torch.empty_like(hidden) if write_grad else None
+    dw = torch.zeros_like(weight) if write_grad else None
+    for start, end in chunks(n_rows, vocab, hidden.shape[1]):
+        h = hidden[start:end]
+        logits = torch.mm(h, weight.t())
+        plan = plan_rows(
+            end - start, vocab, logits.stride(0), dtype_name(logits.dtype), int(ignore_index),
+            write_grad, row_scale, arch,
+        )  # fmt: skip
+        s = scale[start:end] if row_scale else scale
+        run(plan, (target[start:end], s, logits), out=(loss[start:end], logits), wrap=wrap)
+        if write_grad:
+            torch.mm(logits, weight, out=dh[start:end])
+            dw.addmm_(logits.t(), h)
+    return loss, dh, dw
+
+
+def mean_scale(target: Any, ignore_index: int) -> Any:
+    """fp32 [1]: 1 / max(1, number of non-ignored targets), computed on the device."""
+    import torch
+
+    n_valid = (target != ignore_index).sum().clamp(min=1)
+    return (1.0 / n_valid.to(torch.float32)).reshape(1)
+
+
+def linear_cross_entropy_fwd(
+    hidden: Any, weight: Any, target: Any, ignore_index: int = -100,
+    reduction: str = "mean", with_grad: bool = False, wrap: Wrap = _no_wrap,
+) -> tuple[Any, Any | None, Any | None]:  # fmt: skip
+    """(loss, dhidden, dweight): the gradients of the loss itself (None without with_grad;
+    reduction="none" takes :func:`linear_cross_entropy_bwd` instead).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    import torch
+
+    arch = validate(hidden, weight, target, reduction)
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    write_grad = with_grad and reduction != "none"
+    if reduction == "mean":
+        scale = mean_scale(target, ignore_index)
+    else:
+        scale = torch.ones(1, dtype=torch.float32, device=hidden.device)
+    loss, dh, dw = _chunked(
+        hidden, weight, target, ignore_index, scale, write_grad, False, arch, wrap
+    )
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() * scale[0]
+    return loss, dh, dw
+
+
+def linear_cross_entropy(
+    hidden: Any, weight: Any, target: Any, ignore_index: int = -100, reduction: str = "mean"
+) -> Any:
+    """Cross-entropy of ``hidden @ weight.T`` against `target` (rows equal to
+    `ignore_index` count for nothing), chunked so the logits never exist. No autograd
+    (see torch.ops.greta.linear_cross_entropy).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    return linear_cross_entropy_fwd(hidden, weight, target, ignore_index, reduction)[0]
+
+
+def linear_cross_entropy_bwd(
+    hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int = -100,
+    wrap: Wrap = _no_wrap,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(dhidden, dweight) for per-row upstream gradients `row_scale` (fp32 [N]).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    import torch
+
+    arch = validate(hidden, weight, target, "none")
+    check_tensor(OP, "row_scale", row_scale, dtypes=(torch.float32,), ndim=1, contiguous=True)
+    if row_scale.shape[0] != hidden.shape[0]:
+        raise GretaInputError(
+            f"{OP}: argument 'row_scale' has {row_scale.shape[0]} entries; expected "
+            f"{hidden.shape[0]}"
+        )
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    _, dh, dw = _chunked(hidden, weight, target, ignore_index, row_scale, True, True, arch, wrap)
+    return dh, dw

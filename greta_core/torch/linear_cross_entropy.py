@@ -1,0 +1,156 @@
+"""greta::linear_cross_entropy (user op, autograd): cross-entropy of hidden @ weight.T
+without the logits. It calls the triton_op greta::linear_cross_entropy_fwd -> (loss,
+dhidden, dweight): with ``with_grad`` (grad mode on, an input needing it, reduction mean
+or sum) the gradients come out of the forward's chunks and the backward only scales them;
+otherwise the backward is the triton_op greta::linear_cross_entropy_bwd, which redoes the
+chunks with per-row gradients (reduction="none")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from greta_core import reference
+from greta_core.ops import linear_cross_entropy as raw
+from greta_core.torch._common import record_reference
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+
+
+def _empty(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(0)
+
+
+def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad):
+    raw.validate(hidden, weight, target, reduction, reference=True)
+    record_reference("linear_cross_entropy")
+    loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
+    if not with_grad or reduction == "none":
+        return loss, _empty(hidden), _empty(weight)
+    ct = reference.compute_dtype(hidden)
+    scale = torch.ones(hidden.shape[0], dtype=ct, device=hidden.device)
+    if reduction == "mean":
+        scale = scale / (target != ignore_index).sum().clamp(min=1)
+    dh, dw = reference.linear_cross_entropy_bwd(hidden, weight, target, scale, ignore_index)
+    return loss.to(ct), dh, dw
+
+
+def _reference_bwd(hidden, weight, target, row_scale, ignore_index):
+    raw.validate(hidden, weight, target, "none", reference=True)
+    record_reference("linear_cross_entropy_bwd")
+    return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
+
+
+def _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad, wrap=None):
+    kw = {} if wrap is None else {"wrap": wrap}
+    loss, dh, dw = raw.linear_cross_entropy_fwd(
+        hidden, weight, target, ignore_index, reduction, with_grad, **kw
+    )
+    return loss, _empty(hidden) if dh is None else dh, _empty(weight) if dw is None else dw
+
+
+@triton_op("greta::linear_cross_entropy_fwd", mutates_args=())
+def linear_cross_entropy_fwd(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if takes_reference(hidden):
+        return _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
+    return _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad, wrap_triton)
+
+
+@linear_cross_entropy_fwd.register_kernel("cpu")
+def _fwd_cpu(hidden, weight, target, ignore_index, reduction, with_grad):
+    if run_triton_on_cpu(hidden, weight):
+        return _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
+    return _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
+
+
+@triton_op("greta::linear_cross_entropy_bwd", mutates_args=())
+def linear_cross_entropy_bwd(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    row_scale: torch.Tensor,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if takes_reference(hidden):
+        return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
+    return raw.linear_cross_entropy_bwd(
+        hidden, weight, target, row_scale, ignore_index, wrap=wrap_triton
+    )
+
+
+@linear_cross_entropy_bwd.register_kernel("cpu")
+def _bwd_cpu(hidden, weight, target, row_scale, ignore_index):
+    if run_triton_on_cpu(hidden, weight, row_scale):
+        return raw.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
+    return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    hidden, weight, target, ignore_index, reduction, with_grad = inputs
+    _loss, dh, dw = output
+    ctx.precomputed = with_grad and reduction != "none"
+    ctx.ignore_index, ctx.reduction = ignore_index, reduction
+    if ctx.precomputed:
+        ctx.save_for_backward(dh, dw)
+    else:
+        ctx.save_for_backward(hidden, weight, target)
+    ctx.mark_non_differentiable(dh, dw)
+
+
+def _backward(ctx: Any, dloss: torch.Tensor, _ddh: Any, _ddw: Any):
+    if ctx.precomputed:
+        dh, dw = ctx.saved_tensors
+        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None, None
+    hidden, weight, target = ctx.saved_tensors
+    if ctx.reduction == "none":
+        row_scale = dloss.to(torch.float32).contiguous()
+    else:
+        ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        row_scale = ones * dloss.to(torch.float32)
+        if ctx.reduction == "mean":
+            row_scale = row_scale * raw.mean_scale(target, ctx.ignore_index)
+    if hidden.dtype == torch.float64:
+        row_scale = row_scale.to(torch.float64)
+    dh, dw = torch.ops.greta.linear_cross_entropy_bwd(
+        hidden, weight, target, row_scale, ctx.ignore_index
+    )
+    return dh, dw, None, None, None, None
+
+
+linear_cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+_lib.define(
+    "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, int ignore_index=-100, "
+    "str reduction='mean') -> Tensor"
+)
+
+
+def _linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    with_grad = (
+        torch.is_grad_enabled()
+        and (hidden.requires_grad or weight.requires_grad)
+        and reduction != "none"
+    )
+    return torch.ops.greta.linear_cross_entropy_fwd(
+        hidden, weight, target, ignore_index, reduction, with_grad
+    )[0]
+
+
+# CompositeImplicitAutograd: decomposes into linear_cross_entropy_fwd (autograd, compile,
+# fake tensors all follow).
+_lib.impl("linear_cross_entropy", _linear_cross_entropy, "CompositeImplicitAutograd")

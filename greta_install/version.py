@@ -1,0 +1,3 @@
+"""GRETA's version string: the one place it is written (pyproject reads it from here)."""
+
+__version__ = "0.1.0"

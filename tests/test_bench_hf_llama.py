@@ -1,0 +1,49 @@
+"""bench/hf_llama.py --tiny: the side-by-side benchmark runs on CPU and writes its files."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "hf_llama.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("hf_llama_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_run_writes_rows_for_every_variant(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("GRETA_TRITON_ON_CPU", raising=False)  # the ops' torch references
+    bench = _load()
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "hf_llama.json").read_text())
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert set(rows) == {"vanilla", "liger", "greta", "greta-sdpa"}
+    assert doc["metadata"]["preset"] == "tiny" and doc["metadata"]["device"] == "cpu"
+    for variant in ("vanilla", "greta", "greta-sdpa"):
+        row = rows[variant]
+        assert row["status"] == "ok", row
+        assert row["train_step_ms"] > 0 and row["decode_tok_s"] > 0
+    # Same weights, same probe batch: GRETA's logits match vanilla's (fp32 on CPU).
+    assert rows["greta"]["logits_max_rel_err"] < 1e-5
+    assert abs(rows["greta"]["loss"] - rows["vanilla"]["loss"]) < 1e-5
+    seen = json.loads(rows["greta"]["implementations"])
+    assert seen["linear_cross_entropy"] == "reference-torch"
+    assert "attention" not in json.loads(rows["greta-sdpa"]["implementations"])
+    assert rows["liger"]["status"] in ("ok", "skipped")
+    with (tmp_path / "hf_llama.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 4
+    assert (tmp_path / "hf_llama.png").stat().st_size > 0
+    assert not list(tmp_path.glob(".probe_*"))

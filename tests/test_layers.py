@@ -1,0 +1,175 @@
+"""The package's layering, read from the source (AST import graph): no import cycle between
+modules, ``greta_core.kernels`` a leaf, the installer half free of greta_core and of the
+heavy frameworks. Imports inside functions count: a lazy import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("greta", "greta_install", "greta_core")
+HEAVY = ("torch", "jax", "jaxlib", "jax_triton", "triton", "numpy", "transformers")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            out[_module_name(path)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module `name` refers to (a package's __init__ for a package name)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every name `module` imports (absolute, with relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor if is_package else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            # `from pkg import mod` imports the submodule pkg.mod.
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        targets = {_resolve(n) for n in _imports(module, path)}
+        # A submodule importing its own package's __init__ (or vice versa) is Python's
+        # package mechanics, not a layering edge.
+        graph[module] = {
+            t
+            for t in targets
+            if t
+            and t != module
+            and not module.startswith(t + ".")
+            and not t.startswith(module + ".")
+        }
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, or None (iterative DFS with colours)."""
+    colour = dict.fromkeys(graph, 0)  # 0 new, 1 on the stack, 2 done
+    for start in graph:
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour[child] == 1:
+                return [*path[path.index(child) :], child]
+            elif colour[child] == 0:
+                colour[child] = 1
+                stack.append((child, iter(sorted(graph[child]))))
+                path.append(child)
+    return None
+
+
+def test_the_graph_sees_the_project() -> None:
+    graph = _graph()
+    assert "greta_core.ops.rms_norm" in graph
+    assert "greta_core.kernels.rms_norm" in graph["greta_core.ops.rms_norm"]
+    assert "greta_install.errors" in graph["greta_core.errors"]
+
+
+def test_no_import_cycle() -> None:
+    assert _cycle(_graph()) is None
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+@pytest.mark.parametrize("upper", ["ops", "torch", "jax", "compute", "kernel_wheels", "bench"])
+def test_kernels_import_nothing_above_them(upper: str) -> None:
+    graph = _graph()
+    offenders = {
+        (m, t)
+        for m, targets in graph.items()
+        if m.startswith("greta_core.kernels")
+        for t in targets
+        if t.startswith(f"greta_core.{upper}")
+    }
+    assert not offenders
+
+
+# Run as a script in a child interpreter (``python -c <its text>``): importing the frameworks
+# there is its job, and a crash cannot take the doctor down.
+CHILD_SCRIPTS = ("greta_install.doctor.probe",)
+
+
+def test_installer_half_imports_no_framework() -> None:
+    offenders = [
+        (module, name)
+        for module, path in MODULES.items()
+        if module.split(".")[0] in ("greta", "greta_install") and module not in CHILD_SCRIPTS
+        for name in _imports(module, path)
+        if name.split(".")[0] in HEAVY
+    ]
+    assert not offenders
+
+
+def test_installer_reaches_greta_core_only_through_its_light_modules() -> None:
+    # The doctor reads the kernel wheel and the backends summary (stdlib-only modules, imported
+    # lazily); nothing else of the installer half touches greta_core.
+    light = {"greta_core.kernel_wheels.installed", "greta_core.backends"}
+    graph = _graph()
+    offenders = {
+        (m, t)
+        for m, targets in graph.items()
+        if m.split(".")[0] in ("greta", "greta_install")
+        for t in targets
+        if t.startswith("greta_core") and t not in light
+    }
+    assert not offenders
+
+
+def test_ops_import_no_binding() -> None:
+    graph = _graph()
+    offenders = {
+        (m, t)
+        for m, targets in graph.items()
+        if m.startswith("greta_core.ops")
+        for t in targets
+        if t.startswith(("greta_core.torch", "greta_core.jax", "greta_core.compute"))
+    }
+    assert not offenders
