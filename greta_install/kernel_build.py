@@ -74,7 +74,7 @@ def greta_source_hash() -> str:
 
 def triton_fingerprint(python: str, timeout: float = 300) -> str:
     """The installed Triton's build fingerprint, read in the target environment."""
-    code = "from greta_core.aot import triton_fingerprint as f; print(f())"
+    code = "from greta_core.kernel_wheels.aot import triton_fingerprint as f; print(f())"
     try:
         proc = subprocess.run(
             [python, "-c", code],

@@ -176,6 +176,60 @@ def available_locks() -> list[tuple[str, str]]:
     return found
 
 
+class _Header:
+    """One `# greta-<key>: <value>` line, checked and stored into the parse's tables."""
+
+    def __init__(
+        self,
+        meta: dict[str, str],
+        env: dict[str, str],
+        kernel_hashes: dict[str, str],
+        check_header: bool,
+    ) -> None:
+        self.meta, self.env, self.kernel_hashes = meta, env, kernel_hashes
+        self.check_header = check_header
+        self.kernel_wheel: str | None = None
+
+    def read(self, body: str, where: str) -> None:
+        key, _, value = body.partition(":")
+        value = value.strip()
+        if key == "greta-env":
+            self._env(value, where)
+        elif key == "greta-kernel-wheel-hash":
+            match = _KERNEL_HASH.match(value)
+            if not match:
+                raise LockError(
+                    f"{where}: malformed kernel wheel hash line {value!r} "
+                    "(want `greta-kernels-<arch>==<version> sha256:<64 hex>`)"
+                )
+            self.kernel_hashes[match.group(1)] = match.group(2)
+        elif key == "greta-kernel-wheel":
+            wheel = None if value in ("", "none") else value
+            if wheel and not re.fullmatch(r"greta-kernels-[a-z0-9-]+==[0-9A-Za-z.+!-]+", wheel):
+                raise LockError(f"{where}: invalid kernel wheel {value[:80]!r}")
+            self.kernel_wheel = wheel
+        else:
+            name = key[len("greta-") :]
+            if name in self.meta:
+                raise LockError(f"{where}: header {key} appears twice")
+            pattern = _HEADER_VALUES.get(name) if self.check_header else None
+            if pattern is not None and not pattern.fullmatch(value):
+                raise LockError(f"{where}: invalid {key} value {value[:80]!r}")
+            self.meta[name] = value
+
+    def _env(self, value: str, where: str) -> None:
+        match = _ENV.match(value)
+        if not match:
+            raise LockError(f"{where}: malformed environment line {value!r}")
+        name, env_value = match.group(1), match.group(2)
+        if not (allowed_name(name) and allowed_value(env_value)):
+            raise LockError(
+                f"{where}: a lock may not set {name} (GRETA sets only GPU-runtime "
+                "and framework variables, never the loader's or Python's)"
+            )
+        self.env[name] = env_value
+
+
 def parse_lock(
     text: str,
     target: str | None = None,
@@ -190,53 +244,19 @@ def parse_lock(
     meta: dict[str, str] = {}
     env: dict[str, str] = {}
     kernel_hashes: dict[str, str] = {}
-    kernel_wheel: str | None = None
     packages: list[LockedPackage] = []
     pending_index: str | None = None
     pending_unverified = False
     seen: set[str] = set()
     extra_indexes: set[str] = set()
 
+    header = _Header(meta, env, kernel_hashes, check_header)
     for lineno, logical in _logical_lines(text):
         where = f"{origin}:{lineno}"
         if logical.startswith("#"):
             body = logical[1:].strip()
             if body.startswith("greta-"):
-                key, _, value = body.partition(":")
-                value = value.strip()
-                if key == "greta-env":
-                    match = _ENV.match(value)
-                    if not match:
-                        raise LockError(f"{where}: malformed environment line {value!r}")
-                    name, env_value = match.group(1), match.group(2)
-                    if not (allowed_name(name) and allowed_value(env_value)):
-                        raise LockError(
-                            f"{where}: a lock may not set {name} (GRETA sets only GPU-runtime "
-                            "and framework variables, never the loader's or Python's)"
-                        )
-                    env[name] = env_value
-                elif key == "greta-kernel-wheel-hash":
-                    match = _KERNEL_HASH.match(value)
-                    if not match:
-                        raise LockError(
-                            f"{where}: malformed kernel wheel hash line {value!r} "
-                            "(want `greta-kernels-<arch>==<version> sha256:<64 hex>`)"
-                        )
-                    kernel_hashes[match.group(1)] = match.group(2)
-                elif key == "greta-kernel-wheel":
-                    kernel_wheel = None if value in ("", "none") else value
-                    if kernel_wheel and not re.fullmatch(
-                        r"greta-kernels-[a-z0-9-]+==[0-9A-Za-z.+!-]+", kernel_wheel
-                    ):
-                        raise LockError(f"{where}: invalid kernel wheel {value[:80]!r}")
-                else:
-                    name = key[len("greta-") :]
-                    if name in meta:
-                        raise LockError(f"{where}: header {key} appears twice")
-                    pattern = _HEADER_VALUES.get(name) if check_header else None
-                    if pattern is not None and not pattern.fullmatch(value):
-                        raise LockError(f"{where}: invalid {key} value {value[:80]!r}")
-                    meta[name] = value
+                header.read(body, where)
             elif body.startswith("greta: index "):
                 pending_index = body[len("greta: index ") :].strip().rstrip("/")
                 if not pending_index.startswith("https://"):
@@ -281,7 +301,7 @@ def parse_lock(
         target=file_target,
         python=file_python,
         packages=tuple(packages),
-        kernel_wheel=kernel_wheel,
+        kernel_wheel=header.kernel_wheel,
         env=env,
         kernel_hashes=kernel_hashes,
         meta=meta,

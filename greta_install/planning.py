@@ -65,16 +65,66 @@ def _explicit_lock(path: str) -> Lock:
         raise InstallFailed(str(exc), 2) from None
 
 
-def _target_mismatch(lock: Lock, detection: Any, request: InstallRequest) -> str | None:
-    """Why a lock made for another machine must not be installed here, if it must not."""
-    if detection is None or request.force_target or request.snapshot:
-        return None
-    if detection.target != lock.target:
-        return (
-            f"the lock is for target {lock.target} but this machine is {detection.target}; "
-            "pass --force-target to install it anyway"
+def _check_machine(target: str, detection: Any, request: InstallRequest) -> None:
+    """A lock or --target made for another kind of machine is refused unless forced
+    (an mi300x set on a CPU machine installs, then fails at the first GPU call)."""
+    if request.dry_run or request.force_target or request.snapshot or detection is None:
+        return
+    if detection.target != target:
+        what = f"{request.lock} is the lock of" if request.lock else "--target"
+        raise InstallFailed(
+            f"{what} {target} but this machine is {detection.target}; pass --force-target "
+            "to install it anyway, or --dry-run to only plan",
+            2,
         )
-    return None
+
+
+def _choose_target(
+    request: InstallRequest,
+    explicit: Lock | None,
+    detection: Any,
+    why_not: str | None,
+    matrix: Matrix,
+) -> str:
+    target_arg = request.target
+    if explicit is not None:
+        if target_arg and target_arg != explicit.target:
+            raise InstallFailed(
+                f"{request.lock} is the lock of {explicit.target}, not {target_arg}", 2
+            )
+        target_arg = explicit.target
+    try:
+        return planning.choose_target(target_arg, detection, matrix)
+    except planning.PlanError as exc:
+        if detection is None and not target_arg:
+            raise InstallFailed(
+                f"{why_not}; pass --target (one of {', '.join(matrix.targets)})", 2
+            ) from None
+        raise InstallFailed(str(exc), 2) from None
+
+
+def _lock_for(request: InstallRequest, explicit: Lock | None, target: str, version: str) -> Lock:
+    """The lock to install (explicit or packaged), less the pins whose marker is false."""
+    try:
+        if explicit is None:
+            return load_lock(target, version, request.row).for_python(version)
+        if explicit.python != version:
+            raise InstallFailed(
+                f"{request.lock} is for Python {explicit.python}, the interpreter is {version}", 2
+            )
+        return explicit.for_python(version)
+    except LockError as exc:
+        raise InstallFailed(str(exc), 2) from None
+
+
+def _installer(request: InstallRequest) -> tuple[str, str | None]:
+    uv = find_uv()
+    installer = request.installer or ("uv" if uv else "pip")
+    if installer == "uv" and uv is None:
+        raise InstallFailed(
+            "--installer uv: uv was not found (pip install uv, or use --installer pip)", 2
+        )
+    return installer, uv
 
 
 def prepare(request: InstallRequest) -> Prepared:
@@ -83,68 +133,14 @@ def prepare(request: InstallRequest) -> Prepared:
     except MatrixError as exc:
         raise InstallFailed(str(exc), 2) from None
     executable, version = _interpreter(request)
-
     explicit = _explicit_lock(request.lock) if request.lock else None
-    target_arg = request.target
-    if explicit is not None:
-        if target_arg and target_arg != explicit.target:
-            raise InstallFailed(
-                f"{request.lock} is the lock of {explicit.target}, not {target_arg}", 2
-            )
-        target_arg = explicit.target
-
     detection, why_not = _detect(request.snapshot)
-    if explicit is not None and not request.dry_run:
-        mismatch = _target_mismatch(explicit, detection, request)
-        if mismatch:
-            raise InstallFailed(mismatch, 2)
-    try:
-        target = planning.choose_target(target_arg, detection, matrix)
-    except planning.PlanError as exc:
-        if detection is None and not target_arg:
-            raise InstallFailed(
-                f"{why_not}; pass --target (one of {', '.join(matrix.targets)})", 2
-            ) from None
-        raise InstallFailed(str(exc), 2) from None
-    if (
-        explicit is None
-        and request.target
-        and detection is not None
-        and detection.target != target
-        and not request.dry_run
-        and not request.force_target
-        and not request.snapshot
-    ):
-        raise InstallFailed(
-            f"--target {target} does not match this machine ({detection.target}); "
-            "pass --force-target to install it anyway, or --dry-run to only plan",
-            2,
-        )
+    target = _choose_target(request, explicit, detection, why_not, matrix)
+    _check_machine(target, detection, request)
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
-
-    if explicit is not None:
-        lock = explicit
-        if lock.python != version:
-            raise InstallFailed(
-                f"{request.lock} is for Python {lock.python}, the interpreter is {version}", 2
-            )
-    else:
-        try:
-            lock = load_lock(target, version, request.row)
-        except LockError as exc:
-            raise InstallFailed(str(exc), 2) from None
-    try:
-        lock = lock.for_python(version)
-    except LockError as exc:
-        raise InstallFailed(str(exc), 2) from None
-
-    uv = find_uv()
-    installer = request.installer or ("uv" if uv else "pip")
-    if installer == "uv" and uv is None:
-        raise InstallFailed(
-            "--installer uv: uv was not found (pip install uv, or use --installer pip)", 2
-        )
+    lock = _lock_for(request, explicit, target, version)
+    installer, uv = _installer(request)
     downloader = inst.downloader_for(
         executable or "python",
         version,
@@ -153,7 +149,6 @@ def prepare(request: InstallRequest) -> Prepared:
         uv=uv,
     )
     record = _record(executable, request)
-    kernel_source = request.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
     common: dict[str, Any] = {
         "detection": detection,
         "arch": request.arch,
@@ -168,13 +163,12 @@ def prepare(request: InstallRequest) -> Prepared:
     }
     try:
         first = planning.build_plan(matrix, lock, **common)
-        lookup = inst.find_kernel_wheel(
-            kernel_source, first.kernel_wheel.requirement, request.allow_http
-        )
+        source = request.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
+        lookup = inst.find_kernel_wheel(source, first.kernel_wheel.requirement, request.allow_http)
         plan = planning.build_plan(matrix, lock, kernel=lookup, **common)
     except (planning.PlanError, MatrixError) as exc:
         raise InstallFailed(str(exc), 2) from None
-    if detection is None and not target_arg:
+    if why_not and not request.target and explicit is None:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")
     plan.keep_failed = request.keep_failed
     plan.wheelhouse = request.wheelhouse

@@ -411,15 +411,35 @@ def _remove(path: Path) -> bool:
 
 
 def _undo(journal: Journal, backup: Path) -> list[str]:
+    """Remove what the journal's install added, put back what it replaced (idempotent)."""
+    removed = _remove_created(journal.created)
+    _trim_dist_infos(journal)
+    put_back = _put_back_saved(journal, backup)
+    _sweep_installer_temp(journal.before_entries)
+    _prune_new_dirs(journal.new_dirs)
+    done = []
+    if removed:
+        done.append(f"removed {removed} files it had added")
+    if put_back:
+        done.append(f"put back {put_back} files it had replaced")
+    return done
+
+
+def _remove_created(created: Iterable[str]) -> int:
     removed = 0
-    saved_originals = {original for original, _ in journal.saved}
-    for path in journal.created:
+    for path in created:
         p = Path(path)
         if _remove(p):
             removed += 1
         if p.suffix == ".py":  # bytecode the installer or an import compiled for it
             for pyc in (p.parent / "__pycache__").glob(f"{p.stem}.*.pyc"):
                 pyc.unlink(missing_ok=True)
+    return removed
+
+
+def _trim_dist_infos(journal: Journal) -> None:
+    """New dist-infos go; one that existed loses what the install added to it."""
+    saved_originals = {original for original, _ in journal.saved}
     for info in journal.dist_infos:
         p = Path(info)
         if not p.is_dir():
@@ -427,10 +447,12 @@ def _undo(journal: Journal, backup: Path) -> list[str]:
         if info in journal.new_dirs:
             shutil.rmtree(p, ignore_errors=True)
             continue
-        # A dist-info that existed: drop what the install added to it, keep the saved files.
         for f in sorted(p.rglob("*"), reverse=True):
             if (f.is_file() or f.is_symlink()) and str(f) not in saved_originals:
                 f.unlink()
+
+
+def _put_back_saved(journal: Journal, backup: Path) -> int:
     put_back = 0
     for original, name in journal.saved:
         copy = backup / name
@@ -441,7 +463,12 @@ def _undo(journal: Journal, backup: Path) -> list[str]:
             continue
         _put_back(copy, target, journal.temp_roots)
         put_back += 1
-    for root, entries in journal.before_entries.items():
+    return put_back
+
+
+def _sweep_installer_temp(before_entries: dict[str, list[str]]) -> None:
+    """Temporary entries a killed installer left beside what it replaced."""
+    for root, entries in before_entries.items():
         known = set(entries)
         try:
             now = os.listdir(root)
@@ -450,7 +477,10 @@ def _undo(journal: Journal, backup: Path) -> list[str]:
         for entry in now:
             if entry not in known and entry.startswith(_TEMP_PREFIXES):
                 _remove(Path(root) / entry)
-    for directory in sorted(journal.new_dirs, key=len, reverse=True):
+
+
+def _prune_new_dirs(new_dirs: Iterable[str]) -> None:
+    for directory in sorted(new_dirs, key=len, reverse=True):
         d = Path(directory)
         cache = d / "__pycache__"
         with contextlib.suppress(OSError):
@@ -458,12 +488,6 @@ def _undo(journal: Journal, backup: Path) -> list[str]:
                 cache.rmdir()
         with contextlib.suppress(OSError):
             d.rmdir()
-    done = []
-    if removed:
-        done.append(f"removed {removed} files it had added")
-    if put_back:
-        done.append(f"put back {put_back} files it had replaced")
-    return done
 
 
 def _discard(directory: Path) -> None:

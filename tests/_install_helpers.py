@@ -185,7 +185,7 @@ def make_kernel_wheel(
     extra: dict[str, bytes] | None = None,
     manifest_arch: str | None = None,
 ) -> tuple[str, bytes]:
-    """A GRETA kernel wheel as greta_core.wheelbuild lays it out (package + manifest.json)."""
+    """A GRETA kernel wheel as greta_core.kernel_wheels.wheelbuild lays it out (package + manifest.json)."""
     import json
 
     name = "greta-kernels-" + arch.replace("_", "-")

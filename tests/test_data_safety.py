@@ -430,7 +430,7 @@ def test_an_orphaned_kernel_package_is_not_an_installed_wheel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Files of a half-written kernel wheel without its dist-info are not reported."""
-    from greta_core import precompiled
+    from greta_core.kernel_wheels import precompiled
 
     (tmp_path / "greta_kernels_sm_90").mkdir()
     (tmp_path / "greta_kernels_sm_90" / "__init__.py").write_text("")
@@ -461,7 +461,7 @@ def test_build_kernels_reports_only_wheels_it_built(
     monkeypatch.setattr(build_kernels, "build_all", lambda *a, **k: outcomes)
     args = argparse.Namespace(arch="gfx9999,sm_90", out=tmp_path, kernels="", variants="aligned",
                               configs=None, jobs=1, report=None)  # fmt: skip
-    monkeypatch.setattr("greta_core.aot.parse_archs", lambda text: text.split(","))
+    monkeypatch.setattr("greta_core.kernel_wheels.aot.parse_archs", lambda text: text.split(","))
     assert build_kernels.run(args) == 1
     out, err = capsys.readouterr()
     assert "built 0 of 2 wheel(s)" in out

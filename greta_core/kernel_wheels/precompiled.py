@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from greta_install.kernel_names import package_name
+from greta_install.kernel_names import distribution_name, package_name
 
 logger = logging.getLogger("greta")
 
@@ -67,7 +67,7 @@ def _installed(arch: str) -> bool:
     import importlib.metadata
 
     try:
-        importlib.metadata.version("greta-kernels-" + arch.replace("_", "-"))
+        importlib.metadata.version(distribution_name(arch))
     except importlib.metadata.PackageNotFoundError:
         return False
     return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -138,65 +139,94 @@ def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
 
 def run(args: argparse.Namespace) -> int:
     from greta_install import pipeline
-    from greta_install.plan import JIT_NOTE
 
     if args.only:
         from greta_install.commands import install_only
 
         return install_only.run(args)
+    log = _logger(args.json)
     try:
         prepared = pipeline.prepare(request_of(args))
+        if args.dry_run:
+            return _show_plan(prepared, args.json)
+        if prepared.plan.blockers:
+            return _refuse(prepared)
+        if not args.reinstall and not args.save_wheelhouse:
+            same = _already_installed(prepared)
+            if same is not None:
+                return _nothing_to_do(same, args.json, log)
+        for warning in prepared.plan.warnings:
+            log(f"warning: {warning}")
+        outcome = pipeline.execute(prepared, log, env=_wheelhouse_env(args.from_record))
     except pipeline.InstallFailed as exc:
         return _fail(exc.message, args.json, exc.exit_code)
-    plan = prepared.plan
-    if args.dry_run:
-        if args.json:
-            print(json.dumps({**plan.to_json(), "steps": pipeline.describe(prepared)}, indent=2))
-        else:
-            print(render_plan(prepared))
-        # Not ready is not success: scripts that plan before installing must see it.
-        return 1 if plan.blockers else 0
-    if plan.blockers:
-        print(render_plan(prepared), file=sys.stderr)
-        for blocker in plan.blockers:
-            print(f"greta install: refused: {blocker}", file=sys.stderr)
-        return 1
+    return _report(prepared, outcome, args.json, log)
 
+
+def _logger(as_json: bool) -> Callable[[str], None]:
     def log(message: str) -> None:
-        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
+        print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
 
-    if not args.reinstall and not args.save_wheelhouse:
-        from greta_install import noop
+    return log
 
-        same = noop.already_installed(plan, prepared.executable or sys.executable)
-        if same is not None:
-            if args.json:
-                print(json.dumps({"installed": [], "nothing_to_do": same}, indent=2))
-            else:
-                log(f"nothing to do: {same} (--reinstall to install anyway)")
-            return 0
-    for warning in plan.warnings:
-        log(f"warning: {warning}")
-    env = _wheelhouse_env(args.from_record)
-    try:
-        outcome = pipeline.execute(prepared, log, env=env)
-    except pipeline.InstallFailed as exc:
-        return _fail(exc.message, args.json, exc.exit_code)
+
+def _show_plan(prepared: pipeline.Prepared, as_json: bool) -> int:
+    from greta_install import pipeline
+
+    if as_json:
+        print(
+            json.dumps({**prepared.plan.to_json(), "steps": pipeline.describe(prepared)}, indent=2)
+        )
+    else:
+        print(render_plan(prepared))
+    # Not ready is not success: scripts that plan before installing must see it.
+    return 1 if prepared.plan.blockers else 0
+
+
+def _refuse(prepared: pipeline.Prepared) -> int:
+    print(render_plan(prepared), file=sys.stderr)
+    for blocker in prepared.plan.blockers:
+        print(f"greta install: refused: {blocker}", file=sys.stderr)
+    return 1
+
+
+def _already_installed(prepared: pipeline.Prepared) -> str | None:
+    from greta_install import noop
+
+    return noop.already_installed(prepared.plan, prepared.executable or sys.executable)
+
+
+def _nothing_to_do(same: str, as_json: bool, log: Callable[[str], None]) -> int:
+    if as_json:
+        print(json.dumps({"installed": [], "nothing_to_do": same}, indent=2))
+    else:
+        log(f"nothing to do: {same} (--reinstall to install anyway)")
+    return 0
+
+
+def _report(
+    prepared: pipeline.Prepared,
+    outcome: pipeline.Outcome,
+    as_json: bool,
+    log: Callable[[str], None],
+) -> int:
+    from greta_install.plan import JIT_NOTE
+
+    plan, staged = prepared.plan, outcome.staged
     smoke = outcome.results.get("smoke-test")
     smoke_failed = isinstance(smoke, dict) and not smoke.get("ok", True)
-    staged = outcome.staged
-    result = {
-        "installed": sorted(f"{n}=={_version(plan, n)}" for n in staged.files),
-        "steps": outcome.results,
-        "host_launchers_built": outcome.results.get("warm"),
-        "unverified_observed": staged.observed_unverified,
-        "env": plan.env,
-        "kernel_wheel": plan.kernel_wheel.to_json(),
-        "recovered": outcome.recovered,
-        "warnings": outcome.warnings,
-        "commands_run": [*staged.commands],
-    }
-    if args.json:
+    if as_json:
+        result = {
+            "installed": sorted(f"{n}=={_version(plan, n)}" for n in staged.files),
+            "steps": outcome.results,
+            "host_launchers_built": outcome.results.get("warm"),
+            "unverified_observed": staged.observed_unverified,
+            "env": plan.env,
+            "kernel_wheel": plan.kernel_wheel.to_json(),
+            "recovered": outcome.recovered,
+            "warnings": outcome.warnings,
+            "commands_run": [*staged.commands],
+        }
         print(json.dumps(result, indent=2))
         return 1 if smoke_failed else 0
     log(f"installed {len(staged.files)} packages for {plan.target} into {prepared.executable}")
