@@ -316,20 +316,39 @@ def test_warmed_wheel_first_call_runs_no_compiler(tmp_path: Path) -> None:
 # --- the installer's step --------------------------------------------------------------
 
 
-def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) -> None:
-    from greta_install.installer import warm_kernel_wheel
+class _WarmContext:
+    """What WarmLaunchers uses of the pipeline's CommitContext, for one environment."""
 
-    lines: list[str] = []
-    # This environment has greta and no kernel wheel: warm has nothing to build, succeeds.
-    env_python = sys.executable
-    assert warm_kernel_wheel(env_python, lines.append) is True
-    assert any("no GRETA kernel wheel installed" in line for line in lines)
-    # An environment without greta: a warning with the command to retry, not an exception.
+    def __init__(self, python: str) -> None:
+        self.executable = python
+        self.lines: list[str] = []
+        self.results: dict[str, object] = {}
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+    def python(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.executable, "-I", *args], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+
+
+def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) -> None:
+    from greta_install.pipeline import StepFailed
+    from greta_install.steps import WarmLaunchers
+
+    step = WarmLaunchers()
+    assert step.required is False  # a failure is a warning, never an undone install
+    assert step.argv("py") == ["py", "-I", "-m", "greta", "warm"]
+    # An environment without greta: the step fails with the command to retry.
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    lines.clear()
-    assert warm_kernel_wheel(str(bare / "bin" / "python"), lines.append) is False
-    assert any("greta warm failed" in line and "-m greta warm" in line for line in lines)
+    ctx = _WarmContext(str(bare / "bin" / "python"))
+    with pytest.raises(StepFailed, match="greta warm failed") as failed:
+        step.run(ctx)  # type: ignore[arg-type]
+    assert f"{ctx.executable} -m greta warm" in str(failed.value)
+    assert ctx.results["warm"] is False
 
 
 # --- `greta warm` on what it finds installed ----------------------------------------------
@@ -356,6 +375,9 @@ def test_warm_cli_reports_each_wheel_and_never_stamps_a_failure(
 
     site = tmp_path / "site"
     shutil.copytree(wheel_dir, site / wheel_dir.name)
+    # ... with its dist-info: package files without one are not an installed wheel.
+    for info in wheel_dir.parent.glob("greta_kernels_gfx942-*.dist-info"):
+        shutil.copytree(info, site / info.name)
     package = site / wheel_dir.name
     manifest = json.loads((package / "manifest.json").read_text())
 

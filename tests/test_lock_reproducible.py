@@ -142,7 +142,7 @@ def matrix_with(pin_version: str) -> Matrix:
     )  # fmt: skip
     return Matrix(
         exclude_newer=CUTOFF, platform="x86_64-manylinux_2_28", pythons=("3.12",),
-        archs={}, targets={"cpu": spec}, raw={"test": pin_version},
+        targets={"cpu": spec}, raw={"test": pin_version},
     )  # fmt: skip
 
 
