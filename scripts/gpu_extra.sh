@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU measurements beside the test suite, one device call per part (each fits in 10 min):
+#
+#   bash scripts/gpu_extra.sh install   # greta install's kernel-wheel step and smoke test
+#                                       # against the machine's own torch/triton, TP block
+#   bash scripts/gpu_extra.sh models    # bench/hf_llama.py --quick, binding overhead before/
+#                                       # after, bench/fused_ops.py --quick
+#
+#   device run: command "bash scripts/gpu_extra.sh PART"  carry [".whl", ".devcarry"]
+#
+# .whl/ holds the pure-Python wheels the GPU machine lacks (see scripts/gpu_suite.sh);
+# .devcarry/before/ an older tree for the side-by-side binding-overhead run (optional):
+#   mkdir -p .devcarry/before && git archive 46b5be7 greta greta_core greta_install lock |
+#     tar -x -C .devcarry/before
+# Results: $OUT/summary.txt and $OUT/results.tar.gz (every log and result file).
+set -u
+cd "$(dirname "$0")/.."
+REPO=$PWD
+PART=${1:?usage: gpu_extra.sh install|models}
+OUT=${OUT:-$REPO/gpu-extra-out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d -t greta-extra.XXXXXX)
+SITE=$(mktemp -d -t greta-site.XXXXXX)
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
+# NVLink multicast stays off on the lent machines (and anywhere GRETA starts ranks).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export GRETA_CACHE_DIR="$WORK/greta-cache"
+export PYTHONPATH="$REPO"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
+fi
+START=$(date +%s)
+run() { # NAME CAP COMMAND... : one step, its log kept, one summary line
+    local name=$1 cap=$2
+    shift 2
+    local left=$((START + ${GRETA_EXTRA_BUDGET_S:-560} - $(date +%s)))
+    ((cap > left)) && cap=$left
+    if ((cap < 10)); then
+        echo "$name SKIPPED (budget used up)" | tee -a "$WORK/summary.txt"
+        return
+    fi
+    local t0=$(date +%s)
+    timeout -k 10 "$cap" "$@" >"$WORK/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc $(($(date +%s) - t0))s: $(grep -v '^\s*$' "$WORK/$name.log" | tail -n 1 | cut -c1-150)" |
+        tee -a "$WORK/summary.txt"
+}
+
+case $PART in
+install)
+    # The kernel-wheel step alone against the preinstalled torch/triton: build sm_90, install,
+    # warm; then again (cache reuse); then the smoke test (first vs warm call in its JSON).
+    run kernels 330 python3 -m greta install --only kernels --target cuda --arch sm_90 --force-target
+    run kernels_again 60 python3 -m greta install --only kernels --target cuda --arch sm_90 --force-target
+    run smoke 150 bash -c "python3 -m greta smoke --json > '$WORK/smoke.json'"
+    run tp_1rank 60 python3 -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 \
+        --master-port 29511 examples/llama_block_tp.py --out "$WORK/tp"
+    ;;
+models)
+    run hf_llama 270 python3 bench/hf_llama.py --quick --out "$WORK/hf_llama"
+    if [[ -d .devcarry/before/greta_core ]]; then
+        run overhead_before 60 env PYTHONPATH="$REPO/.devcarry/before:$SITE" \
+            python3 bench/binding_overhead.py --label before-46b5be7 --out "$WORK/binding_overhead.json"
+    fi
+    run overhead_after 60 python3 bench/binding_overhead.py --label after --out "$WORK/binding_overhead.json"
+    run fused_ops 150 python3 bench/fused_ops.py --quick --out "$WORK/fused_ops"
+    ;;
+*)
+    echo "unknown part $PART" >&2
+    exit 2
+    ;;
+esac
+
+cp "$WORK/summary.txt" "$OUT/summary.txt"
+for f in smoke.json binding_overhead.json; do [[ -f "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"; done
+tar -czf "$OUT/results.tar.gz" -C "$WORK" --exclude greta-cache .
+rm -rf "$WORK" "$SITE"
+cat "$OUT/summary.txt"
