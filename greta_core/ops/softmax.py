@@ -7,18 +7,8 @@ from typing import Any
 
 from greta_core.kernels.softmax import softmax_bwd_kernel, softmax_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import (
-    Buffer,
-    CallCache,
-    In,
-    Launch,
-    Out,
-    Plan,
-    Wrap,
-    dtype_name,
-    memo,
-    run,
-)
+from greta_core.ops._calls import CallCache
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, check_rows_input, row_layout, row_plan, rows_view
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor

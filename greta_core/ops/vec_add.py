@@ -6,18 +6,8 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.kernels.vec_add import vec_add_kernel
-from greta_core.ops._plan import (
-    Buffer,
-    CallCache,
-    In,
-    Launch,
-    Out,
-    Plan,
-    Wrap,
-    dtype_name,
-    memo,
-    run,
-)
+from greta_core.ops._calls import CallCache
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import (
     check_same_device,
