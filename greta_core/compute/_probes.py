@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from greta_core.ops._plan import eager_raw  # noqa: F401  (the compute ops call p.eager_raw)
+from greta_core.ops._calls import eager_raw  # noqa: F401  (the compute ops call p.eager_raw)
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 HALF_AND_FLOAT = ("float16", "bfloat16", "float32")

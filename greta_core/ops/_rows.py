@@ -98,6 +98,13 @@ def row_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
     return lead[-1][1]
 
 
+def row_layout(x: Any) -> tuple[tuple[int, ...], int, bool]:
+    """(shape, row stride, whether ``rows_view`` copies) of a [..., N] tensor."""
+    shape = tuple(x.shape)
+    stride = row_stride(shape, tuple(x.stride()))
+    return shape, shape[-1] if stride is None else stride, stride is None
+
+
 def rows_view(x: Any) -> Any:
     """[..., N] -> [rows, N]; a copy only when the leading dims cannot be flattened."""
     return x.reshape(-1, x.shape[-1])

@@ -7,6 +7,7 @@ from typing import Any
 
 from greta_core.kernels.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import CallCache
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
@@ -15,6 +16,7 @@ from greta_core.ops._rows import (
     check_vector,
     norm_bwd_plan,
     param_dtypes,
+    row_layout,
     row_plan,
     rows_view,
     stat_dtypes,
@@ -111,6 +113,16 @@ def launch_fwd(
     run(plan, _inputs(x2, weight, bias), out=(y2, mean, rstd), wrap=wrap)
 
 
+def _resolve_fwd(x: Any, weight: Any, bias: Any | None, eps: float) -> tuple[Plan, bool]:
+    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
+    arch = validate(x, weight, bias)
+    shape, stride, copies = row_layout(x)
+    return plan_fwd(shape, stride, dtype_name(x.dtype), bias is not None, eps, arch), copies
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=3)
+
+
 def layer_norm_fwd(
     x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, wrap: Wrap = _no_wrap
 ) -> tuple[Any, Any, Any]:
@@ -118,12 +130,8 @@ def layer_norm_fwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x, weight, bias)
-    x2 = rows_view(x)
-    plan = plan_fwd(
-        tuple(x.shape), x2.stride(0), dtype_name(x.dtype), bias is not None, float(eps), arch
-    )
-    return run(plan, _inputs(x2, weight, bias), wrap=wrap)
+    plan, copies = _fwd_call(x, weight, bias, float(eps))
+    return run(plan, _inputs(rows_view(x) if copies else x, weight, bias), wrap=wrap)
 
 
 def layer_norm(x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5) -> Any:

@@ -7,18 +7,8 @@ from typing import Any
 
 from greta_core.kernels.rms_norm import rms_norm_bwd_kernel, rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import (
-    Buffer,
-    CallCache,
-    In,
-    Launch,
-    Out,
-    Plan,
-    Wrap,
-    dtype_name,
-    memo,
-    run,
-)
+from greta_core.ops._calls import CallCache
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
     arch_for,
@@ -26,8 +16,8 @@ from greta_core.ops._rows import (
     check_vector,
     norm_bwd_plan,
     param_dtypes,
+    row_layout,
     row_plan,
-    row_stride,
     rows_view,
     stat_dtypes,
 )
@@ -111,10 +101,8 @@ def launch_fwd(
 def _resolve_fwd(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
     """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
     arch = validate(x, weight)
-    shape = tuple(x.shape)
-    stride = row_stride(shape, tuple(x.stride()))
-    plan = plan_fwd(shape, shape[-1] if stride is None else stride, dtype_name(x.dtype), eps, arch)
-    return plan, stride is None
+    shape, stride, copies = row_layout(x)
+    return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch), copies
 
 
 _fwd_call = CallCache(_resolve_fwd, n_tensors=2)

@@ -7,9 +7,10 @@ from typing import Any
 
 from greta_core.kernels.softmax import softmax_bwd_kernel, softmax_fwd_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import CallCache
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
-from greta_core.ops._rows import arch_for, check_rows_input, row_plan, rows_view
+from greta_core.ops._rows import arch_for, check_rows_input, row_layout, row_plan, rows_view
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
 
 OP = "softmax"
@@ -68,16 +69,23 @@ def launch_fwd(x2: Any, y2: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
     run(plan, (x2,), out=(y2,), wrap=wrap)
 
 
+def _resolve_fwd(x: Any) -> tuple[Plan, bool]:
+    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
+    arch = validate(x)
+    shape, stride, copies = row_layout(x)
+    return plan_fwd(shape, stride, dtype_name(x.dtype), arch), copies
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=1)
+
+
 def softmax(x: Any, wrap: Wrap = _no_wrap) -> Any:
     """Softmax over the last dim of x ([..., N]), fp32 math, output in x's dtype.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x)
-    x2 = rows_view(x)
-    return run(plan_fwd(tuple(x.shape), x2.stride(0), dtype_name(x.dtype), arch), (x2,), wrap=wrap)[
-        0
-    ]
+    plan, copies = _fwd_call(x)
+    return run(plan, (rows_view(x) if copies else x,), wrap=wrap)[0]
 
 
 def softmax_bwd(dy: Any, y: Any, wrap: Wrap = _no_wrap) -> Any:

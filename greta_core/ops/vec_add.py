@@ -6,6 +6,7 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.kernels.vec_add import vec_add_kernel
+from greta_core.ops._calls import CallCache
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import (
@@ -54,13 +55,20 @@ def launch(x: Any, y: Any, out: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
     run(plan(tuple(x.shape), dtype_name(x.dtype), arch), (x, y), out=(out,), wrap=wrap)
 
 
+def _resolve(x: Any, y: Any) -> Plan:
+    arch = validate(x, y)
+    return plan(tuple(x.shape), dtype_name(x.dtype), arch)
+
+
+_call = CallCache(_resolve, n_tensors=2)  # validation and planning once per call signature
+
+
 def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _no_wrap) -> Any:
     """out = x + y for contiguous tensors of one shape, dtype and device.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x, y)
-    p = plan(tuple(x.shape), dtype_name(x.dtype), arch)
+    p = _call(x, y)
     if out is None:
         return run(p, (x, y), wrap=wrap)[0]
     check_tensor(OP, "out", out, dtypes=(x.dtype,), contiguous=True)
