@@ -94,13 +94,6 @@ class Prepared:
     record: Any = None  # greta_install.hashrecord.HashRecord: hashes trusted so far
 
 
-def prepare(request: InstallRequest) -> Prepared:
-    """The plan step. InstallFailed(exit 2) when the request cannot be planned."""
-    from greta_install import planning
-
-    return planning.prepare(request)
-
-
 # --- post-commit steps ------------------------------------------------------------------
 
 
@@ -194,12 +187,6 @@ class PostCommitStep(Protocol):
     def run(self, ctx: CommitContext) -> None:
         """Do the step; raise StepFailed(self.name, reason) to fail it."""
         ...
-
-
-def steps_for(plan: InstallPlan) -> list[PostCommitStep]:
-    from greta_install.steps import POST_COMMIT_STEPS
-
-    return [step for step in (factory() for factory in POST_COMMIT_STEPS) if step.applies(plan)]
 
 
 # --- dry run ----------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from greta_install import plan as planning
 from greta_install.boundedio import LOCK_MAX_BYTES, read_text
 from greta_install.lockfile import Lock, LockError, load_lock, parse_lock
 from greta_install.matrix import Matrix, MatrixError, load_matrix
-from greta_install.pipeline import InstallFailed, InstallRequest, Prepared, steps_for
+from greta_install.pipeline import InstallFailed, InstallRequest, Prepared
+from greta_install.steps import steps_for
 from greta_install.tools import find_uv, has_pip, python_version_of
 
 

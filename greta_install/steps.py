@@ -108,3 +108,8 @@ def _issue10_steps() -> list[Callable[[], PostCommitStep]]:
 
 
 POST_COMMIT_STEPS: list[Callable[[], PostCommitStep]] = _issue10_steps()
+
+
+def steps_for(plan: InstallPlan) -> list[PostCommitStep]:
+    """The post-commit steps this plan runs, in order."""
+    return [step for step in (factory() for factory in POST_COMMIT_STEPS) if step.applies(plan)]

@@ -10,9 +10,9 @@ from typing import Any
 from greta_core.errors import GretaInputError
 from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel, add_rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import CallCache
 from greta_core.ops._plan import (
     Buffer,
-    CallCache,
     In,
     Launch,
     Out,

@@ -17,7 +17,7 @@ from greta_core import reference as ref
 from greta_core.observe import record
 from greta_core.ops import attention as raw
 from greta_core.ops import attention_bwd as raw_bwd
-from greta_core.ops._plan import eager_raw
+from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16)

@@ -11,7 +11,7 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import swiglu as raw
-from greta_core.ops._plan import eager_raw
+from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference
 from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 

@@ -138,7 +138,7 @@ def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install import pipeline
+    from greta_install import pipeline, planning
 
     if args.only:
         from greta_install.commands import install_only
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         return install_only.run(args)
     log = _logger(args.json)
     try:
-        prepared = pipeline.prepare(request_of(args))
+        prepared = planning.prepare(request_of(args))
         if args.dry_run:
             return _show_plan(prepared, args.json)
         if prepared.plan.blockers:
