@@ -27,8 +27,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export GRETA_CACHE_DIR="$WORK/greta-cache"
 export PYTHONPATH="$REPO"
 if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
+    # Into the machine's own environment: isolated children (-I) must see them too.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
 fi
 START=$(date +%s)
 run() { # NAME CAP COMMAND... : one step, its log kept, one summary line
@@ -60,7 +60,7 @@ install)
 models)
     run hf_llama 270 python3 bench/hf_llama.py --quick --out "$WORK/hf_llama"
     if [[ -d .devcarry/before/greta_core ]]; then
-        run overhead_before 60 env PYTHONPATH="$REPO/.devcarry/before:$SITE" \
+        run overhead_before 60 env PYTHONPATH="$REPO/.devcarry/before" \
             python3 bench/binding_overhead.py --label before-46b5be7 --out "$WORK/binding_overhead.json"
     fi
     run overhead_after 60 python3 bench/binding_overhead.py --label after --out "$WORK/binding_overhead.json"

@@ -24,7 +24,6 @@ REPO=$PWD
 OUT=${OUT:-$REPO/gpu-suite-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d -t greta-suite.XXXXXX)
-SITE=$(mktemp -d -t greta-site.XXXXXX) # carried wheels install here
 mkdir -p "$WORK/logs"
 START=$(date +%s)
 TOTAL=${GRETA_SUITE_BUDGET_S:-560}
@@ -38,9 +37,10 @@ SUMMARY=()
 note() { SUMMARY+=("$1"); }
 
 if compgen -G ".whl/*.whl" >/dev/null; then
-    if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl >"$WORK/logs/wheels.log" 2>&1; then
-        export PYTHONPATH="$PYTHONPATH:$SITE"
+    # Into the machine's own environment (it is lent bare and given back): child processes
+    # run isolated (-I) or from fresh paths and must see them as an install would.
+    if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        .whl/*.whl >"$WORK/logs/wheels.log" 2>&1; then
         note "$(printf '%-13s %-14s %s' wheels ok "$(cd .whl && ls ./*.whl | tr '\n' ' ')")"
     else
         note "$(printf '%-13s %-14s %s' wheels FAILED "see logs/wheels.log")"
@@ -148,5 +148,5 @@ for f in backends.json doctor.json; do
     [[ -s "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"
 done
 tar -czf "$OUT/suite.tar.gz" -C "$WORK" .
-rm -rf "$WORK" "$SITE"
+rm -rf "$WORK"
 cat "$OUT/summary.txt"

@@ -202,7 +202,10 @@ def test_smoke_bench_writes_csv_json_png(
     results = {(r["op"], r["impl"]): r for r in doc["results"]}
     greta_add = results[("vec_add", "greta")]
     assert greta_add["status"] == "ok"
-    assert greta_add["implementation_ran"] in ("triton", "triton-interpret", "reference-torch")
+    # The run inherits this suite's interpreter settings on a CPU (conftest).
+    torch = pytest.importorskip("torch")
+    on_gpu = torch.cuda.is_available()
+    assert greta_add["implementation_ran"] == ("triton" if on_gpu else "triton-interpret")
     assert greta_add["check_rel_err"] is not None and greta_add["check_rel_err"] < 1e-5
     assert greta_add["gbps"] > 0 and greta_add["speedup_vs_vendor"] > 0
 

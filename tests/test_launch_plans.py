@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 np = pytest.importorskip("numpy")
 
-from _kernel_testing import ON_GPU, need_triton  # noqa: E402
+from _kernel_testing import DEVICE, ON_GPU, expected_impl, need_triton  # noqa: E402
 
 from greta_core import configs  # noqa: E402
 from greta_core.ops import _plan, rms_norm  # noqa: E402
@@ -214,23 +214,23 @@ def test_call_cache_validates_once_per_signature(monkeypatch: pytest.MonkeyPatch
     seen = []
     real = rms_norm.validate
     monkeypatch.setattr(rms_norm, "validate", lambda *a: seen.append(1) or real(*a))
-    x, w = torch.randn(3, 2, 16), torch.randn(16)
+    x, w = torch.randn(3, 2, 16, device=DEVICE), torch.randn(16, device=DEVICE)
     first = raw.rms_norm(x, w)
     assert torch.equal(raw.rms_norm(x, w), first) and seen == [1]
     raw.rms_norm(x[:, :1], w)  # another signature: validated (and planned) again
     assert seen == [1, 1]
     with pytest.raises(GretaInputError):  # bad input is never cached: raises every time
-        raw.rms_norm(x, torch.randn(15))
+        raw.rms_norm(x, torch.randn(15, device=DEVICE))
     with pytest.raises(GretaInputError):
-        raw.rms_norm(x, torch.randn(15))
+        raw.rms_norm(x, torch.randn(15, device=DEVICE))
 
 
 def test_call_cache_copies_leading_dims_that_do_not_flatten() -> None:
     need_triton()
     from greta_core import raw, reference
 
-    x = torch.randn(2, 3, 16).transpose(0, 1)  # [3, 2, 16]: rows are not evenly strided
-    w = torch.randn(16)
+    x = torch.randn(2, 3, 16, device=DEVICE).transpose(0, 1)  # rows not evenly strided
+    w = torch.randn(16, device=DEVICE)
     torch.testing.assert_close(raw.rms_norm(x, w), reference.rms_norm(x, w, 1e-6))
 
 
@@ -243,13 +243,13 @@ def test_composite_op_launches_the_plan_directly_when_eager(
     import greta_core.torch.rms_norm as binding
     from greta_core import observe, reference
 
-    x, w = torch.randn(4, 32), torch.randn(32)
+    x, w = torch.randn(4, 32, device=DEVICE), torch.randn(32, device=DEVICE)
     monkeypatch.setattr(binding, "eager_raw", lambda *t: True)
     hops = []
     real = torch.ops.greta.rms_norm_fwd
     monkeypatch.setattr(torch.ops.greta, "rms_norm_fwd", lambda *a: hops.append(1) or real(*a))
     y = torch.ops.greta.rms_norm(x, w, 1e-6)
-    assert hops == [] and observe.last_implementation("rms_norm") == "triton-interpret"
+    assert hops == [] and observe.last_implementation("rms_norm") == expected_impl()
     torch.testing.assert_close(y, reference.rms_norm(x, w, 1e-6))
     monkeypatch.setattr(binding, "eager_raw", lambda *t: False)
     torch.ops.greta.rms_norm(x, w, 1e-6)

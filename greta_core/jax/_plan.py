@@ -55,7 +55,7 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
             out_shape=[jax.ShapeDtypeStruct(b.shape, jnp.dtype(b.dtype)) for b in specs],
             grid=launch.grid,
             input_output_aliases=aliases,
-            zeroed_outputs=[k for k, b in enumerate(specs) if b.zeroed],
+            zeroed_outputs=tuple(k for k, b in enumerate(specs) if b.zeroed),
             **{k: v for k, v in launch.options.items() if k in _JAX_OPTIONS},
             **launch.constexprs,
         )
