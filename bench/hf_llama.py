@@ -212,8 +212,10 @@ def run_variant(
     return row
 
 
-def _skip_reason(variant: str) -> str:
+def _skip_reason(variant: str, device: str) -> str:
     if variant == "liger":
+        if device == "cpu":
+            return "Liger-Kernel's Triton kernels need a GPU"
         try:
             import liger_kernel.transformers  # noqa: F401
         except Exception as exc:  # not installed, or no GPU build of its deps
@@ -225,7 +227,7 @@ def worker_main(args: argparse.Namespace) -> int:
     """Subprocess entry: one (shape, variant); prints one JSON row."""
     shape, settings = SHAPES[args.shape], _settings(args)
     row = {"shape": shape.name, "variant": args.variant, "batch": shape.batch, "seq": shape.seq}
-    reason = _skip_reason(args.variant)
+    reason = _skip_reason(args.variant, args.device)
     if reason:
         row.update(status="skipped", reason=reason)
     else:
@@ -280,7 +282,7 @@ def _in_subprocess(args: argparse.Namespace, shape: str, variant: str, probe: Pa
 
 
 def _in_process(args: argparse.Namespace, shape: str, variant: str, probe: Path) -> dict:
-    reason = _skip_reason(variant)
+    reason = _skip_reason(variant, args.device)
     if reason:
         return {"status": "skipped", "reason": reason}
     try:

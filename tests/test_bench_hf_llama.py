@@ -42,7 +42,7 @@ def test_tiny_run_writes_rows_for_every_variant(tmp_path: Path, monkeypatch) -> 
     seen = json.loads(rows["greta"]["implementations"])
     assert seen["linear_cross_entropy"] == "reference-torch"
     assert "attention" not in json.loads(rows["greta-sdpa"]["implementations"])
-    assert rows["liger"]["status"] in ("ok", "skipped")
+    assert rows["liger"]["status"] == "skipped"  # CPU: Liger's kernels need a GPU
     with (tmp_path / "hf_llama.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 4
     assert (tmp_path / "hf_llama.png").stat().st_size > 0

@@ -74,7 +74,7 @@ def test_free_port_is_bindable_on_loopback() -> None:
 def test_gloo_run_on_cpu_through_the_cli() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "greta", "doctor", "--collective", "--nproc", "2",
+        [sys.executable, "-m", "greta", "doctor", "--collective", "--cpu", "--nproc", "2",
          "--size-mb", "0.25", "--iters", "2", "--collective-timeout", "120", "--json"],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )  # fmt: skip
