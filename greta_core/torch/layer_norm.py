@@ -82,7 +82,7 @@ _lib.define("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e
 def _layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
-    if eager_raw(x, weight, bias):  # see greta_core/torch/rms_norm.py
+    if eager_raw(x, weight, bias) and not takes_reference(x):  # see torch/rms_norm.py
         return raw.layer_norm_fwd(x, weight, bias, eps)[0]
     return torch.ops.greta.layer_norm_fwd(x, weight, bias, eps)[0]
 

@@ -79,7 +79,7 @@ _lib.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    if eager_raw(x, weight):
+    if eager_raw(x, weight) and not takes_reference(x):
         # Plain GPU tensors, no gradient, no tracing or mode: the plan launches without a
         # second dispatcher hop and the custom-op autograd layer. Autograd, torch.compile
         # and fake tensors take rms_norm_fwd, so compiled graphs still see the kernel.
