@@ -12,7 +12,7 @@ from greta_core import reference
 from greta_core.ops import layer_norm as raw
 from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x, weight, bias, eps):
@@ -82,7 +82,7 @@ _lib.define("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e
 def _layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
-    if eager_raw(x, weight, bias) and not takes_reference(x):  # see torch/rms_norm.py
+    if eager_raw(x, weight, bias) and x.dtype in KERNEL_DTYPES:  # see torch/rms_norm.py
         return raw.layer_norm_fwd(x, weight, bias, eps)[0]
     return torch.ops.greta.layer_norm_fwd(x, weight, bias, eps)[0]
 

@@ -12,7 +12,7 @@ from greta_core import reference
 from greta_core.ops import rms_norm as raw
 from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float):
@@ -79,7 +79,7 @@ _lib.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    if eager_raw(x, weight) and not takes_reference(x):
+    if eager_raw(x, weight) and x.dtype in KERNEL_DTYPES:
         # Plain GPU tensors, no gradient, no tracing or mode: the plan launches without a
         # second dispatcher hop and the custom-op autograd layer. Autograd, torch.compile
         # and fake tensors take rms_norm_fwd, so compiled graphs still see the kernel.
