@@ -125,10 +125,15 @@ class LlamaBlock(torch.nn.Module):
             q.transpose(1, 2).contiguous(), k_cache, v_cache, causal=True, kv_lens=cache_lens + s
         )
         o = o.transpose(1, 2).reshape(b * s, hq * hd)
-        x = x + gc.matmul(o, self.wo).reshape(b, s, d)
+        x = x + self.reduce(gc.matmul(o, self.wo)).reshape(b, s, d)
         h = gc.rms_norm(x, self.mlp_norm, cfg.eps)
         gate, up = gc.matmul(h.reshape(b * s, d), self.w13).chunk(2, dim=-1)
-        return x + gc.matmul(F.silu(gate) * up, self.w2).reshape(b, s, d)
+        return x + self.reduce(gc.matmul(F.silu(gate) * up, self.w2)).reshape(b, s, d)
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """After the output and down projections: nothing on one device; a tensor-parallel
+        shard sums the ranks' partial products here (examples/llama_block_tp.py)."""
+        return partial
 
 
 def reference_run(

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 if not any(Path(p, "greta_core").is_dir() for p in sys.path):
@@ -48,50 +47,17 @@ from greta_core import observe  # noqa: E402
 from greta_core.distributed import GretaShardingError, all_reduce_, shard_llama_weights  # noqa: E402
 
 
-class TensorParallelLlamaBlock(torch.nn.Module):
-    """One rank's shard of LlamaBlock; ``cfg`` holds this rank's heads and MLP width."""
+class TensorParallelLlamaBlock(LlamaBlock):
+    """One rank's shard of LlamaBlock; ``cfg`` holds this rank's heads and MLP width. QKV and
+    gate/up are column-parallel (no communication); the output and down projections are
+    row-parallel, so their partial products are summed over the ranks: one all-reduce each."""
 
     def __init__(self, cfg: Config, shard: dict[str, torch.Tensor], group: Any = None) -> None:
-        super().__init__()
-        self.cfg, self.group = cfg, group
-        for name, value in shard.items():
-            self.register_buffer(name, value)
+        super().__init__(cfg, shard)
+        self.group = group
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        cache_lens: torch.Tensor,
-    ) -> torch.Tensor:
-        cfg = self.cfg
-        b, s, d = x.shape
-        hq, hkv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
-        h = gc.rms_norm(x, self.attn_norm, cfg.eps)
-        qkv = gc.matmul(h.reshape(b * s, d), self.wqkv)  # column-parallel: this rank's heads
-        q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
-        q = gc.rope(q.reshape(b, s, hq, hd).contiguous(), cos, sin)
-        k = gc.rope(k.reshape(b, s, hkv, hd).contiguous(), cos, sin)
-        v = v.reshape(b, s, hkv, hd)
-        gc.kv_cache_append(
-            k_cache,
-            v_cache,
-            k.transpose(1, 2).contiguous(),
-            v.transpose(1, 2).contiguous(),
-            cache_lens,
-        )
-        o = gc.attention(
-            q.transpose(1, 2).contiguous(), k_cache, v_cache, causal=True, kv_lens=cache_lens + s
-        )
-        o = o.transpose(1, 2).reshape(b * s, hq * hd)
-        attn = all_reduce_(gc.matmul(o, self.wo), self.group)  # row-parallel: sum of shards
-        x = x + attn.reshape(b, s, d)
-        h = gc.rms_norm(x, self.mlp_norm, cfg.eps)
-        gate, up = gc.matmul(h.reshape(b * s, d), self.w13).chunk(2, dim=-1)
-        mlp = all_reduce_(gc.matmul(F.silu(gate) * up, self.w2), self.group)
-        return x + mlp.reshape(b, s, d)
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return all_reduce_(partial, self.group)
 
 
 def run_block(

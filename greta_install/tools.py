@@ -77,11 +77,12 @@ def pip_config_find_links(python: str | None = None) -> list[str]:
     return unique
 
 
-def python_version_of(python: str) -> str:
-    """ "3.11" for the interpreter at `python`; ValueError when it cannot be run."""
+def _ask(python: str, code: str, what: str) -> str:
+    """What `python -I -c code` prints, run isolated from a neutral directory;
+    InterpreterError naming `what` when it cannot be run or fails."""
     try:
         proc = subprocess.run(
-            [python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            [python, "-I", "-c", code],
             capture_output=True,
             text=True,
             timeout=60,
@@ -90,12 +91,16 @@ def python_version_of(python: str) -> str:
             cwd="/",
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise InterpreterError(f"cannot run Python interpreter {python}: {exc}") from None
+        raise InterpreterError(f"{what}: {exc}") from None
     if proc.returncode != 0:
-        raise InterpreterError(
-            f"cannot run Python interpreter {python}: {_said(proc.stderr, proc.returncode)}"
-        )
-    version = proc.stdout.strip()
+        raise InterpreterError(f"{what}: {_said(proc.stderr, proc.returncode)}")
+    return proc.stdout
+
+
+def python_version_of(python: str) -> str:
+    """ "3.11" for the interpreter at `python`; ValueError when it cannot be run."""
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    version = _ask(python, code, f"cannot run Python interpreter {python}").strip()
     if not re.fullmatch(r"3\.\d{1,3}", version):
         raise InterpreterError(
             f"{python} is not a Python 3 interpreter (it printed {version[:80]!r})"
@@ -104,46 +109,18 @@ def python_version_of(python: str) -> str:
 
 
 def site_packages_of(python: str) -> Path:
-    proc = subprocess.run(
-        [python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        cwd="/",
-    )
-    if proc.returncode != 0:
-        raise InterpreterError(
-            f"cannot ask {python} for its site-packages: {_said(proc.stderr, proc.returncode)}"
-        )
-    return Path(proc.stdout.strip())
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(_ask(python, code, f"cannot ask {python} for its site-packages").strip())
 
 
 def scheme_of(python: str, version: str) -> Scheme:
     """Where `python` installs packages (its sysconfig scheme), asked in isolation."""
     import json
 
-    proc = subprocess.run(
-        [
-            python,
-            "-I",
-            "-c",
-            "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        cwd="/",
-    )
-    if proc.returncode != 0:
-        raise ValueError(
-            f"cannot ask {python} for its install paths: {_said(proc.stderr, proc.returncode)}"
-        )
+    code = "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))"
+    out = _ask(python, code, f"cannot ask {python} for its install paths")
     try:
-        paths = json.loads(proc.stdout)
+        paths = json.loads(out)
         return Scheme.from_paths(paths, version)
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{python} answered no install paths ({exc})") from None
