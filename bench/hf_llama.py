@@ -42,7 +42,8 @@ if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in
 VARIANTS = ("vanilla", "liger", "greta", "greta-sdpa")
 FIELDS = (
     "shape", "variant", "status", "reason", "params", "batch", "seq",
-    "train_step_ms", "peak_mem_gib", "decode_tok_s", "decode_tokens",
+    "train_step_ms", "peak_mem_gib", "peak_fwd_gib", "mem_after_fwd_gib", "peak_bwd_gib",
+    "decode_tok_s", "decode_tokens",
     "loss", "logits_max_rel_err", "logits_rel_l2_err", "implementations",
 )  # fmt: skip
 
@@ -140,8 +141,52 @@ def _tokens(shape: Shape, batch: int, seq: int, seed: int, device: str) -> Any:
     return torch.randint(3, shape.vocab, (batch, seq), generator=gen).to(device)
 
 
+def _memory_split(model: Any, batch: Any) -> dict[str, float]:
+    """Where the train step's peak is: peak while forward runs, what the forward leaves
+    for the backward (activations, saved gradients), and the peak of the backward."""
+    import torch
+
+    gib = 2**30
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out = model(batch, labels=batch)
+    split = {
+        "peak_fwd_gib": torch.cuda.max_memory_allocated() / gib,
+        "mem_after_fwd_gib": torch.cuda.memory_allocated() / gib,
+    }
+    torch.cuda.reset_peak_memory_stats()
+    out.loss.backward()
+    torch.cuda.synchronize()
+    split["peak_bwd_gib"] = torch.cuda.max_memory_allocated() / gib
+    model.zero_grad(set_to_none=True)
+    return split
+
+
+def _profile_step(step: Any, path: Path) -> None:
+    """One train step under torch.profiler: the GPU kernels by total time, as JSON."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.device_time_total for e in events)
+    rows = [
+        {"kernel": e.key[:160], "calls": e.count, "ms": e.device_time_total / 1e3}
+        for e in events[:40]
+    ]
+    path.write_text(json.dumps({"total_ms": total / 1e3, "top": rows}, indent=1) + "\n")
+
+
 def run_variant(
-    shape: Shape, variant: str, settings: Settings, device: str, probe: Path | None
+    shape: Shape,
+    variant: str,
+    settings: Settings,
+    device: str,
+    probe: Path | None,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """Measure one variant; returns its row (status "ok")."""
     import torch
@@ -193,6 +238,9 @@ def run_variant(
     row["loss"] = loss
     if device == "cuda":
         row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        row.update(_memory_split(model, batch))
+        if profile is not None:
+            _profile_step(step, profile)
 
     # Eager greedy decode, batch 1.
     model.eval()
@@ -232,7 +280,11 @@ def worker_main(args: argparse.Namespace) -> int:
         row.update(status="skipped", reason=reason)
     else:
         try:
-            row.update(run_variant(shape, args.variant, settings, args.device, args.probe))
+            row.update(
+                run_variant(
+                    shape, args.variant, settings, args.device, args.probe, args.profile_file
+                )
+            )
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             row.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}"[:500])
@@ -264,6 +316,8 @@ def _in_subprocess(args: argparse.Namespace, shape: str, variant: str, probe: Pa
         sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", shape,
         "--variant", variant, "--device", args.device, "--probe", str(probe),
     ] + (["--quick"] if args.quick else [])  # fmt: skip
+    if args.profile:
+        cmd += ["--profile-file", str(args.out_dir / f"profile_{shape}_{variant}.json")]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -359,7 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         "--append", action="store_true", help="keep the rows already in <out>/hf_llama.json"
     )
     parser.add_argument("--in-process", action="store_true", help="no subprocess per variant")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="also profile one train step per variant: <out>/profile_<shape>_<variant>.json",
+    )  # fmt: skip
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
@@ -385,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = ["vanilla", *(v for v in variants if v != "vanilla")]
     out = args.out or ROOT / "bench" / "results" / _device_tag(args.device) / "hf_llama"
     out.mkdir(parents=True, exist_ok=True)
+    args.out_dir = out
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     meta = collect(preset, args.device)
     meta["settings"] = asdict(_settings(args))

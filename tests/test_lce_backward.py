@@ -1,0 +1,68 @@
+"""linear_cross_entropy's backward hands over the gradients its forward computed.
+
+``loss.backward()`` must not copy dweight ([vocab, hidden]) at the train step's peak, and
+every other upstream gradient (a scaled loss, a retained graph run twice) must still be
+exact. Values are checked against float64 autograd of the unfused maths.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from _kernel_testing import DEVICE, ON_GPU  # noqa: E402
+
+import greta_core.torch  # noqa: E402, F401
+
+F = torch.nn.functional
+
+
+def _inputs(n: int, h: int, v: int, dtype: torch.dtype, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(n, h, generator=gen, dtype=torch.float64).to(device, dtype)
+    weight = (torch.randn(v, h, generator=gen, dtype=torch.float64) / 4).to(device, dtype)
+    target = torch.randint(0, v, (n,), generator=gen).to(device)
+    target[1] = -100
+    return hidden.requires_grad_(), weight.requires_grad_(), target
+
+
+def _reference_grads(hidden, weight, target, scale: float):
+    h, w = (t.detach().double().cpu().requires_grad_() for t in (hidden, weight))
+    loss = F.cross_entropy(h @ w.t(), target.cpu(), ignore_index=-100) * scale
+    return torch.autograd.grad(loss, (h, w))
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_backward_gradients_for_plain_and_scaled_loss(scale: float) -> None:
+    hidden, weight, target = _inputs(6, 8, 11, torch.float32)
+    (torch.ops.greta.linear_cross_entropy(hidden, weight, target) * scale).backward()
+    want_h, want_w = _reference_grads(hidden, weight, target, scale)
+    torch.testing.assert_close(hidden.grad.double(), want_h, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad.double(), want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_retained_graph_backward_twice_accumulates_exactly() -> None:
+    hidden, weight, target = _inputs(6, 8, 11, torch.float32)
+    loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    want_h, want_w = _reference_grads(hidden, weight, target, 2.0)
+    torch.testing.assert_close(hidden.grad.double(), want_h, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad.double(), want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="GPU test: peak memory of the CUDA caching allocator")
+def test_backward_allocates_no_second_dweight() -> None:
+    # bf16 [32768, 1024] weight: a copy of dweight would be 64 MiB; the backward may allocate
+    # only small things (the loss' own gradient, scalars).
+    hidden, weight, target = _inputs(256, 1024, 32768, torch.bfloat16, DEVICE)
+    loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra < weight.numel() * weight.element_size() // 4, f"backward allocated {extra} B"
