@@ -97,6 +97,28 @@ def _greta(op: str) -> Callable[..., Any]:
     return lambda h, w, t: ops.linear_cross_entropy(h, w, t, -100, "mean")
 
 
+def _greta_chunk_scale(op: str, scale: int) -> Callable[..., Any] | None:
+    if op != "linear_cross_entropy":
+        return None
+    from greta_core import configs
+
+    base = _greta(op)
+    lookup = configs.lookup
+
+    def scaled(op_name: str, arch: str, features: Any = None) -> dict[str, Any]:
+        config = lookup(op_name, arch, features)
+        return {**config, "CHUNK_SCALE": scale} if op_name == op else config
+
+    def run(*args: Any) -> Any:
+        configs.lookup = scaled
+        try:
+            return base(*args)
+        finally:
+            configs.lookup = lookup
+
+    return run
+
+
 def _liger(op: str) -> Callable[..., Any] | None:
     try:
         if op == "swiglu":
@@ -137,7 +159,12 @@ def _run_case(op: str, shape: tuple[int, ...], impls: list[str]) -> list[dict[st
     rows = []
     for impl in impls:
         row: dict[str, Any] = {"op": op, "shape": "x".join(map(str, shape)), "impl": impl}
-        fn = {"greta": _greta, "eager": _eager, "liger": _liger}.get(impl, _eager)(op)
+        if impl.startswith("greta-chunk"):
+            # linear_cross_entropy with CHUNK_SCALE overridden: the speed/memory trade of
+            # the chunk size, side by side with the table's choice ("greta").
+            fn = _greta_chunk_scale(op, int(impl.removeprefix("greta-chunk")))
+        else:
+            fn = {"greta": _greta, "eager": _eager, "liger": _liger}.get(impl, _eager)(op)
         if impl == "compile" and fn is not None:
             torch._dynamo.reset()
             fn = torch.compile(fn)
@@ -178,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--quick", action="store_true", help="one shape per op")
     parser.add_argument("--impls", help="default greta,eager,compile,liger (--quick: no compile)")
+    parser.add_argument("--ops", help="comma list: only these ops (default: all)")
     args = parser.parse_args(argv)
     args.impls = args.impls or ("greta,eager,liger" if args.quick else "greta,eager,compile,liger")
 
@@ -196,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = collect("quick" if args.quick else "full", "cuda")
     rows: list[dict[str, Any]] = []
     for op, shape in _cases(args.quick):
+        if args.ops and op not in args.ops.split(","):
+            continue
         t0 = time.time()
         rows += _run_case(op, shape, args.impls.split(","))
         write_json(out / "fused_ops.json", {"metadata": meta, "rows": rows})

@@ -54,18 +54,25 @@ def validate(hidden: Any, weight: Any, target: Any, reduction: str, reference: b
     return arch_for(OP, hidden, reference)
 
 
-def chunk_rows(n_rows: int, vocab: int, hidden: int) -> int:
-    """Tokens per chunk: the chunk's logits take about as much memory as `hidden` does
-    (a power of two, at least 1)."""
+def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1) -> int:
+    """Tokens per chunk: the chunk's logits take about `scale` times the memory `hidden`
+    does (a power of two, at least 1). Fewer, larger chunks make fewer passes over the
+    [vocab, hidden] weight gradient (each chunk adds its share into all of it)."""
     per_row = max(1, -(-vocab // max(hidden, 1)))
-    rows = max(1, -(-n_rows // per_row))
+    rows = max(1, -(-n_rows * max(1, scale) // per_row))
     return 1 << (rows - 1).bit_length()
 
 
-def chunks(n_rows: int, vocab: int, hidden: int) -> list[tuple[int, int]]:
+def chunks(n_rows: int, vocab: int, hidden: int, scale: int = 1) -> list[tuple[int, int]]:
     """[start, end) row ranges covering n_rows."""
-    step = chunk_rows(n_rows, vocab, hidden)
+    step = chunk_rows(n_rows, vocab, hidden, scale)
     return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+
+
+def chunk_scale(arch: str, vocab: int) -> int:
+    """The config table's CHUNK_SCALE for this arch (memory of a logits chunk, in units of
+    the hidden states' memory): a speed/memory trade measured by bench/fused_ops.py."""
+    return int(configs.lookup(OP, arch, {"V": vocab}).get("CHUNK_SCALE", 1))
 
 
 @memo
@@ -100,7 +107,7 @@ def _chunked(
     loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
     dh = torch.empty_like(hidden) if write_grad else None
     dw = torch.zeros_like(weight) if write_grad else None
-    for start, end in chunks(n_rows, vocab, hidden.shape[1]):
+    for start, end in chunks(n_rows, vocab, hidden.shape[1], chunk_scale(arch, vocab)):
         h = hidden[start:end]
         logits = torch.mm(h, weight.t())
         plan = plan_rows(
