@@ -66,3 +66,23 @@ def test_backward_allocates_no_second_dweight() -> None:
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     assert extra < weight.numel() * weight.element_size() // 4, f"backward allocated {extra} B"
+
+
+@pytest.mark.parametrize(
+    ("scale", "rows"), [(1, 256), (2, 512), (4, 1024), (0, 256), (10_000, 8192)]
+)
+def test_chunk_scale_trades_memory_for_fewer_chunks(scale: int, rows: int) -> None:
+    from greta_core.ops import linear_cross_entropy as lce
+
+    assert lce.chunk_rows(8192, 128256, 2048, scale) == rows
+    spans = lce.chunks(8192, 128256, 2048, scale)
+    assert spans[0] == (0, rows) and spans[-1][1] == 8192 and len(spans) == -(-8192 // rows)
+
+
+def test_chunk_scale_comes_from_the_config_table() -> None:
+    from greta_core import configs
+    from greta_core.ops import linear_cross_entropy as lce
+
+    for arch in ("sm_90", "gfx942", "gfx1100", "cpu"):
+        want = configs.lookup(lce.OP, arch, {"V": 128256}).get("CHUNK_SCALE", 1)
+        assert lce.chunk_scale(arch, 128256) == want
