@@ -59,7 +59,7 @@ def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1) -> int:
     does (a power of two, at least 1). Fewer, larger chunks make fewer passes over the
     [vocab, hidden] weight gradient (each chunk adds its share into all of it)."""
     per_row = max(1, -(-vocab // max(hidden, 1)))
-    rows = max(1, -(-n_rows * max(1, scale) // per_row))
+    rows = max(1, min(n_rows, -(-n_rows * max(1, scale) // per_row)))
     return 1 << (rows - 1).bit_length()
 
 
