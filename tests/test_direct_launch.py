@@ -323,7 +323,7 @@ def test_gpu_direct_launch_is_bit_identical_to_tritons_path(
     torch.cuda.synchronize()
     assert triton_path == [1]  # once to compile/capture, then direct
     (key,) = launch.entries
-    assert key[1] == (dtype, offset == 0)
+    assert key[1][0] == (dtype, offset == 0)
     for y in direct:
         assert torch.equal(y, first)
 
@@ -339,7 +339,7 @@ def test_gpu_aligned_and_misaligned_get_their_own_kernels() -> None:
     launch.entries.clear()
     for x in (aligned, misaligned, aligned, misaligned):
         torch.testing.assert_close(raw.rms_norm(x, w), reference.rms_norm(x, w, 1e-6))
-    assert sorted(k[1][1] for k in launch.entries) == [False, True]
+    assert sorted(k[1][0][1] for k in launch.entries) == [False, True]
 
 
 @pytest.mark.gpu

@@ -141,18 +141,16 @@ def bind_tail(
 def tensor_key(args: Sequence[Any], slots: Sequence[int], hip: bool) -> tuple[Any, ...]:
     """What Triton specializes on in the tensor arguments at `slots`: dtype and 16-byte
     alignment (``get_tensor_specialization``), the ROCm buffer-ops range, None passed."""
-    key: list[Any] = []
-    for i in slots:
-        t = args[i]
-        if t is None:
-            key.append(None)
-        elif hip:
-            key.append(
-                (t.dtype, not t.data_ptr() & 15, t.untyped_storage().size() <= _HIP_BUFFER_LIMIT)
-            )
-        else:
-            key.append((t.dtype, not t.data_ptr() & 15))
-    return tuple(key)
+    if hip:
+        return tuple([
+            None if (t := args[i]) is None
+            else (t.dtype, not t.data_ptr() & 15, t.untyped_storage().size() <= _HIP_BUFFER_LIMIT)
+            for i in slots
+        ])  # fmt: skip
+    # One comprehension: this runs on every launch.
+    return tuple(
+        [None if (t := args[i]) is None else (t.dtype, not t.data_ptr() & 15) for i in slots]
+    )
 
 
 class DirectLaunch:
@@ -185,7 +183,7 @@ class DirectLaunch:
             return
         get_device, get_stream = _driver()
         device = get_device()
-        key = (device, *tensor_key(args, self._slots, s.hip))
+        key = (device, tensor_key(args, self._slots, s.hip))
         entry = self.entries.get(key)
         if entry is None:
             compiled = self.kernel[self.grid](*args, **self.keywords)
