@@ -397,3 +397,58 @@ def test_gpu_a_launch_hook_takes_tritons_path(hook_forces_tritons_path: list[Any
     assert len(hook_forces_tritons_path) - before == 3  # Triton's path ran each call
     for y in hooked:
         assert torch.equal(y, quiet)
+
+
+def _op_calls() -> dict[str, Any]:
+    from greta_core import raw
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    x, r, w, b = rand(8, 256), rand(8, 256), rand(256), rand(256)
+    q, kv = rand(2, 4, 16, 64), rand(2, 4, 32, 64)
+    xr, cos, sin = rand(2, 16, 4, 64), rand(16, 32), rand(16, 32)
+    a2, b2 = rand(64, 128), rand(128, 96)
+    return {
+        "vec_add": lambda: raw.vec_add(x, r),
+        "layer_norm": lambda: raw.layer_norm(x, w, b),
+        "layer_norm_no_bias": lambda: raw.layer_norm(x, w),
+        "softmax": lambda: raw.softmax(x),
+        "add_rms_norm": lambda: raw.add_rms_norm(x, r, w),
+        "swiglu": lambda: raw.swiglu(x, r),
+        "rope": lambda: raw.rope(xr, cos, sin),
+        "matmul": lambda: raw.matmul(a2, b2),
+        "attention": lambda: raw.attention(q, kv, kv, causal=True),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "op",
+    ["vec_add", "layer_norm", "layer_norm_no_bias", "softmax", "add_rms_norm", "swiglu",
+     "rope", "matmul", "attention"],
+)  # fmt: skip
+def test_gpu_every_raw_op_matches_tritons_path(
+    hook_forces_tritons_path: list[Any], op: str
+) -> None:
+    call = _op_calls()[op]
+    hook = hook_forces_tritons_path
+    before = len(hook)
+    by_triton = call()  # the hook is on: Triton's own path
+    assert len(hook) > before
+    from triton import knobs
+
+    knobs.runtime.launch_enter_hook.remove(hook.append)
+    try:
+        call()  # first call of the specialization: Triton's path, the kernel captured
+        direct = [call() for _ in range(2)]
+    finally:
+        knobs.runtime.launch_enter_hook.add(hook.append)
+    torch.cuda.synchronize()
+    flat = [by_triton] if isinstance(by_triton, torch.Tensor) else list(by_triton)
+    for got in direct:
+        got_flat = [got] if isinstance(got, torch.Tensor) else list(got)
+        for want, have in zip(flat, got_flat, strict=True):
+            assert torch.equal(want, have)
