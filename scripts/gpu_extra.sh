@@ -5,6 +5,10 @@
 #                                       # against the machine's own torch/triton, TP block
 #   bash scripts/gpu_extra.sh models    # bench/hf_llama.py --quick, binding overhead before/
 #                                       # after, bench/fused_ops.py --quick
+#   bash scripts/gpu_extra.sh overhead  # issue 13's host cost: binding overhead before/after
+#                                       # (every op beside its PyTorch eager op, ratios), the
+#                                       # direct launcher's GPU tests, eager layer_norm
+#                                       # 4096/8192 vs torch.compile (greta bench)
 #
 #   device run: command "bash scripts/gpu_extra.sh PART"  carry [".whl", ".devcarry"]
 #
@@ -16,7 +20,7 @@
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
-PART=${1:?usage: gpu_extra.sh install|models}
+PART=${1:?usage: gpu_extra.sh install|models|overhead}
 OUT=${OUT:-$REPO/gpu-extra-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d -t greta-extra.XXXXXX)
@@ -65,6 +69,17 @@ models)
     fi
     run overhead_after 60 python3 bench/binding_overhead.py --label after --out "$WORK/binding_overhead.json"
     run fused_ops 150 python3 bench/fused_ops.py --quick --out "$WORK/fused_ops"
+    ;;
+overhead)
+    if [[ -d .devcarry/before/greta_core ]]; then
+        run overhead_before 90 env PYTHONPATH="$REPO/.devcarry/before" \
+            python3 bench/binding_overhead.py --label before-46b5be7 --out "$WORK/binding_overhead.json"
+    fi
+    run overhead_after 90 python3 bench/binding_overhead.py --label after --out "$WORK/binding_overhead.json"
+    run direct_launch_tests 120 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_direct_launch.py tests/test_launch_plans.py
+    run layer_norm_bench 240 python3 -m greta bench --preset standard --ops layer_norm \
+        --out "$WORK/bench_layer_norm"
     ;;
 *)
     echo "unknown part $PART" >&2

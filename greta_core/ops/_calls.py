@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from greta_core import configs
+
 
 class CallCache:
     """What a call signature resolved to (arch, plan, layout flags): a hit skips validation
@@ -26,8 +28,6 @@ class CallCache:
         self._entries: dict[Any, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
-        from greta_core import configs
-
         try:
             key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
             for t in args[: self._n]:
@@ -72,6 +72,7 @@ def eager_raw(*tensors: Any) -> bool:
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in plain or t.device.type != "cuda" or (grad and t.requires_grad):
+        # is_cuda: CUDA and ROCm tensors (cheaper than building t.device.type).
+        if type(t) not in plain or not t.is_cuda or (grad and t.requires_grad):
             return False
     return True

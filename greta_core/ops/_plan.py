@@ -116,30 +116,51 @@ def implementation(arch: str) -> str:
 _IN, _OUT, _SCALAR = 0, 1, 2
 # Per plan (by id, the plan kept alive beside it): its buffers and launches in the form the
 # torch executor runs fastest (torch dtypes resolved, argument kinds decided, keywords
-# merged). Plans are memoized, so this is built once per call signature.
-_TORCH_FORM: dict[int, tuple[Plan, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = {}
+# merged, the direct launcher of each launch). Plans are memoized, so this is built once
+# per call signature; clearing it also bounds the direct launchers' caches.
+_TORCH_FORM: dict[int, tuple[Plan, _TorchForm]] = {}
+_MAX_FORMS = 4096
 
 
-def _torch_form(plan: Plan) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+@dataclass(frozen=True, slots=True)
+class _TorchForm:
+    allocs: list[tuple[Any, ...]]  # (alias, fill, zeroed, shape, torch dtype) per buffer
+    plain: list[tuple[tuple[int, ...], Any]] | None  # (shape, dtype) when all are plain empties
+    launches: list[tuple[Any, ...]]  # (kernel, grid, spec, keywords, DirectLaunch or None)
+    empty: Callable[..., Any]  # torch.empty
+
+
+def _torch_form(plan: Plan) -> _TorchForm:
     form = _TORCH_FORM.get(id(plan))
     if form is not None and form[0] is plan:
-        return form[1], form[2]
+        return form[1]
     import torch
+
+    from greta_core.ops._direct import direct_launch
 
     allocs = [
         (b.alias, b.fill, b.zeroed, tuple(b.shape), getattr(torch, b.dtype)) for b in plan.buffers
     ]
+    plain = None
+    if all(a is None and f is None and not z for a, f, z, _, _ in allocs):
+        plain = [(shape, dtype) for _, _, _, shape, dtype in allocs]
     launches = []
     for launch in plan.launches:
         spec = tuple(
             (_IN, a.index) if type(a) is In else (_OUT, a.index) if type(a) is Out else (_SCALAR, a)
             for a in launch.args
         )
-        launches.append((launch.kernel, launch.grid, spec, {**launch.constexprs, **launch.options}))
-    if len(_TORCH_FORM) >= 4096:
+        keywords = {**launch.constexprs, **launch.options}
+        # The interpreter (arch "cpu") keeps Triton's own path; see ops/_direct.py.
+        direct = None
+        if plan.arch != "cpu":
+            direct = direct_launch(launch.kernel, launch.grid, spec, keywords, (_IN, _OUT))
+        launches.append((launch.kernel, launch.grid, spec, keywords, direct))
+    if len(_TORCH_FORM) >= _MAX_FORMS:
         _TORCH_FORM.clear()
-    _TORCH_FORM[id(plan)] = (plan, allocs, launches)
-    return allocs, launches
+    built = _TorchForm(allocs, plain, launches, torch.empty)
+    _TORCH_FORM[id(plan)] = (plan, built)
+    return built
 
 
 def run(
@@ -152,14 +173,50 @@ def run(
 
     `out`: preallocated result buffers (in ``plan.results`` order) instead of new ones.
     `wrap`: ``torch.library.wrap_triton`` inside a ``triton_op`` (compile sees the kernel).
+    Launches go through ``ops/_direct.py`` except while ``wrap`` traces.
     """
+    form = _torch_form(plan)
+    empty = form.empty
+    device = inputs[0].device
+    if out is None and form.plain is not None:
+        bufs = [empty(shape, dtype=dtype, device=device) for shape, dtype in form.plain]
+    else:
+        bufs = _allocate(plan, form, inputs, out, device)
+    # wrap_triton only changes the launch while torch traces (compile, fake tensors); in a
+    # triton_op's real-tensor kernel it calls kernel[grid] itself: the direct path is that.
+    direct_ok = wrap is _identity or not _wrap_triton_enabled()
+    for kernel, grid, spec, keywords, direct in form.launches:
+        args = [inputs[v] if k == _IN else bufs[v] if k == _OUT else v for k, v in spec]
+        if direct is not None and direct_ok:
+            direct(args)
+        else:
+            wrap(kernel)[grid](*args, **keywords)
+    if form.launches:
+        record(plan.op, implementation(plan.arch), plan.arch)
+    return tuple([bufs[i] for i in plan.results])
+
+
+@functools.cache
+def _wrap_probe() -> Callable[[], bool]:
+    try:
+        from torch._library.triton import is_wrap_triton_enabled
+    except ImportError:  # a torch without the switch: wrap_triton always keeps its path
+        return lambda: True
+    return is_wrap_triton_enabled
+
+
+def _wrap_triton_enabled() -> bool:
+    return _wrap_probe()()
+
+
+def _allocate(
+    plan: Plan, form: _TorchForm, inputs: Sequence[Any], out: Sequence[Any] | None, device: Any
+) -> list[Any]:
     import torch
 
-    allocs, launches = _torch_form(plan)
-    device = inputs[0].device
     given = dict(zip(plan.results, out, strict=True)) if out is not None else None
     bufs: list[Any] = []
-    for i, (alias, fill, zeroed, shape, dtype) in enumerate(allocs):
+    for i, (alias, fill, zeroed, shape, dtype) in enumerate(form.allocs):
         if alias is not None:
             t = inputs[alias]
         elif given is not None and i in given:
@@ -173,9 +230,4 @@ def run(
         else:
             t = torch.empty(shape, dtype=dtype, device=device)
         bufs.append(t)
-    for kernel, grid, spec, keywords in launches:
-        args = [inputs[v] if k == _IN else bufs[v] if k == _OUT else v for k, v in spec]
-        wrap(kernel)[grid](*args, **keywords)
-    if launches:
-        record(plan.op, implementation(plan.arch), plan.arch)
-    return tuple(bufs[i] for i in plan.results)
+    return bufs

@@ -1,0 +1,220 @@
+"""Direct launches of compiled Triton kernels: the torch executor's eager hot path.
+
+``kernel[grid](*args)`` (Triton's ``JITFunction.run``) binds the arguments, computes the
+specialization key, looks up the device, the stream and the compiled kernel and builds
+launch metadata on every call: tens of microseconds of host time in Triton 3.6, more than
+a small kernel runs. A plan's launch has fixed scalars, grid and options (plans are
+memoized per call signature), so what can still change Triton's specialization from one
+call to the next is the tensors (dtype, 16-byte alignment of the address, and on ROCm
+whether the storage fits in 2 GiB: Triton's buffer-ops attribute) and the current device.
+The first call with a given key takes Triton's own path and keeps the CompiledKernel it
+returns; later calls hand Triton's launcher exactly what ``CompiledKernel.run`` gets from
+``JITFunction.run``, on the current stream of the current device, as Triton does.
+
+Triton's own path runs instead, on every call, whenever anything unusual is set: launch
+hooks (profilers such as proton register there), ``TRITON_DEBUG`` or instrumentation,
+pre-run hooks on the kernel, a kernel that is not a plain ``JITFunction`` (interpreter,
+autotuner, a test's stand-in), or a Triton whose launch convention is not the one below
+(checked once: an older or newer Triton just takes its own path).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Specializations kept per launch (alignment x dtypes x devices): a bound, not a tuning.
+MAX_ENTRIES = 32
+# ROCm's buffer-ops attribute: the storage spans at most this many bytes.
+_HIP_BUFFER_LIMIT = 2**31 - 1
+# How JITFunction.run hands a compiled kernel to its launcher (Triton 3.3-3.6); with any
+# other text there the direct path stays off.
+_LAUNCH_CALL = (
+    "kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,"
+    "launch_metadata,knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,"
+    "*bound_args.values())"
+)
+
+
+def convention_matches(run: Callable[..., Any]) -> bool:
+    """True when `run` (``JITFunction.run``) launches through ``CompiledKernel.run`` with
+    the argument order the direct launcher reproduces."""
+    try:
+        source = inspect.getsource(run)
+    except (OSError, TypeError):
+        return False
+    return _LAUNCH_CALL in "".join(source.split())
+
+
+@dataclass(frozen=True)
+class Support:
+    """What the direct launcher needs from Triton, found once per process."""
+
+    jit_type: type  # triton.runtime.jit.JITFunction
+    compiled_type: type  # triton.compiler.compiler.CompiledKernel
+    hook_chain: type | None  # triton.knobs.HookChain (None before Triton 3.4)
+    knobs: Any  # triton.knobs
+    hip: bool  # ROCm: the buffer-ops attribute joins the key
+
+    def quiet(self) -> bool:
+        """No launch hook, debug mode or instrumentation that Triton's own path would honour."""
+        runtime = self.knobs.runtime
+        return (
+            _empty_hook(runtime.launch_enter_hook, self.hook_chain)
+            and _empty_hook(runtime.launch_exit_hook, self.hook_chain)
+            and not runtime.debug
+            and not self.knobs.compilation.instrumentation_mode
+        )
+
+    def capture(self, compiled: Any) -> tuple[Any, Any, Any] | None:
+        """(launcher, function handle, packed metadata) of what ``kernel[grid](...)`` returned,
+        or None when it is not a loaded CompiledKernel (then the launch keeps Triton's path)."""
+        if type(compiled) is not self.compiled_type:
+            return None
+        launcher = getattr(compiled, "run", None)  # loads the module on first access
+        function = getattr(compiled, "function", None)
+        if not callable(launcher) or function is None or not hasattr(compiled, "packed_metadata"):
+            return None
+        return launcher, function, compiled.packed_metadata
+
+
+def _empty_hook(hook: Any, chain: type | None) -> bool:
+    return hook is None or (chain is not None and type(hook) is chain and not hook.calls)
+
+
+@functools.cache
+def support() -> Support | None:
+    """The direct launcher's view of Triton, or None when it must stay off."""
+    try:
+        import torch
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return None
+    try:
+        from triton.knobs import HookChain
+    except ImportError:
+        HookChain = None
+    runtime = getattr(knobs, "runtime", None)
+    compilation = getattr(knobs, "compilation", None)
+    if (
+        runtime is None
+        or compilation is None
+        or not all(hasattr(runtime, a) for a in ("launch_enter_hook", "launch_exit_hook", "debug"))
+        or not hasattr(compilation, "instrumentation_mode")
+        or not convention_matches(JITFunction.run)
+    ):
+        return None
+    return Support(JITFunction, CompiledKernel, HookChain, knobs, torch.version.hip is not None)
+
+
+@functools.cache
+def _driver() -> tuple[Callable[[], int], Callable[[int], int]]:
+    """Triton's own current-device and current-stream getters (torch's, on CUDA and ROCm)."""
+    from triton.runtime import driver
+
+    active = driver.active
+    return active.get_current_device, active.get_current_stream
+
+
+def bind_tail(
+    params: Sequence[Any], n_args: int, keywords: Mapping[str, Any]
+) -> tuple[Any, ...] | None:
+    """The kernel parameters after the `n_args` positional ones, as Triton's binder fills
+    them (keyword, else default): constexpr values the launcher skips, and scalars. None
+    when one has neither (Triton's own path then raises the error the user should see)."""
+    tail = []
+    for p in params[n_args:]:
+        if p.name in keywords:
+            tail.append(keywords[p.name])
+        elif p.has_default:
+            tail.append(p.default)
+        else:
+            return None
+    return tuple(tail)
+
+
+def tensor_key(args: Sequence[Any], slots: Sequence[int], hip: bool) -> tuple[Any, ...]:
+    """What Triton specializes on in the tensor arguments at `slots`: dtype and 16-byte
+    alignment (``get_tensor_specialization``), the ROCm buffer-ops range, None passed."""
+    if hip:
+        return tuple([
+            None if (t := args[i]) is None
+            else (t.dtype, not t.data_ptr() & 15, t.untyped_storage().size() <= _HIP_BUFFER_LIMIT)
+            for i in slots
+        ])  # fmt: skip
+    # One comprehension: this runs on every launch.
+    return tuple(
+        [None if (t := args[i]) is None else (t.dtype, not t.data_ptr() & 15) for i in slots]
+    )
+
+
+class DirectLaunch:
+    """One plan launch: its compiled kernels per specialization key, launched directly."""
+
+    __slots__ = ("_grid3", "_slots", "_support", "_tail", "entries", "grid", "kernel", "keywords")
+
+    def __init__(
+        self,
+        kernel: Any,
+        grid: tuple[int, ...],
+        keywords: Mapping[str, Any],
+        slots: tuple[int, ...],
+        tail: tuple[Any, ...],
+        support: Support,
+    ):
+        self.kernel = kernel
+        self.grid = grid
+        self.keywords = dict(keywords)
+        self._grid3 = (*grid, 1, 1)[:3]
+        self._slots = slots  # positions of the tensor arguments (In / Out references)
+        self._tail = tail
+        self._support = support
+        self.entries: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+
+    def __call__(self, args: list[Any]) -> None:
+        s = self._support
+        if not s.quiet() or self.kernel.pre_run_hooks:
+            self.kernel[self.grid](*args, **self.keywords)
+            return
+        get_device, get_stream = _driver()
+        device = get_device()
+        key = (device, tensor_key(args, self._slots, s.hip))
+        entry = self.entries.get(key)
+        if entry is None:
+            compiled = self.kernel[self.grid](*args, **self.keywords)
+            entry = s.capture(compiled)
+            if entry is not None:
+                if len(self.entries) >= MAX_ENTRIES:
+                    self.entries.clear()
+                self.entries[key] = entry
+            return
+        launcher, function, packed = entry
+        g0, g1, g2 = self._grid3
+        # CompiledKernel.run's arguments; no launch metadata and no hooks (quiet() holds).
+        launcher(
+            g0, g1, g2, get_stream(device), function, packed, None, None, None, *args, *self._tail
+        )
+
+
+def direct_launch(
+    kernel: Any, grid: tuple[int, ...], spec: Sequence[tuple[int, Any]], keywords: Mapping[str, Any],
+    tensor_kinds: tuple[int, ...],
+) -> DirectLaunch | None:  # fmt: skip
+    """A DirectLaunch for a plan launch, or None where Triton's own path must run: no usable
+    Triton, a kernel that is not a plain JITFunction, arguments its signature cannot bind."""
+    s = support()
+    if s is None or type(kernel) is not s.jit_type:
+        return None
+    params = getattr(kernel, "params", None)
+    if params is None or len(spec) > len(params):
+        return None
+    tail = bind_tail(params, len(spec), keywords)
+    if tail is None:
+        return None
+    slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in tensor_kinds)
+    return DirectLaunch(kernel, grid, keywords, slots, tail, s)

@@ -1,0 +1,454 @@
+"""The torch executor's direct launcher (ops/_direct.py): Triton's own path on the first
+call of a specialization, the compiled kernel launched directly afterwards.
+
+On the CPU: the key, the binding of the kernel's trailing parameters, the convention check
+against the installed Triton, the fallbacks and the bound, through stand-ins for Triton's
+kernel, compiled kernel and driver. On the GPU: bit-identical results to Triton's own path
+for aligned and misaligned inputs, the current stream (a CUDA graph captures the launch),
+each device, and launch hooks honoured.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from greta_core.ops import _direct, _plan  # noqa: E402
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan  # noqa: E402
+
+_IN, _OUT, _SCALAR = _plan._IN, _plan._OUT, _plan._SCALAR
+
+
+# --- stand-ins for Triton's objects ------------------------------------------------------
+
+
+class _Chain:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+
+class _Compiled:
+    def __init__(self) -> None:
+        self.function = "function-handle"
+        self.packed_metadata = "packed"
+        self.launches: list[tuple[Any, ...]] = []
+
+    @property
+    def run(self) -> Any:
+        return lambda *a: self.launches.append(a)
+
+
+class _Param:
+    def __init__(self, name: str, default: Any = None, has_default: bool = False) -> None:
+        self.name, self.default, self.has_default = name, default, has_default
+
+
+class _Kernel:
+    """Triton's JITFunction as the launcher sees it: kernel[grid](...) returns the compiled
+    kernel (Triton's own path), params name the signature."""
+
+    def __init__(self, returns: Any = "compiled") -> None:
+        self.params = [_Param(n) for n in ("x", "n", "y", "BLOCK")] + [_Param("FLAG", 7, True)]
+        self.pre_run_hooks: list[Any] = []
+        self.compiled = _Compiled()
+        self.returns = self.compiled if returns == "compiled" else returns
+        self.triton_path: list[tuple[Any, ...]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: Any, **kw: Any) -> Any:
+            self.triton_path.append((grid, args, kw))
+            return self.returns
+
+        return launch
+
+
+def _support(**runtime: Any) -> _direct.Support:
+    knobs = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(
+            **{
+                "launch_enter_hook": _Chain(),
+                "launch_exit_hook": _Chain(),
+                "debug": False,
+                **runtime,
+            }
+        ),
+        compilation=types.SimpleNamespace(instrumentation_mode=""),
+    )
+    return _direct.Support(_Kernel, _Compiled, _Chain, knobs, hip=False)
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Triton's current-device / current-stream getters, with the device settable."""
+    current = {"device": 0}
+    getters = (lambda: current["device"], lambda d: 1000 + d)
+    monkeypatch.setattr(_direct, "_driver", lambda: getters)
+    return current
+
+
+def _launch(kernel: _Kernel, s: _direct.Support) -> _direct.DirectLaunch:
+    spec = ((_IN, 0), (_SCALAR, 64), (_OUT, 0))
+    made = _direct.direct_launch(kernel, (3, 2), spec, {"BLOCK": 16, "num_warps": 4}, (_IN, _OUT))
+    assert made is None  # the stand-in is no JITFunction of the installed Triton ...
+    tail = _direct.bind_tail(kernel.params, 3, {"BLOCK": 16, "num_warps": 4})
+    assert tail == (16, 7)  # keyword, then default; options (num_warps) are no parameter
+    return _direct.DirectLaunch(kernel, (3, 2), {"BLOCK": 16, "num_warps": 4}, (0, 2), tail, s)
+
+
+def _args(x: Any) -> list[Any]:
+    return [x, 64, torch.empty(4)]
+
+
+# --- CPU: the pure parts -------------------------------------------------------------------
+
+
+def test_first_call_takes_tritons_path_then_the_compiled_kernel_directly(device) -> None:
+    kernel = _Kernel()
+    launch = _launch(kernel, _support())
+    args = _args(torch.ones(4))
+    for _ in range(3):
+        launch(args)
+    assert kernel.triton_path == [((3, 2), tuple(args), {"BLOCK": 16, "num_warps": 4})]
+    # CompiledKernel.run's arguments: grid padded to 3-D, the device's stream, the handle,
+    # packed metadata, no launch metadata and no hooks, then every kernel parameter.
+    want = (3, 2, 1, 1000, "function-handle", "packed", None, None, None, *args, 16, 7)
+    assert kernel.compiled.launches == [want, want]
+
+
+def test_key_follows_alignment_dtype_and_device(device) -> None:
+    kernel = _Kernel()
+    launch = _launch(kernel, _support())
+    base = torch.zeros(17)
+    launch(_args(base[:16]))
+    launch(_args(base[1:]))  # 4 bytes off: Triton specializes pointers on 16-byte alignment
+    launch(_args(base[:16].half()))
+    device["device"] = 1
+    launch(_args(base[:16]))
+    assert len(kernel.triton_path) == 4 and kernel.compiled.launches == []
+    launch(_args(base[:16]))
+    device["device"] = 0
+    launch(_args(base[4:]))  # 16 bytes off: aligned like base[:16]
+    assert [a[3] for a in kernel.compiled.launches] == [1001, 1000]  # each device's stream
+    assert len(kernel.triton_path) == 4
+
+
+def test_tensor_key_rules() -> None:
+    base = torch.zeros(40)
+    aligned, off = base[:8], base[1:9]
+    assert _direct.tensor_key([aligned, 3, off], (0, 2), hip=False) == (
+        (torch.float32, True),
+        (torch.float32, False),
+    )
+    assert _direct.tensor_key([None], (0,), hip=False) == (None,)
+    # ROCm: the buffer-ops attribute (storage within 2 GiB) joins the key.
+    assert _direct.tensor_key([aligned], (0,), hip=True) == ((torch.float32, True, True),)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["enter_hook", "exit_hook", "plain_hook", "debug", "instrumentation", "pre_run_hook"],
+)
+def test_anything_unusual_takes_tritons_path_every_call(device, setting: str) -> None:
+    kernel = _Kernel()
+    s = _support()
+    if setting in ("enter_hook", "exit_hook"):
+        getattr(s.knobs.runtime, f"launch_{setting}").calls.append(print)
+    elif setting == "plain_hook":  # Triton before HookChain: a callable set directly
+        s.knobs.runtime.launch_enter_hook = print
+    elif setting == "debug":
+        s.knobs.runtime.debug = True
+    elif setting == "instrumentation":
+        s.knobs.compilation.instrumentation_mode = "consan"
+    else:
+        kernel.pre_run_hooks.append(print)
+    launch = _launch(kernel, s)
+    for _ in range(3):
+        launch(_args(torch.ones(4)))
+    assert len(kernel.triton_path) == 3 and kernel.compiled.launches == []
+
+
+def test_a_result_that_is_no_compiled_kernel_keeps_tritons_path(device) -> None:
+    kernel = _Kernel(returns=None)  # e.g. a Triton whose run returns nothing
+    launch = _launch(kernel, _support())
+    for _ in range(3):
+        launch(_args(torch.ones(4)))
+    assert len(kernel.triton_path) == 3 and launch.entries == {}
+
+
+def test_cache_is_bounded(device) -> None:
+    kernel = _Kernel()
+    launch = _launch(kernel, _support())
+    for d in range(_direct.MAX_ENTRIES + 5):
+        device["device"] = d
+        launch(_args(torch.ones(4)))
+        assert len(launch.entries) <= _direct.MAX_ENTRIES
+    assert len(kernel.triton_path) == _direct.MAX_ENTRIES + 5
+
+
+def test_convention_check() -> None:
+    major_minor = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    if major_minor != (3, 6):
+        pytest.skip(
+            f"launch convention verified against Triton 3.6 (installed {triton.__version__})"
+        )
+    from triton.runtime.jit import JITFunction
+
+    assert _direct.convention_matches(JITFunction.run)
+    assert _direct.support() is not None
+
+    def other_run(kernel: Any, grid: Any, stream: Any) -> None:
+        kernel.run(grid, stream)
+
+    assert not _direct.convention_matches(other_run)
+    assert not _direct.convention_matches(len)  # no source
+
+
+def test_direct_launch_binds_a_greta_kernel() -> None:
+    support = _direct.support()
+    if support is None:
+        pytest.skip("this Triton's launch convention is not the direct launcher's")
+    from triton.runtime.jit import JITFunction
+
+    from greta_core.kernels.rms_norm import rms_norm_fwd_kernel
+
+    # Under TRITON_INTERPRET=1 (the CPU suite) kernels are InterpretedFunctions: they keep
+    # Triton's path. A JITFunction of the same source is what a GPU process holds.
+    fn = getattr(rms_norm_fwd_kernel, "fn", rms_norm_fwd_kernel)
+    jit = rms_norm_fwd_kernel if type(rms_norm_fwd_kernel) is JITFunction else JITFunction(fn)
+    spec = ((_IN, 0), (_IN, 1), (_SCALAR, 64), (_SCALAR, 64), (_SCALAR, 1e-6),
+            (_OUT, 0), (_OUT, 1))  # fmt: skip
+    keywords = {"BLOCK_N": 64, "ONE_PASS": True, "num_warps": 4}
+    launch = _direct.direct_launch(jit, (4,), spec, keywords, (_IN, _OUT))
+    assert isinstance(launch, _direct.DirectLaunch)
+    assert launch._slots == (0, 1, 5, 6) and launch._tail == (64, True)
+    assert _direct.direct_launch(jit, (4,), spec, {"BLOCK_N": 64}, (_IN, _OUT)) is None
+    if type(rms_norm_fwd_kernel) is not JITFunction:
+        assert _direct.direct_launch(rms_norm_fwd_kernel, (4,), spec, keywords, (_IN, _OUT)) is None
+
+
+def test_executor_routes_launches_through_the_direct_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    direct_calls: list[list[Any]] = []
+    wrapped: list[Any] = []
+
+    def fake_direct_launch(kernel, grid, spec, keywords, kinds):
+        return direct_calls.append
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: wrapped.append(a)
+
+    def wrap(kernel: Any) -> Any:
+        return kernel
+
+    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
+    x = torch.ones(3)
+
+    def plan(arch: str) -> Plan:
+        return Plan("fake", arch, (Buffer((3,), "float32"),),
+                    (Launch(Kernel(), (1,), (In(0), 2, Out(0)), {"B": 1}),), (0,))  # fmt: skip
+
+    gpu_plan, cpu_plan = plan("sm_90"), plan("cpu")
+    _plan.run(gpu_plan, (x,))
+    assert len(direct_calls) == 1 and direct_calls[0][:2] == [x, 2] and wrapped == []
+    _plan.run(cpu_plan, (x,))  # the interpreter keeps Triton's path
+    assert len(direct_calls) == 1 and len(wrapped) == 1
+    monkeypatch.setattr(_plan, "_wrap_triton_enabled", lambda: True)  # torch is tracing
+    _plan.run(gpu_plan, (x,), wrap=wrap)
+    assert len(direct_calls) == 1 and len(wrapped) == 2
+    monkeypatch.setattr(_plan, "_wrap_triton_enabled", lambda: False)  # a triton_op's kernel
+    _plan.run(gpu_plan, (x,), wrap=wrap)
+    assert len(direct_calls) == 2 and len(wrapped) == 2
+
+
+# --- GPU: against Triton's own path --------------------------------------------------------
+
+
+def _rms_norm_launch(x: Any, w: Any) -> _direct.DirectLaunch | None:
+    from greta_core.ops import rms_norm
+    from greta_core.ops._rows import row_layout
+
+    shape, stride, _ = row_layout(x)
+    plan = rms_norm.plan_fwd(
+        shape, stride, _plan.dtype_name(x.dtype), 1e-6, rms_norm.validate(x, w)
+    )
+    return _plan._torch_form(plan).launches[0][4]
+
+
+def _counting_triton_path(monkeypatch: pytest.MonkeyPatch, kernel: Any) -> list[int]:
+    calls: list[int] = []
+    real = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+@pytest.fixture
+def hook_forces_tritons_path():
+    from triton import knobs
+
+    seen: list[Any] = []
+    hook = knobs.runtime.launch_enter_hook
+    if not hasattr(hook, "add"):
+        pytest.skip("this Triton has no launch hook chain")
+    hook.add(seen.append)
+    yield seen
+    hook.remove(seen.append)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_gpu_direct_launch_is_bit_identical_to_tritons_path(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, offset: int
+) -> None:
+    from greta_core import raw
+    from greta_core.kernels.rms_norm import rms_norm_fwd_kernel
+
+    base = torch.randn(8 * 256 + offset, device="cuda", dtype=dtype)
+    x = base[offset:].view(8, 256)  # offset 1: data_ptr % 16 != 0
+    assert (x.data_ptr() % 16 == 0) == (offset == 0)
+    w = torch.randn(256, device="cuda", dtype=dtype)
+    launch = _rms_norm_launch(x, w)
+    assert launch is not None, "a plain JITFunction on the GPU launches directly"
+    triton_path = _counting_triton_path(monkeypatch, rms_norm_fwd_kernel)
+    launch.entries.clear()
+    first = raw.rms_norm(x, w)
+    direct = [raw.rms_norm(x, w) for _ in range(3)]
+    torch.cuda.synchronize()
+    assert triton_path == [1]  # once to compile/capture, then direct
+    (key,) = launch.entries
+    assert key[1][0] == (dtype, offset == 0)
+    for y in direct:
+        assert torch.equal(y, first)
+
+
+@pytest.mark.gpu
+def test_gpu_aligned_and_misaligned_get_their_own_kernels() -> None:
+    from greta_core import raw, reference
+
+    base = torch.randn(4 * 128 + 1, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    aligned, misaligned = base[:-1].view(4, 128), base[1:].view(4, 128)
+    launch = _rms_norm_launch(aligned, w)
+    launch.entries.clear()
+    for x in (aligned, misaligned, aligned, misaligned):
+        torch.testing.assert_close(raw.rms_norm(x, w), reference.rms_norm(x, w, 1e-6))
+    assert sorted(k[1][0][1] for k in launch.entries) == [False, True]
+
+
+@pytest.mark.gpu
+def test_gpu_direct_launch_uses_the_current_stream() -> None:
+    from greta_core import raw
+
+    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    want = raw.rms_norm(x, w)
+    raw.rms_norm(x, w)  # the direct path is warm
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_side = raw.rms_norm(x, w)
+    side.synchronize()
+    assert torch.equal(on_side, want)
+    # A launch on any stream but the capturing one fails the capture: the graph holding the
+    # kernel proves the direct launch went to the current stream.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = raw.rms_norm(x, w)
+    x.mul_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, raw.rms_norm(x, w))
+
+
+@pytest.mark.gpu
+def test_gpu_each_device_gets_its_own_kernel() -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from greta_core import raw
+
+    results = []
+    for d in (0, 1, 0, 1):
+        with torch.cuda.device(d):
+            gen = torch.Generator(device=f"cuda:{d}").manual_seed(0)
+            x = torch.randn(8, 256, device=f"cuda:{d}", generator=gen)
+            w = torch.ones(256, device=f"cuda:{d}")
+            results.append(raw.rms_norm(x, w).cpu())
+    assert torch.equal(results[0], results[2]) and torch.equal(results[1], results[3])
+    launch = _rms_norm_launch(x, w)
+    assert {k[0] for k in launch.entries} >= {0, 1}
+
+
+@pytest.mark.gpu
+def test_gpu_a_launch_hook_takes_tritons_path(hook_forces_tritons_path: list[Any]) -> None:
+    from greta_core import raw
+
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    quiet = raw.rms_norm(x, w)
+    raw.rms_norm(x, w)
+    before = len(hook_forces_tritons_path)
+    hooked = [raw.rms_norm(x, w) for _ in range(3)]
+    assert len(hook_forces_tritons_path) - before == 3  # Triton's path ran each call
+    for y in hooked:
+        assert torch.equal(y, quiet)
+
+
+def _op_calls() -> dict[str, Any]:
+    from greta_core import raw
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    x, r, w, b = rand(8, 256), rand(8, 256), rand(256), rand(256)
+    q, kv = rand(2, 4, 16, 64), rand(2, 4, 32, 64)
+    xr, cos, sin = rand(2, 16, 4, 64), rand(16, 32), rand(16, 32)
+    a2, b2 = rand(64, 128), rand(128, 96)
+    return {
+        "vec_add": lambda: raw.vec_add(x, r),
+        "layer_norm": lambda: raw.layer_norm(x, w, b),
+        "layer_norm_no_bias": lambda: raw.layer_norm(x, w),
+        "softmax": lambda: raw.softmax(x),
+        "add_rms_norm": lambda: raw.add_rms_norm(x, r, w),
+        "swiglu": lambda: raw.swiglu(x, r),
+        "rope": lambda: raw.rope(xr, cos, sin),
+        "matmul": lambda: raw.matmul(a2, b2),
+        "attention": lambda: raw.attention(q, kv, kv, causal=True),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "op",
+    ["vec_add", "layer_norm", "layer_norm_no_bias", "softmax", "add_rms_norm", "swiglu",
+     "rope", "matmul", "attention"],
+)  # fmt: skip
+def test_gpu_every_raw_op_matches_tritons_path(
+    hook_forces_tritons_path: list[Any], op: str
+) -> None:
+    call = _op_calls()[op]
+    hook = hook_forces_tritons_path
+    before = len(hook)
+    by_triton = call()  # the hook is on: Triton's own path
+    assert len(hook) > before
+    from triton import knobs
+
+    knobs.runtime.launch_enter_hook.remove(hook.append)
+    try:
+        call()  # first call of the specialization: Triton's path, the kernel captured
+        direct = [call() for _ in range(2)]
+    finally:
+        knobs.runtime.launch_enter_hook.add(hook.append)
+    torch.cuda.synchronize()
+    flat = [by_triton] if isinstance(by_triton, torch.Tensor) else list(by_triton)
+    for got in direct:
+        got_flat = [got] if isinstance(got, torch.Tensor) else list(got)
+        for want, have in zip(flat, got_flat, strict=True):
+            assert torch.equal(want, have)
