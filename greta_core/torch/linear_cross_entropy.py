@@ -103,6 +103,9 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     else:
         ctx.save_for_backward(hidden, weight, target)
     ctx.mark_non_differentiable(dh, dw)
+    # dh and dw are outputs too: with materialized grads autograd would hand the backward
+    # zeros shaped like them (another [vocab, hidden] dweight) for gradients nobody sends.
+    ctx.set_materialize_grads(False)
 
 
 def _is_concrete(t: torch.Tensor) -> bool:
@@ -114,7 +117,9 @@ def _is_concrete(t: torch.Tensor) -> bool:
     )
 
 
-def _backward(ctx: Any, dloss: torch.Tensor, _ddh: Any, _ddw: Any):
+def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
+    if dloss is None:  # only the non-differentiable outputs were used
+        return None, None, None, None, None, None
     if ctx.precomputed:
         dh, dw = ctx.saved_tensors
         if _is_concrete(dloss) and bool((dloss == 1).all()):
