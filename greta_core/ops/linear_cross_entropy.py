@@ -119,6 +119,8 @@ def _chunked(
         if write_grad:
             torch.mm(logits, weight, out=dh[start:end])
             dw.addmm_(logits.t(), h)
+        # Freed before the next chunk's logits exist: one chunk alive at a time, not two.
+        del logits
     return loss, dh, dw
 
 
