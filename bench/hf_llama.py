@@ -99,7 +99,7 @@ class Settings:
 
 
 FULL = Settings(warmup=2, steps=10, decode_tokens=128, prompt=32, probe_seq=256)
-QUICK = Settings(warmup=1, steps=3, decode_tokens=32, prompt=32, probe_seq=128)
+QUICK = Settings(warmup=2, steps=10, decode_tokens=32, prompt=32, probe_seq=128)
 TINY = Settings(warmup=1, steps=1, decode_tokens=4, prompt=4, probe_seq=8)
 
 
