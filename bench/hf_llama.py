@@ -7,7 +7,9 @@ vanilla on one probe batch. Variants:
 
 - ``vanilla``: transformers as shipped (SDPA attention);
 - ``liger``: ``apply_liger_kernel_to_llama()`` (skipped when liger_kernel is not importable);
-- ``greta``: ``apply_greta(model)`` (every kernel);
+- ``greta``: ``apply_greta(model)`` (every kernel; in training, attention follows the
+  arch's config table, which picks SDPA where its backward is faster);
+- ``greta-attn``: ``apply_greta(model, attention="always")`` (GRETA's attention in training too);
 - ``greta-sdpa``: ``apply_greta(model, attention=False)`` (attention left to SDPA).
 
 On a GPU each variant runs in its own process (clean patches, its own peak memory, a crash
@@ -39,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 
-VARIANTS = ("vanilla", "liger", "greta", "greta-sdpa")
+VARIANTS = ("vanilla", "liger", "greta", "greta-attn", "greta-sdpa")
 FIELDS = (
     "shape", "variant", "status", "reason", "params", "batch", "seq",
     "train_step_ms", "peak_mem_gib", "peak_fwd_gib", "mem_after_fwd_gib", "peak_bwd_gib",
@@ -130,7 +132,8 @@ def _build(shape: Shape, variant: str, device: str, dtype: Any) -> Any:
     if variant.startswith("greta"):
         from greta_core.transformers import apply_greta
 
-        apply_greta(model, attention=variant != "greta-sdpa")
+        attention = {"greta-sdpa": False, "greta-attn": "always"}.get(variant, True)
+        apply_greta(model, attention=attention)
     return model
 
 

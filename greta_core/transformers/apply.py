@@ -14,7 +14,7 @@ from __future__ import annotations
 import types
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -94,7 +94,7 @@ def apply_greta(
     *,
     rms_norm: bool = True,
     rope: bool = True,
-    attention: bool = True,
+    attention: bool | Literal["always"] = True,
     swiglu: bool = True,
     add_rms_norm: bool = True,
     cross_entropy: bool = True,
@@ -105,6 +105,9 @@ def apply_greta(
     One flag per kernel: ``swiglu`` covers Gemma's GeGLU, ``add_rms_norm`` fuses the
     post-attention residual add into the MLP's norm, ``cross_entropy`` makes the training
     loss of ``*ForCausalLM`` the fused linear cross-entropy (no logits in training).
+    ``attention=True`` follows the arch's config table in training (SDPA where its
+    backward is faster, e.g. on an H100); ``attention="always"`` runs GRETA's kernel there
+    too. Inference (``generate``) runs GRETA's kernel either way.
     """
     import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
 
@@ -133,7 +136,11 @@ def apply_greta(
             from transformers import AttentionInterface
 
             local = AttentionInterface()
-            local["sdpa"] = attn.greta_attention_forward
+            local["sdpa"] = (
+                attn.greta_attention_forward_always
+                if attention == "always"
+                else attn.greta_attention_forward
+            )
             _set(key, family.module(), "ALL_ATTENTION_FUNCTIONS", local)
         mode = "classes"
     else:
@@ -152,7 +159,7 @@ def apply_greta(
         if attention:
             attn.register()
             previous = target.config._attn_implementation
-            target.set_attn_implementation(attn.NAME)
+            target.set_attn_implementation(attn.NAME_ALWAYS if attention == "always" else attn.NAME)
             _log(key).append((None, _ATTN, previous))
         mode = "model"
     if rope:

@@ -14,6 +14,8 @@ import torch
 from greta_core.transformers._fallback import fall_back
 
 NAME = "greta"
+# The same kernel in training too, whatever the arch's table prefers there.
+NAME_ALWAYS = "greta_always"
 # What the Triton kernel takes on a GPU; on CPU the op runs its torch reference (any float).
 GPU_DTYPES = (torch.float16, torch.bfloat16)
 GPU_HEAD_DIMS = (64, 128)
@@ -40,6 +42,16 @@ def _unsupported(module, query, key, attention_mask, dropout, sliding_window, so
     return ""
 
 
+def _sdpa_trains_faster(query: torch.Tensor) -> bool:
+    """Training on a GPU whose config table sends attention's backward to SDPA."""
+    if query.device.type == "cpu" or not (torch.is_grad_enabled() and query.requires_grad):
+        return False
+    from greta_core import configs
+    from greta_core.arch import arch_of
+
+    return configs.lookup("attention_training", arch_of(query)).get("backend") == "sdpa"
+
+
 def greta_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -53,8 +65,54 @@ def greta_attention_forward(
     softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """q [B, H, Sq, D], k/v [B, Hkv, Skv, D] -> ([B, Sq, H, D], None), as transformers wants."""
+    """q [B, H, Sq, D], k/v [B, Hkv, Skv, D] -> ([B, Sq, H, D], None), as transformers wants.
+
+    In training, the arch's ``attention_training`` table entry may send the call to SDPA
+    (its backward is faster there); :func:`greta_attention_forward_always` does not ask.
+    """
+    return _forward(
+        module, query, key, value, attention_mask, dropout, scaling, is_causal,
+        sliding_window, softcap, kwargs, by_table=True,
+    )  # fmt: skip
+
+
+def greta_attention_forward_always(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """:func:`greta_attention_forward` with GRETA's kernel in training too."""
+    return _forward(
+        module, query, key, value, attention_mask, dropout, scaling, is_causal,
+        sliding_window, softcap, kwargs, by_table=False,
+    )  # fmt: skip
+
+
+def _forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float | None,
+    is_causal: bool | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    kwargs: dict,
+    by_table: bool,
+) -> tuple[torch.Tensor, None]:
     reason = _unsupported(module, query, key, attention_mask, dropout, sliding_window, softcap)
+    if not reason and by_table and _sdpa_trains_faster(query):
+        reason = "training: SDPA's backward is faster on this GPU (configs 'attention_training')"
     if reason:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -75,5 +133,7 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, greta_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    for name, forward in ((NAME, greta_attention_forward),
+                          (NAME_ALWAYS, greta_attention_forward_always)):  # fmt: skip
+        AttentionInterface.register(name, forward)
+        AttentionMaskInterface.register(name, sdpa_mask)
