@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from greta_core.kernels.rms_norm import rms_norm_bwd_rows
+from greta_core.kernels.rms_norm import rms_norm_bwd_rows, weight_dtypes
 
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -92,11 +92,6 @@ def add_rms_norm_bwd_kernel(
         dy_ptr, s_ptr, w_ptr, rstd_ptr, ds_ptr, n_rows, n_cols, stride_dy, n_cols, stride_ds,
         dx_ptr, dw_partial_ptr, BLOCK_N, ONE_PASS, True,
     )  # fmt: skip
-
-
-def weight_dtypes(dtype: str) -> tuple[str, ...]:
-    """Weight may match x or be fp32 (mixed-precision models keep fp32 norm weights)."""
-    return (dtype,) if dtype == "fp32" else (dtype, "fp32")
 
 
 def aot_specs(arch: str) -> list:
