@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -90,8 +91,11 @@ def _namespace(torch_like: bool) -> Any:
 
 
 def _xp(a: Any) -> Any:
-    """The namespace of `a`: torch for a tensor, else jax.numpy (imports only that one)."""
-    return _namespace(type(a).__module__.split(".")[0] == "torch")
+    """The namespace of `a` (an array or a dtype): torch for a torch tensor or dtype (any
+    subclass), else jax.numpy. Nothing is imported to ask: a torch object means torch is
+    loaded already."""
+    torch = sys.modules.get("torch")
+    return _namespace(torch is not None and isinstance(a, (torch.Tensor, torch.dtype)))
 
 
 def compute_dtype(t: Any) -> Any:
