@@ -239,7 +239,7 @@ def wheel_gap_warning(gfx: str | None) -> str | None:
 
 def override_to_gfx(value: str | None) -> str | None:
     """HSA_OVERRIDE_GFX_VERSION "10.3.0" -> "gfx1030"; None if malformed."""
-    match = re.fullmatch(r"\s*(\d+)\.(\d+)\.(\d+)\s*", value or "")
+    match = re.fullmatch(r"\s*(\d{1,2})\.(\d{1,2})\.(\d{1,2})\s*", value or "")
     if not match:
         return None
     major, minor, step = (int(g) for g in match.groups())

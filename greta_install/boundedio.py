@@ -11,13 +11,15 @@ import os
 import stat
 from pathlib import Path
 
+from greta_install.errors import GretaError
+
 LOCK_MAX_BYTES = 4 * 1024 * 1024
 ENV_FILE_MAX_BYTES = 1024 * 1024
 SUMS_MAX_BYTES = 1024 * 1024
 PAGE_MAX_BYTES = 16 * 1024 * 1024
 
 
-class BoundedReadError(OSError):
+class BoundedReadError(GretaError, OSError):
     """Not a regular file, or larger than the cap; the message names the path."""
 
 

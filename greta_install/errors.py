@@ -14,3 +14,11 @@ class GretaError(Exception):
 
 class InterpreterError(GretaError, ValueError):
     """A Python interpreter (``--python``) could not be run or queried."""
+
+
+class SnapshotNotFoundError(GretaError, FileNotFoundError):
+    """A ``--snapshot`` directory that does not exist."""
+
+
+class SnapshotExistsError(GretaError, FileExistsError):
+    """A snapshot target directory that already exists and is not empty."""

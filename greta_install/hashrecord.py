@@ -25,13 +25,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from greta_install.errors import GretaError
+
 RECORD_NAME = "greta-hashes.json"
 USER_RECORD_NAME = "hashes.json"
 FORMAT = 1
 _MAX_BYTES = 4 << 20  # a record is small; refuse to parse anything huge
 
 
-class HashRecordError(ValueError):
+class HashRecordError(GretaError, ValueError):
     """A record is unreadable, or a file's hash differs from the one recorded."""
 
 

@@ -127,7 +127,7 @@ def downloader_for(
 # --- bounded HTTP -----------------------------------------------------------------------
 
 
-class DownloadError(OSError):
+class DownloadError(GretaError, OSError):
     pass
 
 

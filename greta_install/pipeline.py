@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from greta_install import commandline, transaction
 from greta_install.commandline import STAGE
+from greta_install.errors import GretaError
 from greta_install.installer import Downloader, InstallError, StageResult
 from greta_install.plan import InstallPlan
 from greta_install.transaction import Interrupted, Transaction, TransactionError
@@ -36,7 +37,7 @@ from greta_install.wheelfiles import Scheme
 Log = Callable[[str], None]
 
 
-class InstallFailed(Exception):
+class InstallFailed(GretaError):
     """The install did not happen; `message` states the environment's final state."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
@@ -45,7 +46,7 @@ class InstallFailed(Exception):
         self.exit_code = exit_code
 
 
-class StepFailed(Exception):
+class StepFailed(GretaError):
     """Raised by a post-commit step: the install is undone (for a required step)."""
 
     def __init__(self, step: str, reason: str) -> None:

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from greta_install.doctor.multi_gpu_facts import SNAPSHOT_FILES, scrub_cmdline
+from greta_install.errors import SnapshotExistsError
 from greta_install.evidence import (
     AMDGPU_MODULE_VERSION,
     DRM_CLASS,
@@ -120,12 +121,12 @@ def _write(view: SystemView, root: Path) -> list[str]:
 def write_snapshot(view: SystemView, directory: str | os.PathLike[str]) -> list[str]:
     """Write a snapshot of ``view`` into ``directory`` (absent or empty); return its files.
 
-    Raises FileExistsError when the directory exists and is not empty, OSError when it
+    Raises SnapshotExistsError (a FileExistsError) when the directory exists and is not empty, OSError when it
     cannot be written; nothing is left behind in either case.
     """
     target = Path(directory)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise FileExistsError(f"{target} already exists and is not an empty directory")
+        raise SnapshotExistsError(f"{target} already exists and is not an empty directory")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:

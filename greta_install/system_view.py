@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from greta_install.boundedio import read_bytes
+from greta_install.errors import SnapshotNotFoundError
 
 # Commands a view can answer; the snapshot file for each is `<name>.txt`.
 TOOL_COMMANDS: dict[str, tuple[str, ...]] = {
@@ -200,7 +201,7 @@ def open_view(snapshot: str | os.PathLike[str] | None = None) -> SystemView:
     if snapshot is None:
         return LiveSystem()
     if not Path(snapshot).is_dir():
-        raise FileNotFoundError(f"snapshot directory not found: {snapshot}")
+        raise SnapshotNotFoundError(f"snapshot directory not found: {snapshot}")
     return SnapshotSystem(snapshot)
 
 

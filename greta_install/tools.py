@@ -123,7 +123,7 @@ def scheme_of(python: str, version: str) -> Scheme:
         paths = json.loads(out)
         return Scheme.from_paths(paths, version)
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{python} answered no install paths ({exc})") from None
+        raise InterpreterError(f"{python} answered no install paths ({exc})") from None
 
 
 def _said(stderr: str, code: int) -> str:

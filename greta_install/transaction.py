@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from greta_install import wheelfiles
+from greta_install.errors import GretaError
 
 TXN_DIR = ".greta-txn"
 JOURNAL = "journal.json"
@@ -50,7 +51,7 @@ CRITICAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 Log = Callable[[str], None]
 
 
-class TransactionError(Exception):
+class TransactionError(GretaError):
     """The environment cannot be locked, saved or put back; the message says its state."""
 
 

@@ -22,13 +22,15 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from greta_install.errors import GretaError
+
 # A wheel member or RECORD line naming more than this is hostile, not a package.
 MAX_MEMBERS = 200_000
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 MAX_METADATA_BYTES = 1024 * 1024
 
 
-class WheelError(ValueError):
+class WheelError(GretaError, ValueError):
     """A wheel that cannot be read, or whose contents break a rule; names the wheel."""
 
 

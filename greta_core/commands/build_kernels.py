@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from greta_core.errors import AotError
+from greta_core.errors import AotError, ConfigError
 
 HELP = "Build GRETA kernel wheels (precompiled Triton code + tuned configs) per GPU arch."
 
@@ -251,7 +251,8 @@ def collect_entry(staging: Path, key: str) -> dict[str, bytes]:
 
 
 def shipped_table(arch: str) -> str:
-    """The arch's config table shipped in greta_core (never an installed wheel's)."""
+    """The arch's config table shipped in greta_core (never an installed wheel's); ConfigError
+    when neither it nor the default table is there."""
     from importlib import resources
 
     tables = resources.files("greta_core.configs").joinpath("tables")
@@ -259,7 +260,7 @@ def shipped_table(arch: str) -> str:
         candidate = tables.joinpath(f"{name}.json")
         if candidate.is_file():
             return candidate.read_text()
-    raise FileNotFoundError(f"no config table for {arch}")
+    raise ConfigError(f"no config table for {arch}")
 
 
 def source_hash(table_text: str) -> str:

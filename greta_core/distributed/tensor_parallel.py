@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from greta_core.errors import GretaError
 
-class GretaShardingError(ValueError):
+
+class GretaShardingError(GretaError, ValueError):
     """A shape that does not split evenly over the ranks, or a malformed weight layout."""
 
 

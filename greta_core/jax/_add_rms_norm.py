@@ -6,36 +6,26 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from greta_core import reference
 from greta_core.errors import GretaInputError
-from greta_core.jax._rows_common import check_param, check_rows, compute_dtype, triton_ok
+from greta_core.jax._rows_common import check_param, check_rows, triton_ok
 from greta_core.observe import record
 
 
 def _fwd_impl(x: Any, r: Any, w: Any, eps: float) -> tuple[Any, Any, Any]:
-    import jax
-    import jax.numpy as jnp
-
     n = x.shape[-1]
-    x2, r2 = x.reshape(-1, n), r.reshape(-1, n)
     if triton_ok(x, r, w):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.add_rms_norm import plan_fwd
 
         plan = plan_fwd(x.shape, n, n, str(x.dtype), float(eps), jax_arch())
-        return run(plan, (x2, r2, w))
+        return run(plan, (x.reshape(-1, n), r.reshape(-1, n), w))
     record("add_rms_norm", "reference-jnp")
-    ct = compute_dtype(x)
-    s = (x.astype(ct) + r.astype(ct)).astype(x.dtype)
-    sf = s.reshape(-1, n).astype(ct)
-    rstd = jax.lax.rsqrt(jnp.mean(sf * sf, axis=-1) + eps)
-    y = (sf * rstd[:, None] * w.astype(ct)).astype(x.dtype).reshape(x.shape)
-    return y, s, rstd
+    return reference.add_rms_norm_fwd(x, r, w, eps)
 
 
 def _bwd_impl(dy: Any, ds: Any, s: Any, w: Any, rstd: Any) -> tuple[Any, Any]:
-    import jax.numpy as jnp
-
     n = s.shape[-1]
     if triton_ok(s, w):
         from greta_core.jax._plan import run
@@ -45,14 +35,7 @@ def _bwd_impl(dy: Any, ds: Any, s: Any, w: Any, rstd: Any) -> tuple[Any, Any]:
         plan = plan_bwd(s.shape, n, n, str(s.dtype), str(w.dtype), jax_arch())
         return run(plan, (dy.reshape(-1, n), ds.reshape(-1, n), s.reshape(-1, n), w, rstd))
     record("add_rms_norm_bwd", "reference-jnp")
-    ct = compute_dtype(s)
-    r = rstd.astype(ct)[:, None]
-    shat = s.reshape(-1, n).astype(ct) * r
-    dyf = dy.reshape(-1, n).astype(ct)
-    g = dyf * w.astype(ct)
-    c = jnp.mean(g * shat, axis=-1, keepdims=True)
-    dx = (g - shat * c) * r + ds.reshape(-1, n).astype(ct)
-    return dx.astype(s.dtype).reshape(s.shape), jnp.sum(dyf * shat, axis=0).astype(w.dtype)
+    return reference.add_rms_norm_bwd(dy, ds, s, w, rstd)
 
 
 @functools.cache

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_float
 from greta_core.jax._runtime import jax_arch, use_triton
 from greta_core.observe import record
+from greta_core.reference import attention_with_lse as reference
 
 
 def _check(q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None) -> None:
@@ -39,44 +39,6 @@ def _check(q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None) -> N
             raise GretaInputError(
                 f"attention: argument '{name}' holds a negative length ({int(lens.min())})"
             )
-
-
-def reference(
-    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    q_lens: Any | None = None, kv_lens: Any | None = None,
-) -> tuple[Any, Any]:  # fmt: skip
-    """(o, logsumexp) with the kernel's semantics, in jax.numpy (fp32 math)."""
-    import jax.numpy as jnp
-
-    batch, heads, seq_q, dim = q.shape
-    seq_kv = k.shape[2]
-    group = heads // k.shape[1]
-    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
-    acc = jnp.promote_types(q.dtype, jnp.float32)
-    kx = jnp.repeat(k.astype(acc), group, axis=1)
-    vx = jnp.repeat(v.astype(acc), group, axis=1)
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q.astype(acc), kx) * scale
-    ql = jnp.full((batch,), seq_q) if q_lens is None else jnp.clip(q_lens, 0, seq_q)
-    kl = jnp.full((batch,), seq_kv) if kv_lens is None else jnp.clip(kv_lens, 0, seq_kv)
-    i = jnp.arange(seq_q)
-    j = jnp.arange(seq_kv)
-    vis = (j[None, None, :] < kl[:, None, None]) & (i[None, :, None] < ql[:, None, None])
-    if causal:
-        pos = (kl - ql)[:, None] + i[None, :]
-        vis = vis & (j[None, None, :] <= pos[:, :, None])
-    scores = jnp.where(vis[:, None], scores, -jnp.inf)
-    # initial=-inf: Skv = 0 is a row that sees no key, not an empty reduction.
-    row_max = jnp.max(scores, axis=-1, keepdims=True, initial=-jnp.inf)
-    row_max = jnp.where(jnp.isneginf(row_max), 0.0, row_max)
-    expd = jnp.exp(scores - row_max)
-    total = expd.sum(-1, keepdims=True)
-    # total is exactly 0 only for a row that sees no key (zeros out, lse -inf); a NaN from
-    # the inputs propagates, as in SDPA.
-    seen = total != 0
-    probs = jnp.where(seen, expd / jnp.where(seen, total, 1.0), 0.0)
-    lse = jnp.where(seen[..., 0], jnp.log(total[..., 0]) + row_max[..., 0], -jnp.inf)
-    out = jnp.einsum("bhqk,bhkd->bhqd", probs, vx)
-    return out.astype(q.dtype), lse.astype(jnp.float32)
 
 
 def _triton_ok(q: Any, k: Any) -> bool:

@@ -3,62 +3,36 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from greta_core.jax._rows_common import (
-    check_param,
-    check_rows,
-    compute_dtype,
-    triton_ok,
-)
+from greta_core import reference
+from greta_core.jax._rows_common import check_param, check_rows, triton_ok
 from greta_core.observe import record
 
 
 def _fwd_impl(x: Any, w: Any, b: Any | None, eps: float) -> tuple[Any, Any, Any]:
-    import jax
-    import jax.numpy as jnp
-
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
     if triton_ok(x, w):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.layer_norm import plan_fwd
 
         plan = plan_fwd(x.shape, n, str(x.dtype), b is not None, float(eps), jax_arch())
+        x2 = x.reshape(-1, n)
         return run(plan, (x2, w) if b is None else (x2, w, b))
     record("layer_norm", "reference-jnp")
-    ct = compute_dtype(x)
-    xf = x2.astype(ct)
-    mean = jnp.mean(xf, axis=-1)
-    xc = xf - mean[:, None]
-    rstd = jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1) + eps)
-    y = xc * rstd[:, None] * w.astype(ct)
-    if b is not None:
-        y = y + b.astype(ct)
-    return y.astype(x.dtype).reshape(x.shape), mean, rstd
+    return reference.layer_norm_fwd(x, w, b, eps)
 
 
 def _bwd_impl(dy: Any, x: Any, w: Any, mean: Any, rstd: Any) -> tuple[Any, Any, Any]:
-    import jax.numpy as jnp
-
     n = x.shape[-1]
-    x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
     if triton_ok(x, w):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.layer_norm import plan_bwd
 
         plan = plan_bwd(x.shape, n, n, str(x.dtype), str(w.dtype), jax_arch())
-        return run(plan, (dy2, x2, w, mean, rstd))
+        return run(plan, (dy.reshape(-1, n), x.reshape(-1, n), w, mean, rstd))
     record("layer_norm_bwd", "reference-jnp")
-    ct = compute_dtype(x)
-    r = rstd.astype(ct)[:, None]
-    xhat = (x2.astype(ct) - mean.astype(ct)[:, None]) * r
-    dyf = dy2.astype(ct)
-    g = dyf * w.astype(ct)
-    c1 = jnp.mean(g * xhat, axis=-1, keepdims=True)
-    c2 = jnp.mean(g, axis=-1, keepdims=True)
-    dx = ((g - xhat * c1 - c2) * r).astype(x.dtype).reshape(x.shape)
-    return dx, jnp.sum(dyf * xhat, axis=0).astype(w.dtype), jnp.sum(dyf, axis=0).astype(w.dtype)
+    return reference.layer_norm_bwd(dy, x, w, mean, rstd)
 
 
 @functools.cache

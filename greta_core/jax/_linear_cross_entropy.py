@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from greta_core import reference
 from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_float, triton_ok
 from greta_core.observe import record
@@ -19,7 +20,6 @@ from greta_core.ops.linear_cross_entropy import OP, REDUCTIONS, chunks
 
 def _rows(logits: Any, target: Any, scale: Any, ignore_index: int, write_grad: bool) -> Any:
     """(loss fp32 [rows], dlogits * scale[:, None] or None) of one chunk."""
-    import jax
     import jax.numpy as jnp
 
     if triton_ok(logits):
@@ -34,17 +34,10 @@ def _rows(logits: Any, target: Any, scale: Any, ignore_index: int, write_grad: b
         loss, grad = run(plan, (target, scale, logits))
         return loss, grad if write_grad else None
     record(OP, "reference-jnp")
-    lf = logits.astype(jnp.float32)
-    valid = target != ignore_index
-    safe = jnp.where(valid, target, 0)
-    lse = jax.nn.logsumexp(lf, axis=-1)
-    picked = jnp.take_along_axis(lf, safe[:, None], axis=1)[:, 0]
-    loss = jnp.where(valid, lse - picked, 0.0)
+    loss, grad = reference.cross_entropy_rows(logits, target, ignore_index)
     if not write_grad:
         return loss, None
-    grad = jnp.exp(lf - lse[:, None]) - jax.nn.one_hot(safe, lf.shape[1], dtype=jnp.float32)
-    grad = grad * jnp.where(valid, scale, 0.0)[:, None]
-    return loss, grad.astype(logits.dtype)
+    return loss, (grad * scale.astype(jnp.float32)[:, None]).astype(logits.dtype)
 
 
 def _loss_rows(hidden: Any, weight: Any, target: Any, ignore_index: int) -> Any:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from greta_core import reference
 from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_float
 from greta_core.jax._runtime import jax_arch, use_triton
@@ -24,16 +25,6 @@ def _check(a: Any, b: Any, bias: Any | None) -> None:
         )
 
 
-def _reference(a: Any, b: Any, bias: Any | None) -> Any:
-    import jax.numpy as jnp
-
-    acc = jnp.promote_types(a.dtype, jnp.float32)
-    out = jnp.matmul(a, b, preferred_element_type=acc)
-    if bias is not None:
-        out = out + bias.astype(acc)
-    return out.astype(a.dtype)
-
-
 def _triton(a: Any, b: Any, bias: Any | None) -> Any:
     from greta_core.jax._plan import run
     from greta_core.ops.matmul import plan
@@ -53,7 +44,7 @@ def _forward(a: Any, b: Any, bias: Any | None) -> Any:
     if use_triton() and jnp.dtype(a.dtype) in triton_dtypes and a.shape[1] > 0:
         return _triton(a, b, bias)
     record("matmul", "reference-jnp")
-    return _reference(a, b, bias)
+    return reference.matmul(a, b, bias)
 
 
 def _make() -> tuple[Any, Any]:

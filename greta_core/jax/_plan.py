@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from greta_core.observe import record
 from greta_core.ops._plan import In, Out, Plan
 
-# jax-triton takes num_warps/num_stages only; any other keyword would become a constexpr,
-# so the HIP knobs of a plan (waves_per_eu, ...) cannot reach the compiler through JAX.
-_JAX_OPTIONS = ("num_warps", "num_stages")
+logger = logging.getLogger("greta")
+
+# The compile options jax-triton 0.3.1 (the release for triton 3.6) hands to the compiler:
+# its triton_call builds the backend options from num_warps/num_stages/num_ctas alone and
+# turns every other keyword into a kernel constexpr, so a plan's HIP knobs (waves_per_eu,
+# matrix_instr_nonkdim, kpack) cannot reach the compiler through JAX: they are dropped here,
+# on purpose and in this one place. jax-triton 0.4 takes them as `backend_options` but
+# needs triton >= 3.7.
+JAX_OPTIONS = ("num_warps", "num_stages")
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(the options passed to triton_call, the names dropped): see JAX_OPTIONS."""
+    passed = {k: v for k, v in options.items() if k in JAX_OPTIONS}
+    return passed, tuple(sorted(k for k in options if k not in JAX_OPTIONS))
 
 
 def _new(buffer: Any, inputs: Sequence[Any]) -> Any:
@@ -49,6 +62,9 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
             for pos, a in enumerate(lead)
             if type(a) is In and a.index == b.alias
         }
+        passed, dropped = split_options(launch.options)
+        if dropped:
+            logger.debug("greta: %s under JAX drops compile options %s", plan.op, dropped)
         results = jt.triton_call(
             *args,
             kernel=launch.kernel,
@@ -56,7 +72,7 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
             grid=launch.grid,
             input_output_aliases=aliases,
             zeroed_outputs=tuple(k for k, b in enumerate(specs) if b.zeroed),
-            **{k: v for k, v in launch.options.items() if k in _JAX_OPTIONS},
+            **passed,
             **launch.constexprs,
         )
         bufs.update(zip(written, results, strict=True))

@@ -3,55 +3,35 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from greta_core.jax._rows_common import (
-    check_param,
-    check_rows,
-    compute_dtype,
-    triton_ok,
-)
+from greta_core import reference
+from greta_core.jax._rows_common import check_param, check_rows, triton_ok
 from greta_core.observe import record
 
 
 def _fwd_impl(x: Any, w: Any, eps: float) -> tuple[Any, Any]:
-    import jax
-    import jax.numpy as jnp
-
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
     if triton_ok(x, w):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.rms_norm import plan_fwd
 
-        return run(plan_fwd(x.shape, n, str(x.dtype), float(eps), jax_arch()), (x2, w))
+        plan = plan_fwd(x.shape, n, str(x.dtype), float(eps), jax_arch())
+        return run(plan, (x.reshape(-1, n), w))
     record("rms_norm", "reference-jnp")
-    ct = compute_dtype(x)
-    xf = x2.astype(ct)
-    rstd = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1) + eps)
-    return (xf * rstd[:, None] * w.astype(ct)).astype(x.dtype).reshape(x.shape), rstd
+    return reference.rms_norm_fwd(x, w, eps)
 
 
 def _bwd_impl(dy: Any, x: Any, w: Any, rstd: Any) -> tuple[Any, Any]:
-    import jax.numpy as jnp
-
     n = x.shape[-1]
-    x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
     if triton_ok(x, w):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.rms_norm import plan_bwd
 
         plan = plan_bwd(x.shape, n, n, str(x.dtype), str(w.dtype), jax_arch())
-        return run(plan, (dy2, x2, w, rstd))
+        return run(plan, (dy.reshape(-1, n), x.reshape(-1, n), w, rstd))
     record("rms_norm_bwd", "reference-jnp")
-    ct = compute_dtype(x)
-    r = rstd.astype(ct)[:, None]
-    xhat = x2.astype(ct) * r
-    dyf = dy2.astype(ct)
-    g = dyf * w.astype(ct)
-    c = jnp.mean(g * xhat, axis=-1, keepdims=True)
-    dx = ((g - xhat * c) * r).astype(x.dtype).reshape(x.shape)
-    return dx, jnp.sum(dyf * xhat, axis=0).astype(w.dtype)
+    return reference.rms_norm_bwd(dy, x, w, rstd)
 
 
 @functools.cache

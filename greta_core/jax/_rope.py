@@ -4,8 +4,9 @@ import functools
 import math
 from typing import Any
 
+from greta_core import reference
 from greta_core.errors import GretaInputError
-from greta_core.jax._rows_common import FLOAT_DTYPES, check_float, compute_dtype
+from greta_core.jax._rows_common import FLOAT_DTYPES, check_float
 from greta_core.observe import record
 
 
@@ -37,22 +38,6 @@ def _batch_stride(t: Any, n_tail: int, seq_stride: int) -> tuple[int, int]:
     return t.shape[1] * seq_stride, seq_stride
 
 
-def _rotate_ref(x: Any, cos: Any, sin: Any, inverse: bool) -> Any:
-    import jax.numpy as jnp
-
-    ct = compute_dtype(x)
-    c = jnp.expand_dims(cos.astype(ct), -2)
-    s = jnp.expand_dims(sin.astype(ct), -2)
-    if c.ndim == 3:
-        c, s = c[None], s[None]
-    if inverse:
-        s = -s
-    half = x.shape[-1] // 2
-    xf = x.astype(ct)
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
-
-
 def _triton_ok(x: Any, *tables: Any) -> bool:
     from greta_core.jax._runtime import use_triton
 
@@ -75,14 +60,7 @@ def _rope_impl(x: Any, cos: Any, sin: Any, inverse: bool) -> Any:
         plan = plan_rope(x.shape, _x_strides(x), strides, str(x.dtype), inverse, jax_arch())
         return run(plan, (x, cos, sin))[0]
     record("rope", "reference-jnp")
-    return _rotate_ref(x, cos, sin, inverse)
-
-
-def _angles(positions: Any, theta: float, head_dim: int, dtype: Any) -> Any:
-    import jax.numpy as jnp
-
-    i = jnp.arange(head_dim // 2, dtype=dtype)
-    return positions.astype(dtype)[..., None] * theta ** (-(2.0 * i) / head_dim)
+    return reference.rope(x, cos, sin, inverse)
 
 
 def _rope_positions_impl(x: Any, positions: Any, theta: float, inverse: bool) -> Any:
@@ -97,10 +75,7 @@ def _rope_positions_impl(x: Any, positions: Any, theta: float, inverse: bool) ->
         )  # fmt: skip
         return run(plan, (x, positions))[0]
     record("rope_positions", "reference-jnp")
-    ang = _angles(positions, theta, x.shape[-1], compute_dtype(x))
-    import jax.numpy as jnp
-
-    return _rotate_ref(x, jnp.cos(ang), jnp.sin(ang), inverse)
+    return reference.rope_positions(x, positions, theta, inverse)
 
 
 @functools.cache

@@ -42,14 +42,3 @@ def triton_ok(*arrays: Any) -> bool:
     from greta_core.jax._runtime import use_triton
 
     return all(str(a.dtype) in FLOAT_DTYPES for a in arrays) and use_triton()
-
-
-def call_options(options: dict[str, Any]) -> dict[str, Any]:
-    """jax-triton takes num_warps/num_stages; HIP knobs would become constexprs: dropped."""
-    return {k: options[k] for k in ("num_warps", "num_stages") if k in options}
-
-
-def compute_dtype(x: Any) -> Any:
-    import jax.numpy as jnp
-
-    return jnp.float64 if str(x.dtype) == "float64" else jnp.float32

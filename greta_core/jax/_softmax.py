@@ -3,40 +3,34 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from greta_core.jax._rows_common import check_rows, compute_dtype, triton_ok
+from greta_core import reference
+from greta_core.jax._rows_common import check_rows, triton_ok
 from greta_core.observe import record
 
 
 def _fwd_impl(x: Any) -> Any:
-    import jax
-
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
     if triton_ok(x):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.softmax import plan_fwd
 
-        return run(plan_fwd(x.shape, n, str(x.dtype), jax_arch()), (x2,))[0]
+        return run(plan_fwd(x.shape, n, str(x.dtype), jax_arch()), (x.reshape(-1, n),))[0]
     record("softmax", "reference-jnp")
-    return jax.nn.softmax(x.astype(compute_dtype(x)), axis=-1).astype(x.dtype)
+    return reference.softmax(x)
 
 
 def _bwd_impl(dy: Any, y: Any) -> Any:
-    import jax.numpy as jnp
-
     n = y.shape[-1]
-    y2, dy2 = y.reshape(-1, n), dy.reshape(-1, n)
     if triton_ok(y):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
         from greta_core.ops.softmax import plan_bwd
 
-        return run(plan_bwd(y.shape, n, n, str(y.dtype), jax_arch()), (dy2, y2))[0]
+        plan = plan_bwd(y.shape, n, n, str(y.dtype), jax_arch())
+        return run(plan, (dy.reshape(-1, n), y.reshape(-1, n)))[0]
     record("softmax_bwd", "reference-jnp")
-    ct = compute_dtype(y)
-    yf, dyf = y.astype(ct), dy.astype(ct)
-    return (yf * (dyf - jnp.sum(yf * dyf, axis=-1, keepdims=True))).astype(y.dtype)
+    return reference.softmax_bwd(dy, y)
 
 
 @functools.cache

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
+from greta_core import reference
 from greta_core.errors import GretaInputError
-from greta_core.jax._rows_common import check_float, compute_dtype, triton_ok
+from greta_core.jax._rows_common import check_float, triton_ok
 from greta_core.observe import record
 from greta_core.ops.swiglu import OPS
-
-
-def _act_and_grad(g: Any, activation: str) -> tuple[Any, Any]:
-    import jax
-    import jax.numpy as jnp
-
-    if activation == "silu":
-        sig = jax.nn.sigmoid(g)
-        return g * sig, sig * (1 + g * (1 - sig))
-    k = math.sqrt(2 / math.pi)
-    t = jnp.tanh(k * (g + 0.044715 * g**3))
-    return 0.5 * g * (1 + t), 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * k * (1 + 3 * 0.044715 * g * g)
 
 
 def _fwd_impl(op: str, gate: Any, up: Any) -> Any:
@@ -32,9 +20,7 @@ def _fwd_impl(op: str, gate: Any, up: Any) -> Any:
 
         return run(plan_fwd(op, gate.shape, str(gate.dtype), jax_arch()), (gate, up))[0]
     record(op, "reference-jnp")
-    ct = compute_dtype(gate)
-    act, _ = _act_and_grad(gate.astype(ct), OPS[op])
-    return (act * up.astype(ct)).astype(gate.dtype)
+    return reference.glu(gate, up, OPS[op])
 
 
 def _bwd_impl(op: str, dy: Any, gate: Any, up: Any) -> tuple[Any, Any]:
@@ -45,10 +31,7 @@ def _bwd_impl(op: str, dy: Any, gate: Any, up: Any) -> tuple[Any, Any]:
 
         return run(plan_bwd(op, gate.shape, str(gate.dtype), jax_arch()), (dy, gate, up))
     record(f"{op}_bwd", "reference-jnp")
-    ct = compute_dtype(gate)
-    act, dact = _act_and_grad(gate.astype(ct), OPS[op])
-    dyf = dy.astype(ct)
-    return (dyf * up.astype(ct) * dact).astype(gate.dtype), (dyf * act).astype(up.dtype)
+    return reference.glu_bwd(dy, gate, up, OPS[op])
 
 
 @functools.cache

@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from greta_core.kernels.rms_norm import rms_norm_bwd_rows, weight_dtypes
+
 DTYPES = ("fp32", "fp16", "bf16")
 
 
@@ -85,63 +87,11 @@ def add_rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
 ):
-    # dx = rstd * (g - shat * mean(g * shat)) + ds, g = w * dy, shat = s * rstd
-    pid = tl.program_id(0)
-    n_progs = tl.num_programs(0)
-    partial_row = dw_partial_ptr + pid.to(tl.int64) * n_cols
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for row in range(pid, n_rows, n_progs):
-            row64 = tl.cast(row, tl.int64)
-            s = tl.load(s_ptr + row64 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            ds = tl.load(ds_ptr + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(rstd_ptr + row64)
-            shat = s * rstd
-            g = w * dy
-            c = tl.sum(g * shat, axis=0) / n_cols
-            dx = (g - shat * c) * rstd + ds
-            tl.store(dx_ptr + row64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            dw_acc += dy * shat
-        tl.store(partial_row + cols, dw_acc, mask=mask)
-    else:
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            tl.store(partial_row + cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=cols < n_cols)
-        for row in range(pid, n_rows, n_progs):
-            row64 = tl.cast(row, tl.int64)
-            rstd = tl.load(rstd_ptr + row64)
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < n_cols
-                s = tl.load(s_ptr + row64 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=mask, other=0.0)
-                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                acc += w * dy.to(tl.float32) * s
-            c = tl.sum(acc, axis=0) * rstd / n_cols
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < n_cols
-                s = tl.load(s_ptr + row64 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=mask, other=0.0)
-                dy = dy.to(tl.float32)
-                ds = tl.load(ds_ptr + row64 * stride_ds + cols, mask=mask, other=0.0)
-                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                shat = s * rstd
-                dx = (w * dy - shat * c) * rstd + ds.to(tl.float32)
-                tl.store(dx_ptr + row64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-                # Same offsets, shape and layout as the zeroing store: no barrier needed.
-                part = tl.load(partial_row + cols, mask=mask, other=0.0)
-                tl.store(partial_row + cols, part + dy * shat, mask=mask)
-
-
-def weight_dtypes(dtype: str) -> tuple[str, ...]:
-    """Weight may match x or be fp32 (mixed-precision models keep fp32 norm weights)."""
-    return (dtype,) if dtype == "fp32" else (dtype, "fp32")
+    # s is stored contiguous (the forward writes it): its row stride is n_cols.
+    rms_norm_bwd_rows(
+        dy_ptr, s_ptr, w_ptr, rstd_ptr, ds_ptr, n_rows, n_cols, stride_dy, n_cols, stride_ds,
+        dx_ptr, dw_partial_ptr, BLOCK_N, ONE_PASS, True,
+    )  # fmt: skip
 
 
 def aot_specs(arch: str) -> list:

@@ -53,21 +53,26 @@ def rms_norm_fwd_kernel(
 
 
 @triton.jit
-def rms_norm_bwd_kernel(
+def rms_norm_bwd_rows(
     dy_ptr,
     x_ptr,
     w_ptr,
     rstd_ptr,
+    ds_ptr,
     n_rows,
     n_cols,
     stride_dy,
     stride_x,
+    stride_ds,
     dx_ptr,
     dw_partial_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    HAS_DS: tl.constexpr,
 ):
-    # dx = rstd * (g - xhat * mean(g * xhat)), g = w * dy, xhat = x * rstd
+    """The RMSNorm backward of this program's rows, shared with add_rms_norm (HAS_DS: the
+    gradient `ds` reaching x + residual directly is added to dx; ds_ptr is unread without).
+    dx = rstd * (g - xhat * mean(g * xhat)) (+ ds), g = w * dy, xhat = x * rstd."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     partial_row = dw_partial_ptr + pid.to(tl.int64) * n_cols
@@ -85,6 +90,9 @@ def rms_norm_bwd_kernel(
             g = w * dy
             c = tl.sum(g * xhat, axis=0) / n_cols
             dx = (g - xhat * c) * rstd
+            if HAS_DS:
+                ds = tl.load(ds_ptr + row64 * stride_ds + cols, mask=mask, other=0.0)
+                dx += ds.to(tl.float32)
             tl.store(dx_ptr + row64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             dw_acc += dy * xhat
         tl.store(partial_row + cols, dw_acc, mask=mask)
@@ -113,11 +121,35 @@ def rms_norm_bwd_kernel(
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 xhat = x * rstd
                 dx = (w * dy - xhat * c) * rstd
+                if HAS_DS:
+                    ds = tl.load(ds_ptr + row64 * stride_ds + cols, mask=mask, other=0.0)
+                    dx += ds.to(tl.float32)
                 tl.store(dx_ptr + row64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
                 # Same offsets, shape and layout as the zeroing store: each thread reads back
                 # only what it wrote, so no barrier is needed.
                 part = tl.load(partial_row + cols, mask=mask, other=0.0)
                 tl.store(partial_row + cols, part + dy * xhat, mask=mask)
+
+
+@triton.jit
+def rms_norm_bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    stride_dy,
+    stride_x,
+    dx_ptr,
+    dw_partial_ptr,
+    BLOCK_N: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
+    rms_norm_bwd_rows(
+        dy_ptr, x_ptr, w_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
+        dx_ptr, dw_partial_ptr, BLOCK_N, ONE_PASS, False,
+    )  # fmt: skip
 
 
 def weight_dtypes(dtype: str) -> tuple[str, ...]:

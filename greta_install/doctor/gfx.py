@@ -5,8 +5,17 @@ from __future__ import annotations
 import re
 
 from greta_install import archs
+from greta_install.archs import override_to_gfx
 
-_OVERRIDE_RE = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\.(\d{1,2})\s*$")
+__all__ = [
+    "SIBLING_OVERRIDES",
+    "UNOFFICIAL_OVERRIDES",
+    "base_arch",
+    "gfx_to_override",
+    "is_amd_arch",
+    "override_to_gfx",
+    "wheel_archs",
+]
 
 # Derived from greta_install.archs, the one table of arch facts that detection and the
 # install plan read too. Experimental overrides exist but GRETA never sets them (the
@@ -17,17 +26,6 @@ UNOFFICIAL_OVERRIDES: dict[str, str] = {
 SIBLING_OVERRIDES: dict[str, str] = {
     gfx: value for gfx in archs.FAMILY if (value := archs.known_override(gfx)) is not None
 }
-
-
-def override_to_gfx(value: str) -> str | None:
-    """ "10.3.0" -> "gfx1030", "9.0.10" -> "gfx90a"; None when malformed."""
-    match = _OVERRIDE_RE.match(value or "")
-    if not match:
-        return None
-    major, minor, step = (int(g) for g in match.groups())
-    if minor > 15 or step > 15:
-        return None
-    return f"gfx{major}{minor:x}{step:x}"
 
 
 def gfx_to_override(arch: str) -> str | None:
