@@ -237,7 +237,16 @@ def attention_with_lse(
     """(o in q's dtype, logsumexp fp32 or wider) of softmax(q k^T * scale) v, GQA."""
     probs, lse, _, _ = attention_probs(q, k, causal, scale, q_lens, kv_lens)
     group = q.shape[1] // k.shape[1]
-    out = probs @ v.to(probs.dtype).repeat_interleave(group, dim=1)
+    vx = v.to(probs.dtype).repeat_interleave(group, dim=1)
+    if causal or q_lens is not None or kv_lens is not None:
+        # A NaN value reaches only the rows that see its key, not the others through 0 * NaN.
+        # (Without a mask every row sees every key: the plain product is already right.)
+        v_nan = vx.isnan()
+        seen = attention_visible(q, k, causal, q_lens, kv_lens).to(probs.dtype)
+        hits = (seen @ v_nan.to(probs.dtype)) > 0
+        out = torch.where(hits, math.nan, probs @ vx.masked_fill(v_nan, 0.0))
+    else:
+        out = probs @ vx
     return out.to(q.dtype), lse.to(torch.promote_types(q.dtype, torch.float32))
 
 

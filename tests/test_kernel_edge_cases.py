@@ -3,6 +3,8 @@ int64 capacities, empty key sets, dtype rules, broadcast caches (issue 11, item 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,29 +23,85 @@ def _qkv(dtype: torch.dtype, seq: int = 4, device: str = DEVICE) -> tuple:
     return tuple(torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in "qkv")
 
 
-def _sdpa_nan_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    out = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
-    return out.isnan().any(-1)
+def _nan_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    q_len: int | None = None, kv_len: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Which rows of softmax(q k^T / sqrt(d)) v hold a NaN, from the definition in float64
+    with plain ops (no SDPA backend to differ between torch versions): query row i < q_len
+    sees keys j < kv_len, and j <= kv_len - q_len + i when causal; a row that sees no key
+    is zeros."""
+    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
+    batch, heads, seq_q, dim = q.shape
+    q_len = seq_q if q_len is None else q_len
+    kv_len = k.shape[2] if kv_len is None else kv_len
+    rows = torch.zeros(batch, heads, seq_q, dtype=torch.bool)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(q_len):
+                keys = [j for j in range(kv_len) if not causal or j <= kv_len - q_len + i]
+                if keys:
+                    p = torch.softmax(q[b, h, i] @ k[b, h, keys].T / math.sqrt(dim), -1)
+                    rows[b, h, i] = (p @ v[b, h, keys]).isnan().any()
+    return rows
+
+
+# (which input, where the NaN goes, causal, q_len, kv_len). Each leaves some rows finite:
+# a NaN reaches exactly the rows that see it (its own query row, or a visible key).
+NAN_CASES = [
+    pytest.param("q", (0, 1, 2, 5), False, None, None, id="q"),
+    pytest.param("q", (0, 1, 2, 5), True, None, None, id="q-causal"),
+    pytest.param("k", (0, 0, 1, 3), False, None, None, id="k"),  # every row of head 0
+    pytest.param("k", (0, 0, 1, 3), True, None, None, id="k-causal"),  # not row 0
+    pytest.param("v", (0, 0, 1, 3), False, None, None, id="v"),
+    pytest.param("v", (0, 0, 1, 3), True, None, None, id="v-causal"),  # not row 0
+    pytest.param("v", (0, 0, 3, 0), False, 2, 4, id="v-lens"),  # rows 2, 3 see no key
+]
+
+
+def _nan_inputs(
+    dtype: torch.dtype, device: str, which: str, where: tuple[int, ...], causal: bool,
+    q_len: int | None, kv_len: int | None,
+) -> tuple[tuple, dict, torch.Tensor]:  # fmt: skip
+    q, k, v = _qkv(dtype, device=device)
+    {"q": q, "k": k, "v": v}[which][where] = float("nan")
+    lens = {
+        "q_lens": None if q_len is None else torch.tensor([q_len], dtype=torch.int32),
+        "kv_lens": None if kv_len is None else torch.tensor([kv_len], dtype=torch.int32),
+    }
+    want = _nan_rows(q, k, v, causal, q_len, kv_len)
+    assert want.any() and not want.all()
+    return (q, k, v), lens, want
+
+
+def _assert_nan_rule(out: torch.Tensor, want: torch.Tensor, q_len: int | None) -> None:
+    out = out.cpu()
+    assert torch.equal(out.isnan().any(-1), want)
+    if q_len is not None:  # rows that see no key are zeros, NaN in v or not
+        assert torch.equal(out[:, :, q_len:], torch.zeros_like(out[:, :, q_len:]))
 
 
 # --- NaN in, NaN out ------------------------------------------------------------------------
 
 
-def test_attention_reference_propagates_nan_like_sdpa() -> None:
-    q, k, v = _qkv(torch.float32, device="cpu")
-    q[0, 1, 2, 5] = float("nan")
-    out = torch.ops.greta.attention(q, k, v)  # float32 on the CPU: the torch reference
-    want = _sdpa_nan_rows(q, k, v)
-    assert want.any() and not want.all()
-    assert torch.equal(out.isnan().any(-1), want)
+@pytest.mark.parametrize(("which", "where", "causal", "q_len", "kv_len"), NAN_CASES)
+def test_attention_reference_propagates_nan_like_sdpa(
+    which: str, where: tuple[int, ...], causal: bool, q_len: int | None, kv_len: int | None
+) -> None:
+    (q, k, v), lens, want = _nan_inputs(torch.float32, "cpu", which, where, causal, q_len, kv_len)
+    # float32 on the CPU: the torch reference
+    out = torch.ops.greta.attention(q, k, v, causal, None, lens["q_lens"], lens["kv_lens"])
+    _assert_nan_rule(out, want, q_len)
 
 
-def test_attention_kernel_propagates_nan_like_sdpa() -> None:
+@pytest.mark.parametrize(("which", "where", "causal", "q_len", "kv_len"), NAN_CASES)
+def test_attention_kernel_propagates_nan_like_sdpa(
+    which: str, where: tuple[int, ...], causal: bool, q_len: int | None, kv_len: int | None
+) -> None:
     need_triton()
-    q, k, v = _qkv(torch.float16)
-    k[0, 0, 1, 3] = float("nan")  # every row of head 0 sees key 1
-    out = raw.attention(q, k, v)
-    assert torch.equal(out.isnan().any(-1).cpu(), _sdpa_nan_rows(q.cpu(), k.cpu(), v.cpu()))
+    (q, k, v), lens, want = _nan_inputs(torch.float16, DEVICE, which, where, causal, q_len, kv_len)
+    lens = {n: t if t is None else t.to(DEVICE) for n, t in lens.items()}
+    _assert_nan_rule(raw.attention(q, k, v, causal=causal, **lens), want, q_len)
 
 
 def test_attention_rows_without_keys_stay_zero() -> None:
@@ -55,15 +113,19 @@ def test_attention_rows_without_keys_stay_zero() -> None:
     assert not out.isnan().any()
 
 
-def test_jax_attention_reference_propagates_nan() -> None:
+@pytest.mark.parametrize(("which", "where", "causal", "q_len", "kv_len"), NAN_CASES)
+def test_jax_attention_reference_propagates_nan(
+    which: str, where: tuple[int, ...], causal: bool, q_len: int | None, kv_len: int | None
+) -> None:
     jnp = pytest.importorskip("jax.numpy")
+    import numpy as np
+
     from greta_core.jax._attention import reference
 
-    q, k, v = (jnp.asarray(t.numpy()) for t in _qkv(torch.float32, device="cpu"))
-    q = q.at[0, 1, 2, 5].set(jnp.nan)
-    out, _ = reference(q, k, v)
-    rows = jnp.isnan(out).any(-1)
-    assert bool(rows[0, 1, 2]) and int(rows.sum()) == 1
+    (q, k, v), lens, want = _nan_inputs(torch.float32, "cpu", which, where, causal, q_len, kv_len)
+    jl = {n: None if t is None else jnp.asarray(t.numpy()) for n, t in lens.items()}
+    out, _ = reference(*(jnp.asarray(t.numpy()) for t in (q, k, v)), causal, None, **jl)
+    _assert_nan_rule(torch.from_numpy(np.array(out)), want, q_len)
 
 
 # --- lengths --------------------------------------------------------------------------------

@@ -75,7 +75,15 @@ def reference(
     seen = total != 0
     probs = jnp.where(seen, expd / jnp.where(seen, total, 1.0), 0.0)
     lse = jnp.where(seen[..., 0], jnp.log(total[..., 0]) + row_max[..., 0], -jnp.inf)
-    out = jnp.einsum("bhqk,bhkd->bhqd", probs, vx)
+    if causal or q_lens is not None or kv_lens is not None:
+        # A NaN value reaches only the rows that see its key, not the others through 0 * NaN.
+        # (Without a mask every row sees every key: the plain product is already right.)
+        v_nan = jnp.isnan(vx)
+        out = jnp.einsum("bhqk,bhkd->bhqd", probs, jnp.where(v_nan, 0.0, vx))
+        hits = jnp.einsum("bhqk,bhkd->bhqd", vis[:, None].astype(acc), v_nan.astype(acc)) > 0
+        out = jnp.where(hits, jnp.nan, out)
+    else:
+        out = jnp.einsum("bhqk,bhkd->bhqd", probs, vx)
     return out.astype(q.dtype), lse.astype(jnp.float32)
 
 
