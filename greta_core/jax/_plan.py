@@ -49,6 +49,15 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
             for pos, a in enumerate(lead)
             if type(a) is In and a.index == b.alias
         }
+        unaliased = [
+            plan.buffers[j].alias for k, j in enumerate(written)
+            if plan.buffers[j].alias is not None and k not in aliases.values()
+        ]  # fmt: skip
+        if unaliased:  # jax-triton would hand the kernel a fresh, uninitialised buffer
+            raise RuntimeError(
+                f"{plan.op}: the launch updates input(s) {unaliased} in place without taking "
+                "them as inputs; jax-triton can alias an output only to an input argument"
+            )
         results = jt.triton_call(
             *args,
             kernel=launch.kernel,
