@@ -14,7 +14,9 @@ from _kernel_testing import DEVICE, ON_GPU, need_triton  # noqa: E402
 
 import greta_core.torch  # noqa: E402, F401
 from greta_core import raw  # noqa: E402
-from greta_core.errors import GretaError, GretaInputError  # noqa: E402
+
+# greta_core.errors came with issue 11: imported by the tests that use it, so the NaN tests
+# also run against older code (scripts/failed_before.sh).
 
 
 def _qkv(dtype: torch.dtype, seq: int = 4, device: str = DEVICE) -> tuple:
@@ -133,6 +135,8 @@ def test_jax_attention_reference_propagates_nan(
 
 @pytest.mark.parametrize("name", ["q_lens", "kv_lens"])
 def test_attention_negative_lengths_refused(name: str) -> None:
+    from greta_core.errors import GretaInputError
+
     q, k, v = _qkv(torch.float32, device="cpu")
     lens = {name: torch.tensor([-1], dtype=torch.int32)}
     with pytest.raises(GretaInputError, match=f"argument '{name}' holds a negative length"):
@@ -140,6 +144,8 @@ def test_attention_negative_lengths_refused(name: str) -> None:
 
 
 def test_raw_attention_negative_lengths_refused() -> None:
+    from greta_core.errors import GretaInputError
+
     need_triton()
     if ON_GPU:
         pytest.skip("a GPU tensor's lengths are not read on the host (the kernel clamps them)")
@@ -149,6 +155,8 @@ def test_raw_attention_negative_lengths_refused() -> None:
 
 
 def test_jax_attention_negative_lengths_refused() -> None:
+    from greta_core.errors import GretaInputError
+
     jnp = pytest.importorskip("jax.numpy")
     from greta_core import jax as gj
 
@@ -172,6 +180,8 @@ def test_jax_attention_without_keys_gives_zeros() -> None:
 
 
 def test_jax_kv_cache_capacity_check_does_not_wrap_int32() -> None:
+    from greta_core.errors import GretaInputError
+
     jnp = pytest.importorskip("jax.numpy")
     from greta_core import jax as gj
 
@@ -199,6 +209,8 @@ def test_raw_kv_cache_positions_do_not_wrap_int32() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_torch_ops_refuse_integer_dtypes_on_cpu(dtype: torch.dtype) -> None:
+    from greta_core.errors import GretaInputError
+
     a = torch.ones(4, 4, dtype=dtype)
     with pytest.raises(GretaInputError, match="argument 'a' has dtype"):
         torch.ops.greta.matmul(a, a)
@@ -225,6 +237,8 @@ def test_torch_ops_take_float64_on_gpu_like_on_cpu() -> None:
 
 
 def test_kv_cache_refuses_a_broadcast_cache() -> None:
+    from greta_core.errors import GretaInputError
+
     base = torch.zeros(1, 1, 1, 16)
     kc = base.expand(2, 2, 8, 16)  # every (b, h, s) row is one memory slot
     vc = torch.zeros(2, 2, 8, 16)
@@ -236,6 +250,8 @@ def test_kv_cache_refuses_a_broadcast_cache() -> None:
 
 
 def test_raw_kv_cache_refuses_a_broadcast_cache() -> None:
+    from greta_core.errors import GretaInputError
+
     need_triton()
     base = torch.zeros(1, 1, 8, 16, device=DEVICE)
     vc = base.expand(2, 2, 8, 16)
@@ -248,5 +264,7 @@ def test_raw_kv_cache_refuses_a_broadcast_cache() -> None:
 
 
 def test_input_errors_are_greta_errors() -> None:
+    from greta_core.errors import GretaError, GretaInputError
+
     assert issubclass(GretaInputError, GretaError) and issubclass(GretaInputError, ValueError)
     assert raw.GretaInputError is GretaInputError
