@@ -3,7 +3,9 @@ int64 capacities, empty key sets, dtype rules, broadcast caches (issue 11, item 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,8 +17,17 @@ from _kernel_testing import DEVICE, ON_GPU, need_triton  # noqa: E402
 import greta_core.torch  # noqa: E402, F401
 from greta_core import raw  # noqa: E402
 
-# greta_core.errors came with issue 11: imported by the tests that use it, so the NaN tests
-# also run against older code (scripts/failed_before.sh).
+
+@contextlib.contextmanager
+def raises_input_error(match: str) -> Iterator[pytest.ExceptionInfo]:
+    """pytest.raises(GretaInputError, match=...), the message checked before the type: the
+    type came with issue 11 (greta_core.errors), so against older code these tests fail at
+    the behaviour (no error, another message), not at an import (scripts/failed_before.sh)."""
+    with pytest.raises(ValueError, match=match) as err:
+        yield err
+    from greta_core.errors import GretaInputError
+
+    assert isinstance(err.value, GretaInputError), type(err.value)
 
 
 def _qkv(dtype: torch.dtype, seq: int = 4, device: str = DEVICE) -> tuple:
@@ -135,33 +146,27 @@ def test_jax_attention_reference_propagates_nan(
 
 @pytest.mark.parametrize("name", ["q_lens", "kv_lens"])
 def test_attention_negative_lengths_refused(name: str) -> None:
-    from greta_core.errors import GretaInputError
-
     q, k, v = _qkv(torch.float32, device="cpu")
     lens = {name: torch.tensor([-1], dtype=torch.int32)}
-    with pytest.raises(GretaInputError, match=f"argument '{name}' holds a negative length"):
+    with raises_input_error(f"argument '{name}' holds a negative length"):
         torch.ops.greta.attention(q, k, v, False, None, lens.get("q_lens"), lens.get("kv_lens"))
 
 
 def test_raw_attention_negative_lengths_refused() -> None:
-    from greta_core.errors import GretaInputError
-
     need_triton()
     if ON_GPU:
         pytest.skip("a GPU tensor's lengths are not read on the host (the kernel clamps them)")
     q, k, v = _qkv(torch.float16)
-    with pytest.raises(GretaInputError, match="negative length"):
+    with raises_input_error("negative length"):
         raw.attention(q, k, v, kv_lens=torch.tensor([-3], dtype=torch.int32))
 
 
 def test_jax_attention_negative_lengths_refused() -> None:
-    from greta_core.errors import GretaInputError
-
     jnp = pytest.importorskip("jax.numpy")
     from greta_core import jax as gj
 
     q, k, v = (jnp.asarray(t.numpy()) for t in _qkv(torch.float32, device="cpu"))
-    with pytest.raises(GretaInputError, match="argument 'q_lens' holds a negative length"):
+    with raises_input_error("argument 'q_lens' holds a negative length"):
         gj.attention(q, k, v, q_lens=jnp.asarray([-2], dtype=jnp.int32))
 
 
@@ -180,15 +185,13 @@ def test_jax_attention_without_keys_gives_zeros() -> None:
 
 
 def test_jax_kv_cache_capacity_check_does_not_wrap_int32() -> None:
-    from greta_core.errors import GretaInputError
-
     jnp = pytest.importorskip("jax.numpy")
     from greta_core import jax as gj
 
     cache = jnp.zeros((1, 1, 8, 4), jnp.float32)
     new = jnp.ones((1, 1, 4, 4), jnp.float32)
     lens = jnp.asarray([2**31 - 2], dtype=jnp.int32)  # + 4 tokens wraps in int32
-    with pytest.raises(GretaInputError, match="overflows max_seq"):
+    with raises_input_error("overflows max_seq"):
         gj.kv_cache_append(cache, cache, new, new, lens)
 
 
@@ -209,13 +212,11 @@ def test_raw_kv_cache_positions_do_not_wrap_int32() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_torch_ops_refuse_integer_dtypes_on_cpu(dtype: torch.dtype) -> None:
-    from greta_core.errors import GretaInputError
-
     a = torch.ones(4, 4, dtype=dtype)
-    with pytest.raises(GretaInputError, match="argument 'a' has dtype"):
+    with raises_input_error("argument 'a' has dtype"):
         torch.ops.greta.matmul(a, a)
     q = torch.ones(1, 1, 2, 64, dtype=dtype)
-    with pytest.raises(GretaInputError, match="argument 'q' has dtype"):
+    with raises_input_error("argument 'q' has dtype"):
         torch.ops.greta.attention(q, q, q)
 
 
@@ -237,28 +238,24 @@ def test_torch_ops_take_float64_on_gpu_like_on_cpu() -> None:
 
 
 def test_kv_cache_refuses_a_broadcast_cache() -> None:
-    from greta_core.errors import GretaInputError
-
     base = torch.zeros(1, 1, 1, 16)
     kc = base.expand(2, 2, 8, 16)  # every (b, h, s) row is one memory slot
     vc = torch.zeros(2, 2, 8, 16)
     new = torch.ones(2, 2, 1, 16)
     lens = torch.zeros(2, dtype=torch.int32)
-    with pytest.raises(GretaInputError, match="argument 'k_cache' has a zero stride"):
+    with raises_input_error("argument 'k_cache' has a zero stride"):
         torch.ops.greta.kv_cache_append(kc, vc, new, new, lens)
     assert not base.any()
 
 
 def test_raw_kv_cache_refuses_a_broadcast_cache() -> None:
-    from greta_core.errors import GretaInputError
-
     need_triton()
     base = torch.zeros(1, 1, 8, 16, device=DEVICE)
     vc = base.expand(2, 2, 8, 16)
     kc = torch.zeros(2, 2, 8, 16, device=DEVICE)
     new = torch.ones(2, 2, 1, 16, device=DEVICE)
     lens = torch.zeros(2, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(GretaInputError, match="argument 'v_cache' has a zero stride"):
+    with raises_input_error("argument 'v_cache' has a zero stride"):
         raw.kv_cache_append(kc, vc, new, new, lens)
     assert not base.any()
 
