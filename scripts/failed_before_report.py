@@ -199,6 +199,19 @@ def main() -> None:
                     + ", ".join(f"{v} {k}" for k, v in sorted(nt.items()))
                     + f" | {evidence} |"
                 )
+    lines += [
+        "",
+        "## Notes",
+        "",
+        "- 46b5be7 is before issue 10's merge as well: most `test_plan.py` failures before are",
+        "  issue 10's matrix rows and plan fields, not issue 11 (only",
+        "  `test_kernel_wheel_found_in_a_directory` there is issue 11's, finding 6).",
+        "- A weak row is a test of a module or argument issue 11 added (`transaction`,",
+        "  `boundedio`, `verify_kernel_wheel`, `parse_lock(check_header=)`, ...): the old code",
+        "  had no such unit to test, so only an end-to-end test could fail on it for real.",
+        "- `test_attention_rows_without_keys_stay_zero` guards the other half of the NaN rule",
+        "  (rows that see no key are zeros), which the old code already kept.",
+    ]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
