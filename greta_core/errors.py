@@ -21,6 +21,7 @@ __all__ = [
     "GretaUnavailableError",
     "KernelWheelError",
     "NoGpuError",
+    "PlanError",
     "TuneError",
     "UnknownOpError",
 ]
@@ -73,3 +74,7 @@ class GretaTypeError(GretaError, TypeError):
 
 class TuneError(GretaError, ValueError):
     """Tuning produced no usable timing (or a candidate computed a different result)."""
+
+
+class PlanError(GretaError, RuntimeError):
+    """A launch plan an executor cannot run as written (a GRETA bug, not bad input)."""

@@ -328,7 +328,16 @@ def attention_with_lse(
     xp = _xp(q)
     probs, lse, _, _ = attention_probs(q, k, causal, scale, q_lens, kv_lens)
     group = q.shape[1] // k.shape[1]
-    out = probs @ xp.repeat(xp.astype(v, probs.dtype), group, axis=1)
+    vx = xp.repeat(xp.astype(v, probs.dtype), group, axis=1)
+    if causal or q_lens is not None or kv_lens is not None:
+        # A NaN value reaches only the rows that see its key, not the others through 0 * NaN.
+        # (Without a mask every row sees every key: the plain product is already right.)
+        v_nan = xp.isnan(vx)
+        seen = xp.astype(attention_visible(q, k, causal, q_lens, kv_lens), probs.dtype)
+        hits = (seen @ xp.astype(v_nan, probs.dtype)) > 0
+        out = xp.where(hits, math.nan, probs @ xp.where(v_nan, 0.0, vx))
+    else:
+        out = probs @ vx
     return xp.astype(out, q.dtype), xp.astype(lse, acc_dtype(q.dtype))
 
 

@@ -395,17 +395,22 @@ def test_disk_full_midway_removes_the_half_written_wheel(
 
 
 def test_dry_run_shows_exactly_the_commands_it_runs(base_venv: Path, tmp_path: Path) -> None:
-    """Every Python child of the real install logs its own argv (a sitecustomize in the
-    target venv); the list must equal what `--dry-run` showed, <stage> filled in."""
+    """Every Python child of the real install logs its own argv (a .pth in the target venv);
+    the list must equal what `--dry-run` showed, <stage> filled in."""
     venv = copy_venv(base_venv, tmp_path / "venv")
     site = next((venv / "lib").glob("python3.*/site-packages"))
     log = tmp_path / "argv.log"
-    (site / "sitecustomize.py").write_text(
+    # A .pth, not a sitecustomize.py: Debian/Ubuntu Pythons ship their own sitecustomize in the
+    # stdlib, which comes first on sys.path and shadows one in site-packages. The `import`
+    # line of a .pth runs at every start, `python -I` included (-I drops only the user site).
+    # It imports a module, so a .pth read twice (lib64 -> lib) still logs once.
+    (site / "greta_test_argv_log.py").write_text(
         "import os, sys, shlex\n"
         "p = os.environ.get('GRETA_TEST_ARGV_LOG')\n"
         "if p:\n"
         "    open(p, 'a').write(shlex.join(sys.orig_argv) + '\\n')\n"
     )
+    (site / "greta-test-argv-log.pth").write_text("import greta_test_argv_log\n")
     lock = write_lock(tmp_path, ["alpha-pkg", "many-pkg"], "shown")
     argv = ["install", "--lock", str(lock), "--python", python_of(venv), "--installer", "pip",
             "--force-target"]  # fmt: skip

@@ -100,8 +100,10 @@ def _fake_triton_call(
             outs.append(targs[src[0]])
             continue
         dtype = getattr(torch, str(spec.dtype))
-        fill = torch.zeros if k in zeroed_outputs else torch.empty
-        outs.append(fill(spec.shape, dtype=dtype))
+        # jax-triton's outputs hold whatever the allocator had: poison them, so a kernel
+        # that reads an output it did not get aliased to its input fails here too.
+        fill = 0 if k in zeroed_outputs else (float("nan") if dtype.is_floating_point else -7)
+        outs.append(torch.full(tuple(spec.shape), fill, dtype=dtype))
     kernel[grid](*targs, *outs, **constexprs)
     results = [jnp.asarray(t.numpy()) for t in outs]
     return results if isinstance(out_shape, (list, tuple)) else results[0]
@@ -185,6 +187,42 @@ def test_jax_kv_cache_append_aliases_the_caches(jax_on_triton) -> None:
     assert np.array_equal(np.asarray(new), [2, 5])
     assert np.array_equal(np.asarray(kc2)[1, :, 3:5], np.asarray(k)[1])
     assert np.array_equal(np.asarray(vc2)[0, :, 0:2], np.asarray(v)[0])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_jax_linear_cross_entropy_runs_the_plan(jax_on_triton, reduction: str) -> None:
+    # The rows kernel overwrites the logits with dlogits: jax-triton must get them aliased.
+    import jax
+    import jax.numpy as jnp
+
+    from greta_core import observe
+
+    rng = np.random.default_rng(15)
+    h = rng.standard_normal((10, 16)).astype(np.float32)
+    wo = (rng.standard_normal((40, 16)) / 4).astype(np.float32)
+    t = rng.integers(0, 40, 10)
+    t[3] = -100
+    weights = np.arange(1, 11, dtype=np.float64)
+
+    def lce(a, b):
+        loss = jax_on_triton.linear_cross_entropy(a, b, jnp.asarray(t), -100, reduction)
+        return jnp.sum(loss * weights.astype(np.float32)) if reduction == "none" else loss
+
+    val, (gh, gw) = jax.value_and_grad(lce, (0, 1))(jnp.asarray(h), jnp.asarray(wo))
+    assert observe.last_implementation("linear_cross_entropy") == "jax-triton"
+    assert calls and all(c["aliases"] == {2: 1} for c in calls)
+    # float64 on the host: loss rows and their gradients from the definition.
+    logits = h.astype(np.float64) @ wo.astype(np.float64).T
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    valid = t != -100
+    rows = -np.log(p[np.arange(10), np.where(valid, t, 0)]) * valid
+    scale = weights * valid if reduction == "none" else valid / valid.sum()
+    dlogits = (p - np.eye(40)[np.where(valid, t, 0)]) * scale[:, None]
+    want = (rows * weights).sum() if reduction == "none" else rows.sum() / valid.sum()
+    _close(val, want, 1e-5)
+    _close(gh, dlogits @ wo.astype(np.float64), 1e-5)
+    _close(gw, dlogits.T @ h.astype(np.float64), 1e-5)
 
 
 def test_jax_attention_and_matmul_fp16(jax_on_triton) -> None:

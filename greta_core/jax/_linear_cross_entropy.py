@@ -40,14 +40,27 @@ def _rows(logits: Any, target: Any, scale: Any, ignore_index: int, write_grad: b
     return loss, (grad * scale.astype(jnp.float32)[:, None]).astype(logits.dtype)
 
 
+def _precision(dtype: Any) -> str | None:
+    """The chunk GEMMs' precision: float32 in full fp32, as F.linear with torch's defaults
+    (JAX's default would take TF32 on an NVIDIA GPU), unless the user chose a default
+    (jax_default_matmul_precision); half types take the tensor cores either way."""
+    import jax
+    import jax.numpy as jnp
+
+    if dtype == jnp.float32 and jax.config.jax_default_matmul_precision is None:
+        return "highest"
+    return None
+
+
 def _loss_rows(hidden: Any, weight: Any, target: Any, ignore_index: int) -> Any:
     import jax.numpy as jnp
 
     n, h = hidden.shape
     out = []
     ones = jnp.ones((n,), jnp.float32)
+    prec = _precision(hidden.dtype)
     for s, e in chunks(n, weight.shape[0], h):
-        logits = jnp.dot(hidden[s:e], weight.T).astype(hidden.dtype)
+        logits = jnp.dot(hidden[s:e], weight.T, precision=prec).astype(hidden.dtype)
         out.append(_rows(logits, target[s:e], ones[s:e], ignore_index, False)[0])
     return jnp.concatenate(out) if out else jnp.zeros((0,), jnp.float32)
 
@@ -58,12 +71,13 @@ def _grads(hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: 
     n, h = hidden.shape
     dh = []
     dw = jnp.zeros(weight.shape, jnp.float32)
+    prec = _precision(hidden.dtype)
     for s, e in chunks(n, weight.shape[0], h):
         hc = hidden[s:e]
-        logits = jnp.dot(hc, weight.T).astype(hidden.dtype)
+        logits = jnp.dot(hc, weight.T, precision=prec).astype(hidden.dtype)
         _, g = _rows(logits, target[s:e], row_scale[s:e], ignore_index, True)
-        dh.append(jnp.dot(g, weight).astype(hidden.dtype))
-        dw = dw + jnp.dot(g.T, hc, preferred_element_type=jnp.float32)
+        dh.append(jnp.dot(g, weight, precision=prec).astype(hidden.dtype))
+        dw = dw + jnp.dot(g.T, hc, precision=prec, preferred_element_type=jnp.float32)
     return jnp.concatenate(dh) if dh else jnp.zeros_like(hidden), dw.astype(weight.dtype)
 
 

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from greta_core.errors import PlanError
 from greta_core.observe import record
 from greta_core.ops._plan import In, Out, Plan
 
@@ -65,6 +66,15 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
         passed, dropped = split_options(launch.options)
         if dropped:
             logger.debug("greta: %s under JAX drops compile options %s", plan.op, dropped)
+        unaliased = [
+            plan.buffers[j].alias for k, j in enumerate(written)
+            if plan.buffers[j].alias is not None and k not in aliases.values()
+        ]  # fmt: skip
+        if unaliased:  # jax-triton would hand the kernel a fresh, uninitialised buffer
+            raise PlanError(
+                f"{plan.op}: the launch updates input(s) {unaliased} in place without taking "
+                "them as inputs; jax-triton can alias an output only to an input argument"
+            )
         results = jt.triton_call(
             *args,
             kernel=launch.kernel,

@@ -77,10 +77,23 @@ def _attn_blocks(
             v = tl.load(v_ptrs, mask=offs_n[:, None] < kv_len, other=0.0)
         else:
             v = tl.load(v_ptrs)
+        p_dtype = v.dtype
         if UPCAST:
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
+            v = v.to(tl.float32)
+        if MASKED:
+            # A NaN value of a key some rows cannot see would reach them as 0 * NaN through the
+            # dot: the dot takes it as 0 and only the rows that see that key get the NaN.
+            # Rare, so the extra dot runs only for a block that holds a NaN.
+            v_nan = v != v
+            if tl.max(tl.max(v_nan.to(tl.int32), 1), 0) > 0:
+                v = tl.where(v_nan, tl.zeros_like(v), v)
+                seen = tl.where(visible, 1.0, 0.0) + tl.zeros_like(qk)  # [BLOCK_M, BLOCK_N]
+                hits = tl.dot(seen, v_nan.to(tl.float32))
+                acc = tl.where(hits > 0.0, float("nan"), acc)
+        if UPCAST:
+            acc = tl.dot(p.to(p_dtype).to(tl.float32), v, acc)
         else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            acc = tl.dot(p.to(p_dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
 

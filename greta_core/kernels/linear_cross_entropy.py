@@ -22,6 +22,7 @@ DTYPES = ("fp32", "fp16", "bf16")
 def cross_entropy_rows_kernel(
     target_ptr,
     scale_ptr,
+    logits_in_ptr,
     n_cols,
     stride_l,
     ignore_index,
@@ -32,6 +33,10 @@ def cross_entropy_rows_kernel(
     ROW_SCALE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    # The logits are read through their input pointer and dlogits written through the output
+    # one: the same memory (the plan aliases them), but jax-triton aliases an output only to
+    # an input the kernel takes.
+    src = logits_in_ptr + row * stride_l
     base = logits_ptr + row * stride_l
     target = tl.load(target_ptr + row).to(tl.int64)
     if target == ignore_index:
@@ -46,12 +51,12 @@ def cross_entropy_rows_kernel(
         d = tl.full([], 0.0, tl.float32)
         for start in range(0, n_cols, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
-            x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            x = tl.load(src + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
             d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
             m = m_new
         lse = m + tl.log(d)
-        x_target = tl.load(base + target).to(tl.float32)
+        x_target = tl.load(src + target).to(tl.float32)
         tl.store(loss_ptr + row, lse - x_target)
         if WRITE_GRAD:
             if ROW_SCALE:
@@ -61,7 +66,7 @@ def cross_entropy_rows_kernel(
             for start in range(0, n_cols, BLOCK_V):
                 cols = start + tl.arange(0, BLOCK_V)
                 mask = cols < n_cols
-                x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
                 p = tl.exp(x - lse)
                 g = tl.where(cols == target, p - 1.0, p) * scale
                 # Same offsets as the load: each thread overwrites only what it read.
@@ -91,6 +96,7 @@ def aot_specs(arch: str) -> list:
                     signature={
                         "target_ptr": "*i64",
                         "scale_ptr": "*fp32",
+                        "logits_in_ptr": f"*{dtype}",
                         "n_cols": "i32",
                         "stride_l": "i64",
                         "ignore_index": "i64",

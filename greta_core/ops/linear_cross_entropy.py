@@ -85,7 +85,7 @@ def plan_rows(
     config = configs.lookup(OP, arch, {"V": n_cols})
     launch = Launch(
         cross_entropy_rows_kernel, grid(n_rows),
-        (In(0), In(1), n_cols, stride, ignore_index, Out(0), Out(1)),
+        (In(0), In(1), In(2), n_cols, stride, ignore_index, Out(0), Out(1)),
         {"BLOCK_V": config["BLOCK_V"], "WRITE_GRAD": write_grad, "ROW_SCALE": row_scale},
         configs.launch_options(config, arch),
     )  # fmt: skip
