@@ -263,7 +263,8 @@ def test_torch_compile_trains_through_greta_ops() -> None:
     model = tiny_model("llama", dtype)
     ids = _inputs(seed=6)
     ref_out, ref_grads = _train_step(model, ids)
-    apply_greta(model)
+    # "always": GRETA's attention in training too (an H100's table otherwise keeps SDPA there).
+    apply_greta(model, attention="always")
     targets: set[str] = set()
 
     def backend(gm, example_inputs):
