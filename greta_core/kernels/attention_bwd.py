@@ -9,6 +9,10 @@ Given the forward's output ``o`` and row logsumexp ``lse`` (natural log), with
     dq_i  = scale * sum_j ds_ij k_j
     dk_j  = scale * sum_i ds_ij q_i
 
+Probabilities are computed as exp2 with log2(e) folded into the scale and the logsumexp.
+Only the blocks on the causal diagonal or at a ragged sequence end pay for masks; blocks
+that every row of the tile sees in full load and compute without them.
+
 Two kernels, so nothing is accumulated with atomics (deterministic): ``dkdv`` gives one
 program per (key block, batch, query head) and walks the query blocks that see those keys;
 ``dq`` gives one program per (query block, batch, query head) and walks the key blocks it
@@ -33,6 +37,56 @@ def _load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST: tl.constexpr):
         # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
         tile = tile.to(tl.float32)
     return tile
+
+
+@triton.jit
+def _load_rows(base, offs_rows, stride, n_rows, offs_d, MASKED: tl.constexpr, UPCAST: tl.constexpr):
+    if MASKED:
+        tile = _load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST)
+    else:
+        tile = tl.load(base + offs_rows[:, None] * stride + offs_d[None, :])
+        if UPCAST:
+            tile = tile.to(tl.float32)
+    return tile
+
+
+@triton.jit
+def _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED: tl.constexpr):
+    """(lse in log2 units, delta) of rows offs_m; a row past Sq gets lse +inf (p = 0)."""
+    if MASKED:
+        lse = tl.load(lse_ptr + offs_m, mask=offs_m < Sq, other=float("inf"))
+        delta = tl.load(delta_ptr + offs_m, mask=offs_m < Sq, other=0.0)
+    else:
+        lse = tl.load(lse_ptr + offs_m)
+        delta = tl.load(delta_ptr + offs_m)
+    return lse * 1.4426950408889634, delta
+
+
+@triton.jit
+def _dkdv_blocks(
+    dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qs, stride_dos, offs_n, offs_d,
+    Sq, Skv, shift, qk_scale, lo, hi,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = _load_rows(q_base, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
+        do = _load_rows(do_base, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
+        lse2, delta = _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED)
+        qk_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
+        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+        if MASKED:
+            visible = (offs_n[:, None] < Skv) & (offs_m[None, :] < Sq)
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= shift + offs_m[None, :])
+            # lse = -inf marks a row that saw no key: its probabilities are all zero.
+            p_t = tl.where(visible & (lse2[None, :] > float("-inf")), p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
 
 
 @triton.jit
@@ -77,7 +131,6 @@ def attention_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_m0 = tl.arange(0, BLOCK_M)
 
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
@@ -86,35 +139,67 @@ def attention_bwd_dkdv_kernel(
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
     row_base = pid_bh.to(tl.int64) * Sq
+    # exp2 with log2(e) folded into the scale (and into lse in _row_stats). fp32 even when
+    # a binding passes an fp64 scalar.
+    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    # Only query rows at or after this key block's first position can see it (causal).
+    # Query blocks [lo, mid) see part of this key block (causal diagonal), [mid, full_end)
+    # see all of it and run without masks, [full_end, Sq) is the ragged last query block.
     lo = 0
+    mid = 0
     if CAUSAL:
         lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
-    for start_m in range(lo, Sq, BLOCK_M):
-        offs_m = start_m + offs_m0
-        q = _load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
-        do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
-        lse = tl.load(lse_ptr + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))
-        delta = tl.load(delta_ptr + row_base + offs_m, mask=offs_m < Sq, other=0.0)
-        qk_t = tl.dot(k, tl.trans(q)) * sm_scale  # [BLOCK_N, BLOCK_M]
-        visible = (offs_n[:, None] < Skv) & (offs_m[None, :] < Sq)
-        if CAUSAL:
-            visible = visible & (offs_n[:, None] <= shift + offs_m[None, :])
-        # lse = -inf marks a row that saw no key: its probabilities are all zero.
-        p_t = tl.where(visible & (lse[None, :] > float("-inf")), tl.exp(qk_t - lse[None, :]), 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        first_full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
+        mid = tl.maximum((first_full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, lo)
+    # A ragged key block (past Skv) is masked against every query block.
+    mid = tl.where(start_n + BLOCK_N <= Skv, tl.minimum(mid, Sq), Sq)
+    full_end = tl.maximum(Sq // BLOCK_M * BLOCK_M, mid)
+    lse_rows = lse_ptr + row_base
+    delta_rows = delta_ptr + row_base
+    dk, dv = _dkdv_blocks(
+        dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
+        offs_d, Sq, Skv, shift, qk_scale, lo, mid, BLOCK_M, True, CAUSAL, UPCAST,
+    )  # fmt: skip
+    dk, dv = _dkdv_blocks(
+        dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
+        offs_d, Sq, Skv, shift, qk_scale, mid, full_end, BLOCK_M, False, CAUSAL, UPCAST,
+    )  # fmt: skip
+    dk, dv = _dkdv_blocks(
+        dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
+        offs_d, Sq, Skv, shift, qk_scale, full_end, Sq, BLOCK_M, True, CAUSAL, UPCAST,
+    )  # fmt: skip
     dk = dk * sm_scale
 
     out = pid_bh.to(tl.int64) * Skv * HEAD_DIM
     ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
     tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
+
+
+@triton.jit
+def _dq_blocks(
+    dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, Sq, Skv,
+    shift, qk_scale, lo, hi,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = _load_rows(k_base, offs_n, stride_ks, Skv, offs_d, MASKED, UPCAST)
+        v = _load_rows(v_base, offs_n, stride_vs, Skv, offs_d, MASKED, UPCAST)
+        qk = tl.dot(q, tl.trans(k))
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = (offs_m[:, None] < Sq) & (offs_n[None, :] < Skv)
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= shift + offs_m[:, None])
+            p = tl.where(visible & (lse2[:, None] > float("-inf")), p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
 
 
 @triton.jit
@@ -158,35 +243,35 @@ def attention_bwd_dq_kernel(
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n0 = tl.arange(0, BLOCK_N)
 
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
     q = _load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
     do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
     row_base = pid_bh.to(tl.int64) * Sq
-    lse = tl.load(lse_ptr + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))
-    delta = tl.load(delta_ptr + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+    lse2, delta = _row_stats(lse_ptr + row_base, delta_ptr + row_base, offs_m, Sq, True)
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    # Keys past the last row's position are invisible to the whole block (causal).
+    # Keys past the last row's position are invisible to the whole block (causal); keys
+    # [0, full_end) are visible to every row and run without masks. Rows past Sq need no
+    # mask there either: their lse is +inf, so their p is exactly 0.
     hi = Skv
+    full_end = Skv
     if CAUSAL:
         hi = tl.maximum(tl.minimum(Skv, shift + start_m + BLOCK_M), 0)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
-        v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
-        qk = tl.dot(q, tl.trans(k)) * sm_scale
-        visible = (offs_m[:, None] < Sq) & (offs_n[None, :] < Skv)
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= shift + offs_m[:, None])
-        p = tl.where(visible & (lse[:, None] > float("-inf")), tl.exp(qk - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v))
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        full_end = tl.maximum(tl.minimum(Skv, shift + start_m + 1), 0)
+    full_end = full_end // BLOCK_N * BLOCK_N
+    dq = _dq_blocks(
+        dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, Sq, Skv,
+        shift, qk_scale, 0, full_end, BLOCK_N, False, CAUSAL, UPCAST,
+    )  # fmt: skip
+    dq = _dq_blocks(
+        dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, Sq, Skv,
+        shift, qk_scale, full_end, hi, BLOCK_N, True, CAUSAL, UPCAST,
+    )  # fmt: skip
     dq = dq * sm_scale
     ptrs = pid_bh.to(tl.int64) * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dq_ptr + ptrs, dq, mask=offs_m[:, None] < Sq)

@@ -60,8 +60,8 @@ def plan(
     overrides: tuple[Config, Config] | None = None,
 ) -> Plan:  # fmt: skip
     """Inputs (q, k, v, do, lse, delta = sum(o * do, -1) fp32); `strides`: the [:3] strides of
-    q, k, v, do. Buffers (fp32, zeroed): dq [B, Hq, Sq, D], dk and dv per *query* head
-    [B, Hq, Skv, D] (the caller sums each GQA group). `overrides`: (dkdv, dq) configs
+    q, k, v, do. Buffers (fp32; zeroed only when nothing launches): dq [B, Hq, Sq, D],
+    dk and dv per *query* head [B, Hq, Skv, D] (the caller sums each GQA group). `overrides`: (dkdv, dq) configs
     instead of the tables' (tuning; unhashable, so never memoized)."""
     batch, heads_q, seq_q, dim = q_shape
     heads_kv, seq_kv = kv_heads_seq
@@ -83,9 +83,11 @@ def plan(
         ((seq_q + dq_blocks["BLOCK_M"] - 1) // dq_blocks["BLOCK_M"], batch * heads_q),
         (*args, Out(0)), {**common, **dq_blocks}, dq_opts,
     )  # fmt: skip
-    per_head = Buffer((batch, heads_q, seq_kv, dim), "float32", zeroed=True)
-    buffers = (Buffer(q_shape, "float32", zeroed=True), per_head, per_head)
-    empty = batch * heads_q * seq_q * seq_kv == 0  # still zero gradients
+    # The kernels write every element; only a plan with no launch needs the zeros (a
+    # memset of three fp32 gradient-sized buffers per backward otherwise).
+    empty = batch * heads_q * seq_q * seq_kv == 0
+    per_head = Buffer((batch, heads_q, seq_kv, dim), "float32", zeroed=empty)
+    buffers = (Buffer(q_shape, "float32", zeroed=empty), per_head, per_head)
     return Plan(OP, arch, buffers, () if empty else (dkdv, dq), (0, 1, 2))
 
 
