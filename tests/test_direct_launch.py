@@ -267,6 +267,175 @@ def test_executor_routes_launches_through_the_direct_launcher(
     assert len(direct_calls) == 2 and len(wrapped) == 2
 
 
+# --- CPU: Triton's CUDA launcher called without its wrapper ---------------------------------
+
+
+class CudaLauncher:  # named like Triton's: the convention check reads the source below
+    def __init__(self, global_scratch: int = 0, profile_scratch: int = 0) -> None:
+        self.global_scratch_size, self.profile_scratch_size = global_scratch, profile_scratch
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.launch = lambda *a: None
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # type: ignore[no-untyped-def]
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
+                    self.launch_pdl, global_scratch, profile_scratch, *args)  # type: ignore[name-defined]  # noqa: F821  # fmt: skip
+
+
+def test_launch_form_calls_the_c_launcher_when_the_wrapper_adds_only_constants() -> None:
+    launcher = CudaLauncher()
+    fn, between = _direct.launch_form(launcher, "fn", "packed")
+    assert fn is launcher.launch
+    # The wrapper's constants (cooperative, PDL, no scratch), then CompiledKernel.run's.
+    assert between == ("fn", False, True, None, None, "packed", None, None, None)
+    for needs_scratch in (CudaLauncher(global_scratch=8), CudaLauncher(profile_scratch=8)):
+        fn, between = _direct.launch_form(needs_scratch, "fn", "packed")
+        assert fn is needs_scratch and between == ("fn", "packed", None, None, None)
+    other = _Compiled().run  # not a CudaLauncher: its own call
+    assert _direct.launch_form(other, "fn", "packed") == (other, ("fn", "packed", None, None, None))
+
+
+def test_tritons_cuda_launcher_has_the_convention() -> None:
+    major_minor = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    if major_minor != (3, 6):
+        pytest.skip(f"verified against Triton 3.6 (installed {triton.__version__})")
+    from triton.backends.nvidia.driver import CudaLauncher as Real
+
+    assert _direct._bypassable(Real)
+
+    class Changed(Real):  # type: ignore[misc, valid-type]
+        def __call__(self, *args: Any) -> None:
+            self.launch(*args)
+
+    Changed.__name__ = "CudaLauncher"
+    assert not _direct._bypassable(Changed)
+
+
+# --- CPU: the ready launch of a call signature (ops/_calls.py) ---------------------------
+
+
+@pytest.fixture
+def ready_setup(monkeypatch: pytest.MonkeyPatch, device: dict[str, int]) -> Any:
+    """A CallCache over a one-launch plan whose kernel is the stand-in above."""
+    from greta_core.ops import _calls
+
+    kernel, s = _Kernel(), _support()
+
+    def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
+        slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
+        return _direct.DirectLaunch(k, grid, keywords, slots, (16, 7), s)
+
+    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
+    plan = Plan("fake", "sm_90", (Buffer((4,), "float32"),),
+                (Launch(kernel, (3, 2), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
+    resolved: list[Any] = []
+
+    def resolve(x: Any) -> Plan:
+        resolved.append(x)
+        return plan
+
+    cache = _calls.CallCache(resolve, n_tensors=1, plan_inputs=lambda p: (p, (0,)))
+    return types.SimpleNamespace(cache=cache, kernel=kernel, support=s, resolved=resolved)
+
+
+def test_ready_launch_after_triton_compiled_and_the_direct_launcher_captured(ready_setup) -> None:
+    cache, kernel = ready_setup.cache, ready_setup.kernel
+    x = torch.ones(4)
+    (y1,) = cache.launch(_plan._identity, x)  # Triton's path compiles; the kernel is captured
+    assert len(kernel.triton_path) == 1 and kernel.compiled.launches == []
+    (y2,) = cache.launch(_plan._identity, x)  # the ready launch
+    (y3,) = cache.launch(_plan._identity, x)
+    assert len(kernel.triton_path) == 1 and len(ready_setup.resolved) == 1
+    # CompiledKernel.run's arguments (as the direct launcher passes them), the pointers as
+    # integers (Triton's launcher takes both), fresh buffers on each call.
+    head = (3, 2, 1, 1000, "function-handle", "packed", None, None, None)
+    assert kernel.compiled.launches == [
+        (*head, x.data_ptr(), 64, y2.data_ptr(), 16, 7),
+        (*head, x.data_ptr(), 64, y3.data_ptr(), 16, 7),
+    ]
+    assert y2 is not y3
+    assert y3.shape == (4,) and y3.dtype == torch.float32 and y1.shape == (4,)
+
+
+def test_ready_launch_keys_on_alignment_and_checks_the_device(ready_setup, device) -> None:
+    cache, kernel = ready_setup.cache, ready_setup.kernel
+    base = torch.zeros(8)
+    aligned, misaligned = base[:4], base[1:5]
+    for _ in range(3):
+        cache.launch(_plan._identity, aligned)
+    assert len(kernel.triton_path) == 1
+    cache.launch(_plan._identity, misaligned)  # another specialization: Triton's path
+    cache.launch(_plan._identity, misaligned)
+    assert len(kernel.triton_path) == 2
+    assert sorted(k[-1] for k in cache._ready) == [False, True]  # the alignment bit
+    assert kernel.compiled.launches[-1][9] == misaligned.data_ptr()
+    n = len(kernel.compiled.launches)
+    device["device"] = 1  # another current device: the ready launch declines
+    assert cache.launch(_plan._identity, aligned) is None
+    assert len(kernel.compiled.launches) == n
+
+
+def test_ready_launch_declines_while_anything_unusual_is_set(ready_setup) -> None:
+    cache, kernel, s = ready_setup.cache, ready_setup.kernel, ready_setup.support
+    x = torch.ones(4)
+    for _ in range(3):
+        cache.launch(_plan._identity, x)
+    n = len(kernel.compiled.launches)
+    s.knobs.runtime.launch_enter_hook.calls.append(print)
+    assert cache.launch(_plan._identity, x) is None  # the caller's ordinary path honours it
+    assert len(kernel.compiled.launches) == n
+    s.knobs.runtime.launch_enter_hook.calls.clear()
+    kernel.pre_run_hooks.append(print)
+    assert cache.launch(_plan._identity, x) is None
+    kernel.pre_run_hooks.clear()
+    assert cache.launch(_plan._identity, x) is not None
+    assert len(kernel.compiled.launches) == n + 1
+
+
+def test_ready_launch_not_while_torch_traces(ready_setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    from greta_core.ops import _calls
+
+    def wrap(kernel: Any) -> Any:
+        return kernel
+
+    monkeypatch.setattr(_calls, "_wrap_triton_enabled", lambda: True)
+    assert ready_setup.cache.launch(wrap, torch.ones(4)) is None
+    assert ready_setup.kernel.triton_path == [] and ready_setup.resolved == []
+    monkeypatch.setattr(_calls, "_wrap_triton_enabled", lambda: False)  # a triton_op's kernel
+    assert ready_setup.cache.launch(wrap, torch.ones(4)) is not None
+
+
+def test_plans_that_do_not_fit_take_the_ordinary_path(
+    monkeypatch: pytest.MonkeyPatch, ready_setup
+) -> None:
+    from greta_core.ops import _calls
+
+    kernel = ready_setup.kernel
+    scratch = Plan("fake", "sm_90", (Buffer((4,), "float32"), Buffer((4,), "float32")),
+                   (Launch(kernel, (1,), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
+    interpreted = Plan("fake", "cpu", (Buffer((4,), "float32"),),
+                       (Launch(kernel, (1,), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
+    for plan in (scratch, interpreted):
+        cache = _calls.CallCache(lambda x, p=plan: p, 1, plan_inputs=lambda p: (p, (0,)))
+        assert cache.launch(_plan._identity, torch.ones(4)) is None
+        assert list(cache._ready.values()) == [_calls._ORDINARY]
+    copies = _calls.CallCache(lambda x: (scratch, True), 1, plan_inputs=lambda r: None)
+    assert copies.launch(_plan._identity, torch.ones(4)) is None
+    assert list(copies._ready.values()) == [_calls._ORDINARY]
+
+
+def test_bad_input_raises_on_every_call(ready_setup) -> None:
+    from greta_core.ops import _calls
+
+    def resolve(x: Any) -> Plan:
+        raise ValueError("bad input")
+
+    cache = _calls.CallCache(resolve, 1, plan_inputs=lambda p: (p, (0,)))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad input"):
+            cache.launch(_plan._identity, torch.ones(4))
+    assert cache._ready == {}
+
+
 # --- GPU: against Triton's own path --------------------------------------------------------
 
 
@@ -274,6 +443,8 @@ def _rms_norm_launch(x: Any, w: Any) -> _direct.DirectLaunch | None:
     from greta_core.ops import rms_norm
     from greta_core.ops._rows import row_layout
 
+    rms_norm._fwd_call.clear()  # no ready launch kept from an earlier test: the next call
+    # takes the direct launcher (and Triton's path where nothing is captured yet)
     shape, stride, _ = row_layout(x)
     plan = rms_norm.plan_fwd(
         shape, stride, _plan.dtype_name(x.dtype), 1e-6, rms_norm.validate(x, w)
@@ -326,6 +497,24 @@ def test_gpu_direct_launch_is_bit_identical_to_tritons_path(
     assert key[1][0] == (dtype, offset == 0)
     for y in direct:
         assert torch.equal(y, first)
+
+
+@pytest.mark.gpu
+def test_gpu_ready_launch_is_the_hot_path_and_bit_identical() -> None:
+    from greta_core import raw
+    from greta_core.ops import _calls, rms_norm
+
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    rms_norm._fwd_call.clear()
+    want = raw.rms_norm(x, w)  # the ordinary path; the kernel is captured, the launch kept
+    (ready,) = [r for r in rms_norm._fwd_call._ready.values() if type(r) is _calls.ReadyLaunch]
+    if torch.version.hip is None:  # Triton's C launcher, its CudaLauncher wrapper skipped
+        assert getattr(ready._fn, "__name__", None) == "launch"
+    got = [raw.rms_norm(x, w) for _ in range(3)] + [torch.ops.greta.rms_norm(x, w, 1e-6)]
+    torch.cuda.synchronize()
+    for y in got:
+        assert torch.equal(y, want)
 
 
 @pytest.mark.gpu

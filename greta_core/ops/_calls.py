@@ -9,6 +9,26 @@ from collections.abc import Callable
 from typing import Any
 
 from greta_core import configs
+from greta_core.observe import record
+from greta_core.ops import _direct
+from greta_core.ops._direct import ALIGN_MASK
+from greta_core.ops._plan import (
+    _IN,
+    _OUT,
+    _SCALAR,
+    Plan,
+    _identity,
+    _torch_form,
+    _wrap_triton_enabled,
+    implementation,
+    run,
+)
+
+# resolution -> (plan, positions in the call's arguments of the plan's inputs), or None
+# where the plan's inputs are not the call's tensors as given (a copy, a view).
+PlanInputs = Callable[[Any], "tuple[Plan, tuple[int, ...]] | None"]
+# A signature whose plan cannot launch ready (see CallCache.launch): the ordinary path.
+_ORDINARY = False
 
 
 class CallCache:
@@ -19,13 +39,26 @@ class CallCache:
     they are, and ``configs.lookup`` (``greta tune`` swaps it). Only successful resolutions
     are stored, so bad input raises on every call. A key that cannot be built or hashed
     (torch.compile's symbolic sizes, a non-tensor where a tensor belongs) resolves afresh.
+
+    With `plan_inputs`, :meth:`launch` runs the whole call from one lookup of the same key
+    plus the 16-byte alignment of each tensor (see docs/en/architecture.md, "the eager hot
+    path").
     """
 
-    def __init__(self, resolve: Callable[..., Any], n_tensors: int, maxsize: int = 4096):
+    def __init__(
+        self,
+        resolve: Callable[..., Any],
+        n_tensors: int,
+        maxsize: int = 4096,
+        plan_inputs: PlanInputs | None = None,
+    ):
         self._resolve = resolve
         self._n = n_tensors
         self._maxsize = maxsize
         self._entries: dict[Any, Any] = {}
+        self._plan_inputs = plan_inputs
+        # Signature + alignment -> a ReadyLaunch, or _ORDINARY for a plan that cannot.
+        self._ready: dict[Any, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
         try:
@@ -42,8 +75,149 @@ class CallCache:
         except (TypeError, AttributeError):  # unhashable (symbolic) or not a tensor
             return self._resolve(*args)
 
+    def launch(self, wrap: Any, *args: Any) -> tuple[Any, ...] | None:
+        """The call's result buffers, launched through its ready launch; None where the
+        caller must take the ordinary path (resolve, then ``_plan.run``).
+
+        One key (the signature of ``__call__`` plus each tensor's 16-byte alignment: with
+        the dtypes, what Triton specializes on) and one lookup give the buffers to allocate
+        and the compiled kernel to launch. A miss runs the ordinary path here (validation
+        and errors included) and keeps what it captured for the next call.
+        """
+        if wrap is not _identity and _wrap_triton_enabled():
+            return None  # torch is tracing: wrap_triton must see the launch
+        ptrs: list[int | None] = []
+        try:
+            key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
+            for t in args[: self._n]:
+                if t is None:
+                    key += (None,)
+                    ptrs.append(None)
+                else:
+                    p = t.data_ptr()
+                    key += (t.dtype, t.device, t.shape, t.stride(), p & ALIGN_MASK == 0)
+                    ptrs.append(p)
+            ready = self._ready.get(key)
+        except (TypeError, AttributeError, RuntimeError):  # symbolic, not a tensor, no data
+            return None
+        if ready is None:
+            return self._prepare(key, args)
+        if ready is _ORDINARY:
+            return None
+        return ready(args, ptrs)
+
+    def _prepare(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        resolved = self(*args)
+        given = self._plan_inputs(resolved) if self._plan_inputs is not None else None
+        if given is None:
+            self._store(key, _ORDINARY)
+            return None
+        plan, positions = given
+        if not ReadyLaunch.fits(plan):
+            self._store(key, _ORDINARY)
+            return None
+        inputs = tuple([args[i] for i in positions])
+        results = run(plan, inputs)
+        ready = ReadyLaunch.build(plan, inputs, positions, results)
+        if ready is not None:  # None until Triton's path has compiled and captured it
+            self._store(key, ready)
+        return results
+
+    def _store(self, key: tuple[Any, ...], value: Any) -> None:
+        if len(self._ready) >= self._maxsize:
+            self._ready.clear()
+        self._ready[key] = value
+
     def clear(self) -> None:
         self._entries.clear()
+        self._ready.clear()
+
+
+class ReadyLaunch:
+    """A single-launch plan with plain buffers, its kernel captured by the direct launcher
+    (``ops/_direct.py``) for one specialization: allocate the buffers, launch, record.
+
+    Built only from a call that ran the ordinary path and found the kernel captured, so the
+    specialization rules stay those of ``_direct.py``: the signature key fixes the dtypes,
+    the key's alignment bits the inputs' alignment, and each call checks the outputs'
+    alignment (fresh buffers: 16-byte aligned unless an unusual allocator says otherwise)
+    and the current device. Pointers reach Triton's launcher as integers (as
+    ``data_ptr()`` gives them; the launcher accepts both).
+    """
+
+    __slots__ = (
+        "_allocs", "_arch", "_between", "_device", "_direct", "_empty", "_fn", "_grid",
+        "_impl", "_in_pos", "_index", "_op", "_out_pos", "_spec", "_template",
+    )  # fmt: skip
+
+    def __init__(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self, f"_{name}", value)
+
+    @staticmethod
+    def fits(plan: Plan) -> bool:
+        """One launch with a direct launcher, every buffer a plain result, in order."""
+        form = _torch_form(plan)
+        return (
+            len(form.launches) == 1
+            and form.launches[0][4] is not None
+            and form.plain is not None
+            and plan.results == tuple(range(len(plan.buffers)))
+        )
+
+    @classmethod
+    def build(
+        cls, plan: Plan, inputs: tuple[Any, ...], positions: tuple[int, ...],
+        results: tuple[Any, ...],
+    ) -> ReadyLaunch | None:  # fmt: skip
+        form = _torch_form(plan)
+        _, _, spec, _, direct = form.launches[0]  # fits(plan) holds
+        if not direct.usable():
+            return None
+        get_device, _ = _direct._driver()
+        index = get_device()
+        args = [inputs[v] if k == _IN else results[v] if k == _OUT else v for k, v in spec]
+        captured = direct.captured(args, index)
+        if captured is None or any(b.data_ptr() & ALIGN_MASK for b in results):
+            return None
+        fn, grid, between, tail = captured
+        return cls(
+            op=plan.op, impl=implementation(plan.arch), arch=plan.arch,
+            allocs=form.plain, empty=form.empty, device=inputs[0].device, index=index,
+            template=[v if k == _SCALAR else None for k, v in spec] + list(tail),
+            in_pos=[(i, positions[v]) for i, (k, v) in enumerate(spec) if k == _IN],
+            out_pos=[(i, v) for i, (k, v) in enumerate(spec) if k == _OUT],
+            fn=fn, grid=grid, between=between, spec=spec, direct=direct,
+        )  # fmt: skip
+
+    def __call__(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
+        get_device, get_stream = _direct._driver()
+        if get_device() != self._index or not self._direct.usable():
+            return None
+        empty, device = self._empty, self._device
+        bufs = [empty(shape, dtype=dtype, device=device) for shape, dtype in self._allocs]
+        a = self._template.copy()
+        for i, j in self._in_pos:
+            a[i] = ptrs[j]
+        for i, j in self._out_pos:
+            p = bufs[j].data_ptr()
+            if p & ALIGN_MASK:  # another specialization: the direct launcher picks it
+                return self._by_direct(args, bufs)
+            a[i] = p
+        g0, g1, g2 = self._grid
+        self._fn(g0, g1, g2, get_stream(self._index), *self._between, *a)
+        record(self._op, self._impl, self._arch)
+        return tuple(bufs)
+
+    def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
+        by_input = dict(self._in_pos)
+        launch_args = [
+            args[by_input[i]] if k == _IN else bufs[v] if k == _OUT else v
+            for i, (k, v) in enumerate(self._spec)
+        ]
+        self._direct(launch_args)
+        record(self._op, self._impl, self._arch)
+        return tuple(bufs)
 
 
 def eager_raw(*tensors: Any) -> bool:

@@ -30,6 +30,8 @@ from typing import Any
 MAX_ENTRIES = 32
 # ROCm's buffer-ops attribute: the storage spans at most this many bytes.
 _HIP_BUFFER_LIMIT = 2**31 - 1
+# Triton specializes a pointer on 16-byte alignment: ``ptr & ALIGN_MASK == 0``.
+ALIGN_MASK = 15
 # How JITFunction.run hands a compiled kernel to its launcher (Triton 3.3-3.6); with any
 # other text there the direct path stays off.
 _LAUNCH_CALL = (
@@ -47,6 +49,46 @@ def convention_matches(run: Callable[..., Any]) -> bool:
     except (OSError, TypeError):
         return False
     return _LAUNCH_CALL in "".join(source.split())
+
+
+# How Triton 3.6's CudaLauncher.__call__ hands its C launcher the arguments: global and
+# profile scratch (allocated only when the kernel asks for them) and the cooperative/PDL
+# flags ahead of what CompiledKernel.run passed. Any other text: the wrapper runs.
+_CUDA_WRAPPER_CALL = (
+    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,"
+    "self.launch_pdl,global_scratch,profile_scratch,*args)"
+)
+
+
+@functools.cache
+def _bypassable(launcher_type: type) -> bool:
+    """True when `launcher_type` is Triton's CudaLauncher with the call convention above."""
+    if launcher_type.__name__ != "CudaLauncher":
+        return False
+    try:
+        source = inspect.getsource(launcher_type.__call__)
+    except (OSError, TypeError):
+        return False
+    return _CUDA_WRAPPER_CALL in "".join(source.split())
+
+
+def launch_form(launcher: Any, function: Any, packed: Any) -> tuple[Callable[..., Any], tuple]:
+    """(callable, arguments between the stream and the kernel's) of a captured kernel.
+
+    Called as ``fn(g0, g1, g2, stream, *between, *kernel_args)``. Where Triton's CudaLauncher
+    wrapper would only add its constant flags and no scratch (the kernel needs none), its C
+    ``launch`` is called with those constants; otherwise the wrapper itself. Either way no
+    launch metadata and no hooks (``quiet()`` holds whenever this runs).
+    """
+    if (
+        _bypassable(type(launcher))
+        and launcher.global_scratch_size == 0
+        and launcher.profile_scratch_size == 0
+        and callable(getattr(launcher, "launch", None))
+    ):
+        flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+        return launcher.launch, (function, *flags, None, None, packed, None, None, None)
+    return launcher, (function, packed, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -144,12 +186,16 @@ def tensor_key(args: Sequence[Any], slots: Sequence[int], hip: bool) -> tuple[An
     if hip:
         return tuple([
             None if (t := args[i]) is None
-            else (t.dtype, not t.data_ptr() & 15, t.untyped_storage().size() <= _HIP_BUFFER_LIMIT)
+            else (t.dtype, not t.data_ptr() & ALIGN_MASK,
+                  t.untyped_storage().size() <= _HIP_BUFFER_LIMIT)
             for i in slots
         ])  # fmt: skip
     # One comprehension: this runs on every launch.
     return tuple(
-        [None if (t := args[i]) is None else (t.dtype, not t.data_ptr() & 15) for i in slots]
+        [
+            None if (t := args[i]) is None else (t.dtype, not t.data_ptr() & ALIGN_MASK)
+            for i in slots
+        ]
     )
 
 
@@ -174,31 +220,45 @@ class DirectLaunch:
         self._slots = slots  # positions of the tensor arguments (In / Out references)
         self._tail = tail
         self._support = support
-        self.entries: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+        # Per (device, tensor_key): the launch form of the captured kernel (launch_form).
+        self.entries: dict[tuple[Any, ...], tuple[Callable[..., Any], tuple]] = {}
+
+    def usable(self) -> bool:
+        """False while Triton's own path must run (a hook, debug mode, a pre-run hook)."""
+        return self._support.quiet() and not self.kernel.pre_run_hooks
+
+    def key(self, args: Sequence[Any], device: int) -> tuple[Any, ...]:
+        return (device, tensor_key(args, self._slots, self._support.hip))
 
     def __call__(self, args: list[Any]) -> None:
-        s = self._support
-        if not s.quiet() or self.kernel.pre_run_hooks:
+        if not self.usable():
             self.kernel[self.grid](*args, **self.keywords)
             return
         get_device, get_stream = _driver()
         device = get_device()
-        key = (device, tensor_key(args, self._slots, s.hip))
+        key = self.key(args, device)
         entry = self.entries.get(key)
         if entry is None:
             compiled = self.kernel[self.grid](*args, **self.keywords)
-            entry = s.capture(compiled)
-            if entry is not None:
+            captured = self._support.capture(compiled)
+            if captured is not None:
                 if len(self.entries) >= MAX_ENTRIES:
                     self.entries.clear()
-                self.entries[key] = entry
+                self.entries[key] = launch_form(*captured)
             return
-        launcher, function, packed = entry
+        fn, between = entry
         g0, g1, g2 = self._grid3
-        # CompiledKernel.run's arguments; no launch metadata and no hooks (quiet() holds).
-        launcher(
-            g0, g1, g2, get_stream(device), function, packed, None, None, None, *args, *self._tail
-        )
+        fn(g0, g1, g2, get_stream(device), *between, *args, *self._tail)
+
+    def captured(
+        self, args: Sequence[Any], device: int
+    ) -> tuple[Callable[..., Any], tuple[int, int, int], tuple, tuple[Any, ...]] | None:
+        """(launch callable, 3-D grid, arguments between stream and kernel arguments, trailing
+        parameters) of the kernel captured for `args` on `device`, or None (not captured)."""
+        entry = self.entries.get(self.key(args, device))
+        if entry is None:
+            return None
+        return entry[0], self._grid3, entry[1], self._tail
 
 
 def direct_launch(

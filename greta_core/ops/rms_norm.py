@@ -105,7 +105,12 @@ def _resolve_fwd(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
     return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch), copies
 
 
-_fwd_call = CallCache(_resolve_fwd, n_tensors=2)
+def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] | None:
+    plan, copies = resolved
+    return None if copies else (plan, (0, 1))
+
+
+_fwd_call = CallCache(_resolve_fwd, n_tensors=2, plan_inputs=_given_inputs)
 
 
 def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
@@ -113,8 +118,12 @@ def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) 
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    # Hot path: one signature lookup (validation and planning ran on the first call).
-    plan, copies = _fwd_call(x, weight, float(eps))
+    eps = float(eps)
+    # Hot path: one lookup of signature and alignment (see ops/_calls.py).
+    done = _fwd_call.launch(wrap, x, weight, eps)
+    if done is not None:
+        return done
+    plan, copies = _fwd_call(x, weight, eps)
     return run(plan, (rows_view(x) if copies else x, weight), wrap=wrap)
 
 
