@@ -82,14 +82,15 @@ def _attn_blocks(
             v = v.to(tl.float32)
         if MASKED:
             # A NaN value of a key some rows cannot see would reach them as 0 * NaN through the
-            # dot: the dot takes it as 0 and only the rows that see that key get the NaN.
-            # Rare, so the extra dot runs only for a block that holds a NaN.
+            # dot: the dot takes it as 0 and the rows that see that key become NaN (the whole
+            # row: a per-column mark needs a second dot, whose tiles overflow an H100's shared
+            # memory at D=128). Rare, so this runs only for a block that holds a NaN.
             v_nan = v != v
-            if tl.max(tl.max(v_nan.to(tl.int32), 1), 0) > 0:
+            key_nan = tl.max(v_nan.to(tl.int32), 1)  # [BLOCK_N]
+            if tl.max(key_nan, 0) > 0:
                 v = tl.where(v_nan, tl.zeros_like(v), v)
-                seen = tl.where(visible, 1.0, 0.0) + tl.zeros_like(qk)  # [BLOCK_M, BLOCK_N]
-                hits = tl.dot(seen, v_nan.to(tl.float32))
-                acc = tl.where(hits > 0.0, float("nan"), acc)
+                row_hit = tl.max(tl.where(visible, key_nan[None, :], 0), 1)
+                acc = tl.where(row_hit[:, None] > 0, float("nan"), acc)
         if UPCAST:
             acc = tl.dot(p.to(p_dtype).to(tl.float32), v, acc)
         else:
