@@ -501,6 +501,7 @@ def test_gpu_direct_launch_is_bit_identical_to_tritons_path(
 
 @pytest.mark.gpu
 def test_gpu_ready_launch_is_the_hot_path_and_bit_identical() -> None:
+    import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
     from greta_core import raw
     from greta_core.ops import _calls, rms_norm
 
