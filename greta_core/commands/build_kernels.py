@@ -80,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     except AotError as exc:
         print(f"greta build-kernels: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # The workers are stopped; a wheel is written whole or not at all.
+        print("greta build-kernels: interrupted; workers stopped", file=sys.stderr)
+        return 130
     failed = False
     built = 0
     for outcome in outcomes:
