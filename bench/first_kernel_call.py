@@ -161,7 +161,17 @@ def main() -> int:
     first_after_install = wheel[0]["first_call_s"]
     result = {
         "bench": "first_kernel_call",
-        "command": " ".join(["python", "bench/first_kernel_call.py", *sys.argv[1:]]),
+        # --out as its file name only: no machine-local path in a committed result.
+        "command": " ".join(
+            [
+                "python",
+                "bench/first_kernel_call.py",
+                *(
+                    a.replace(str(args.out.parent), "<out>") if args.out.is_absolute() else a
+                    for a in sys.argv[1:]
+                ),
+            ]
+        ),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "op": args.op,

@@ -103,7 +103,8 @@ def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]
             "loadavg_before": round(load_before, 2),
             "loadavg_after": round(os.getloadavg()[0], 2),
             "wheel_sha256": hashlib.sha256(wheels[0].read_bytes()).hexdigest() if wheels else "",
-            "tail": [line.rstrip() for line in log[-4:]],
+            # The last lines, the run's temporary directory left out of them.
+            "tail": [line.rstrip().replace(work, "<tmp>") for line in log[-4:]],
         }
 
 
@@ -124,7 +125,17 @@ def main() -> int:
         print(json.dumps({k: runs[-1][k] for k in FIELDS}), flush=True)
     result = {
         "bench": "kernel_build",
-        "command": " ".join(["python", "bench/kernel_build.py", *sys.argv[1:]]),
+        # --out as its file name only: no machine-local path in a committed result.
+        "command": " ".join(
+            [
+                "python",
+                "bench/kernel_build.py",
+                *(
+                    a.replace(str(args.out.parent), "<out>") if args.out.is_absolute() else a
+                    for a in sys.argv[1:]
+                ),
+            ]
+        ),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": git_commit(),
         "machine": platform.machine(),

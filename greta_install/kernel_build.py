@@ -9,9 +9,9 @@ wheels into a static PEP 503 index (+ SHA256SUMS) that any web server can serve 
 `GRETA_KERNEL_INDEX` can point at.
 
 The build itself is `greta build-kernels` run by the target environment's Python;
-this module only starts it, relays its progress (one line per compiled kernel, on all
-cores), checks the result and files it. The CPU
-row has no kernel wheel: Triton runs in its interpreter there, nothing is precompiled.
+this module only starts it (it compiles on all cores), relays its progress, checks the
+result and files it. The CPU row has no kernel wheel: Triton runs in its interpreter
+there, nothing is precompiled.
 """
 
 from __future__ import annotations
@@ -164,13 +164,16 @@ def build_or_reuse(
             return BuiltWheel(found, arch, _sha256(found), True, time.perf_counter() - start)
     with tempfile.TemporaryDirectory(prefix="greta-kbuild-") as work:
         out = Path(work) / "out"
+        scratch = Path(work) / "tmp"
+        scratch.mkdir()
         log(
             f"building the kernel wheel for {arch} with the installed Triton "
             "(one-time; the result is cached)"
         )
-        _run_with_progress(
-            build_argv(python, arch, str(out), jobs), _child_env(), arch, log, timeout
-        )
+        env = _child_env()
+        # The build's staging dirs land in our work dir: a killed build leaves nothing behind.
+        env["TMPDIR"] = str(scratch)
+        _run_with_progress(build_argv(python, arch, str(out), jobs), env, arch, log, timeout)
         wheel = cached_wheel(out, arch)
         if wheel is None:
             raise KernelBuildError(f"greta build-kernels wrote no intact wheel for {arch}")

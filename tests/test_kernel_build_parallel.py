@@ -86,7 +86,7 @@ def test_jobs_come_from_the_option_then_the_environment_then_the_cores(
     assert buildpool.resolve_jobs(5) == 5
     assert buildpool.resolve_jobs(0) == 3
     monkeypatch.delenv(buildpool.JOBS_ENV)
-    assert buildpool.resolve_jobs(0) == (os.cpu_count() or 1)
+    assert buildpool.resolve_jobs(0) == len(os.sched_getaffinity(0))
     monkeypatch.setenv(buildpool.JOBS_ENV, "many")
     with pytest.raises(AotError, match="GRETA_BUILD_JOBS"):
         buildpool.resolve_jobs(0)

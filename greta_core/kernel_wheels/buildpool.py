@@ -1,8 +1,8 @@
 """Compile kernel specs on all cores: worker processes, results in spec order.
 
 One arch has hundreds of independent compiles (kernel spec x int specialisation); Triton
-compiles each in the calling process and holds the GIL for most of it, so a build in one
-process uses one core. Here each compile is a task for a pool of worker processes:
+compiles one kernel at a time in the calling process, so a build in one process uses one
+core. Here each compile is a task for a pool of worker processes:
 
 - workers are *spawned* (never forked from a process whose torch/Triton threads exist)
   and set ``TRITON_INTERPRET=0`` before importing anything, so an interpreter flag in the
@@ -54,7 +54,7 @@ class Task:
 
 
 def resolve_jobs(jobs: int | None = None) -> int:
-    """Worker count: ``--jobs N`` when N > 0, else ``GRETA_BUILD_JOBS``, else all cores."""
+    """Worker count: ``--jobs N`` when N > 0, else ``GRETA_BUILD_JOBS``, else all usable cores."""
     if jobs and jobs > 0:
         return jobs
     text = os.environ.get(JOBS_ENV, "").strip()
@@ -65,7 +65,15 @@ def resolve_jobs(jobs: int | None = None) -> int:
             raise AotError(f"{JOBS_ENV}={text!r}: expected a whole number of processes") from None
         if value > 0:
             return value
-    return os.cpu_count() or 1
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (a CPU affinity mask or cgroup cpuset counts)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 # --- worker side ----------------------------------------------------------------------
