@@ -9,37 +9,46 @@ wheels into a static PEP 503 index (+ SHA256SUMS) that any web server can serve 
 `GRETA_KERNEL_INDEX` can point at.
 
 The build itself is `greta build-kernels` run by the target environment's Python;
-this module only starts it, shows progress, checks the result and files it. The CPU
-row has no kernel wheel: Triton runs in its interpreter there, nothing is precompiled.
+this module only starts it (it compiles on all cores), relays its progress, checks the
+result and files it. The CPU row has no kernel wheel: Triton runs in its interpreter
+there, nothing is precompiled.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import html
 import importlib.util
 import os
+import queue
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
+from greta_install.errors import GretaError
 from greta_install.kernel_names import distribution_name as kernel_wheel_name
 from greta_install.version import __version__
 
 Log = Callable[[str], None]
 BUILD_TIMEOUT_S = 3 * 3600
-PROGRESS_EVERY_S = 10.0
+PROGRESS_EVERY_S = 5.0
 
 
-class KernelBuildError(Exception):
+class KernelBuildError(GretaError):
     """The kernel wheel could not be built or filed; the message says why."""
 
 
@@ -158,14 +167,14 @@ def build_or_reuse(
         out = Path(work) / "out"
         scratch = Path(work) / "tmp"
         scratch.mkdir()
-        argv = build_argv(python, arch, str(out), jobs or os.cpu_count() or 1)
         log(
             f"building the kernel wheel for {arch} with the installed Triton "
             "(one-time; the result is cached)"
         )
         env = _child_env()
-        env["TMPDIR"] = str(scratch)  # the build's staging dirs land here: progress reads them
-        _run_with_progress(argv, env, scratch, arch, log, timeout)
+        # The build's staging dirs land in our work dir: a killed build leaves nothing behind.
+        env["TMPDIR"] = str(scratch)
+        _run_with_progress(build_argv(python, arch, str(out), jobs), env, arch, log, timeout)
         wheel = cached_wheel(out, arch)
         if wheel is None:
             raise KernelBuildError(f"greta build-kernels wrote no intact wheel for {arch}")
@@ -180,25 +189,35 @@ def build_or_reuse(
     return BuiltWheel(final, arch, _sha256(final), False, seconds)
 
 
-def build_argv(python: str, arch: str, out: str, jobs: int) -> list[str]:
-    """The build command (shown by --dry-run, run by build_or_reuse)."""
-    return [
-        python,
-        "-m",
-        "greta",
-        "build-kernels",
-        "--arch",
-        arch,
-        "--out",
-        out,
-        "--jobs",
-        str(jobs),
-    ]
+def build_argv(python: str, arch: str, out: str, jobs: int = 0) -> list[str]:
+    """The build command (shown by --dry-run, run by build_or_reuse).
+
+    No ``--jobs`` when `jobs` is 0: the build then uses ``GRETA_BUILD_JOBS`` or all cores.
+    """
+    argv = [python, "-m", "greta", "build-kernels", "--arch", arch, "--out", out]
+    return argv + (["--jobs", str(jobs)] if jobs > 0 else [])
+
+
+def progress_line(done: int, total: int, detail: str, width: int = 24) -> str:
+    """``[#####...] k/N detail``: the build's progress line, also what `parse_progress` reads."""
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {detail}"
+
+
+_PROGRESS = re.compile(r"^\[[#.]+\] (\d+)/(\d+) ")
+
+
+def parse_progress(line: str) -> tuple[int, int] | None:
+    """(done, total) of a `progress_line`, None for any other line."""
+    match = _PROGRESS.match(line)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _run_with_progress(
-    argv: list[str], env: dict[str, str], scratch: Path, arch: str, log: Log, timeout: float
+    argv: list[str], env: dict[str, str], arch: str, log: Log, timeout: float
 ) -> None:
+    """Run the build, relaying its lines: every other line at once, progress lines (one per
+    kernel) the first, each failed one, the last, and one per PROGRESS_EVERY_S between."""
     start = time.perf_counter()
     try:
         proc = subprocess.Popen(
@@ -208,40 +227,59 @@ def _run_with_progress(
             stdin=subprocess.DEVNULL,
             text=True,
             env=env,
-            start_new_session=True,
+            start_new_session=True,  # one process group: the build and all its workers
         )
     except OSError as exc:
         raise KernelBuildError(f"cannot run greta build-kernels: {exc}") from None
-    last = 0.0
+    lines: queue.Queue[str | None] = queue.Queue()
+    # A reader thread: the pipe is drained while we wait (hundreds of lines would fill it).
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    tail: collections.deque[str] = collections.deque(maxlen=12)
+    last = -PROGRESS_EVERY_S
     try:
-        while proc.poll() is None:
-            time.sleep(1.0)
+        while True:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                line = ""
             now = time.perf_counter() - start
             if now > timeout:
-                proc.kill()
-                proc.wait()
+                _kill_group(proc)
                 raise KernelBuildError(f"the kernel build for {arch} ran past {timeout:.0f}s")
-            if now - last >= PROGRESS_EVERY_S:
+            if line is None:
+                break
+            if not line.strip():
+                continue
+            tail.append(line)
+            counts = parse_progress(line)
+            if counts is None:
+                log(f"  {line}")
+            elif " ERROR " in line or counts[0] == counts[1] or now - last >= PROGRESS_EVERY_S:
                 last = now
-                log(f"  {arch}: {compiled_so_far(scratch)} kernels compiled ({now:.0f}s)")
-    except KeyboardInterrupt:
-        proc.kill()
+                log(f"  {line}")
         proc.wait()
+    except BaseException:
+        _kill_group(proc)
         raise
-    output = proc.stdout.read() if proc.stdout else ""
     if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-8:])
         raise KernelBuildError(
-            f"greta build-kernels failed for {arch} (exit {proc.returncode}):\n{tail}"
+            f"greta build-kernels failed for {arch} (exit {proc.returncode}):\n" + "\n".join(tail)
         )
 
 
-def compiled_so_far(scratch: Path) -> int:
-    """Kernels the running build has finished: one Triton cache group file each."""
+def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
     try:
-        return sum(1 for _ in scratch.glob("greta-kernels-*/*/__grp__*.json"))
-    except OSError:
-        return 0
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+    finally:
+        lines.put(None)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Stop the build and its worker processes (they share its process group)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _sha256(path: Path) -> str:

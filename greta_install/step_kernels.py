@@ -27,9 +27,8 @@ class KernelBuild:
         arch = plan.kernel_wheel.arch or "?"
         return [
             f"reuse the cached {arch} kernel wheel for the installed Triton, or: "
-            + commandline.shell(
-                kernel_build.build_argv(python, arch, "<cache>", os.cpu_count() or 1)
-            ),
+            + commandline.shell(kernel_build.build_argv(python, arch, "<cache>"))
+            + f" (on all {os.cpu_count() or 1} cores)",
             f"install it offline with --require-hashes (cache: {kernel_build.cache_root()})",
         ]
 

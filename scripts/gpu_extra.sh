@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements beside the test suite, one device call per part (each fits in 10 min):
 #
-#   bash scripts/gpu_extra.sh install   # greta install's kernel-wheel step and smoke test
-#                                       # against the machine's own torch/triton, TP block
+#   bash scripts/gpu_extra.sh install   # greta install's kernel-wheel step (sm_90 built on all
+#                                       # cores, installed), first call vs warm in a new
+#                                       # process, smoke test, TP block, build-time bench
 #   bash scripts/gpu_extra.sh models    # bench/hf_llama.py --quick, binding overhead before/
 #                                       # after, bench/fused_ops.py --quick
 #   bash scripts/gpu_extra.sh overhead  # issue 13's host cost: binding overhead before/after
@@ -53,13 +54,23 @@ run() { # NAME CAP COMMAND... : one step, its log kept, one summary line
 
 case $PART in
 install)
-    # The kernel-wheel step alone against the preinstalled torch/triton: build sm_90, install,
-    # warm; then again (cache reuse); then the smoke test (first vs warm call in its JSON).
-    run kernels 330 python3 -m greta install --only kernels --target cuda --arch sm_90 --force-target
-    run kernels_again 60 python3 -m greta install --only kernels --target cuda --arch sm_90 --force-target
+    # The kernel-wheel step alone against the preinstalled torch/triton: build sm_90 on all
+    # cores (timed: "seconds" in kernels.json, progress lines in kernels.log), install it into
+    # this machine's environment, warm; then again (cache reuse); then the first torch.ops.greta
+    # call in new processes with the wheel installed; then the smoke test.
+    export GRETA_KERNEL_CACHE="$WORK/kernel-wheel-cache"
+    run kernels 400 bash -c "python3 -m greta install --only kernels --target cuda --arch sm_90 \
+        --force-target --json > '$WORK/kernels.json'"
+    run kernels_again 60 bash -c "python3 -m greta install --only kernels --target cuda \
+        --arch sm_90 --force-target --json > '$WORK/kernels_again.json'"
+    run first_call 150 python3 bench/first_kernel_call.py --op rms_norm --repeats 3 \
+        --out "$WORK/first_kernel_call_h100"
     run smoke 150 bash -c "python3 -m greta smoke --json > '$WORK/smoke.json'"
     run tp_1rank 60 python3 -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 \
         --master-port 29511 examples/llama_block_tp.py --out "$WORK/tp"
+    # Last, with what is left of the budget: the build alone, CPU time and first-line latency.
+    run kernel_build_bench 200 python3 bench/kernel_build.py --arch sm_90 --jobs "$(nproc)" \
+        --out "$WORK/kernel_build_sm90"
     ;;
 models)
     run hf_llama 270 python3 bench/hf_llama.py --quick --out "$WORK/hf_llama"
@@ -88,7 +99,8 @@ overhead)
 esac
 
 cp "$WORK/summary.txt" "$OUT/summary.txt"
-for f in smoke.json binding_overhead.json; do [[ -f "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"; done
-tar -czf "$OUT/results.tar.gz" -C "$WORK" --exclude greta-cache .
+for f in smoke.json binding_overhead.json kernels.json kernels_again.json first_kernel_call_h100.json \
+    kernel_build_sm90.json kernel_build_sm90.csv; do [[ -f "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"; done
+tar -czf "$OUT/results.tar.gz" -C "$WORK" --exclude greta-cache --exclude kernel-wheel-cache .
 rm -rf "$WORK" "$SITE"
 cat "$OUT/summary.txt"

@@ -15,9 +15,6 @@ PACKAGES = ("greta", "greta_install", "greta_core")
 NOT_GRETA = {
     # A signal relayed as KeyboardInterrupt: `except Exception` must not swallow it.
     "Interrupted": "greta_install/transaction.py",
-    # greta_install/kernel_build.py belongs to another change in flight; it is to become a
-    # GretaError there, and this entry then goes.
-    "KernelBuildError": "greta_install/kernel_build.py",
 }
 # Builtin raises that never leave GRETA: caught a few lines on, or in a child program
 # whose failures are reported as text.

@@ -5,23 +5,26 @@ config table (``configs.json``), the Triton cache entries of every kernel spec c
 for the arch with the installed Triton (``precompiled/<key>/``), and ``manifest.json``
 (kernels and specialisations covered, arch, Triton version and build fingerprint, build
 date, source hash) and ``launchers.json``, what Triton's host launcher of each kernel
-signature is built from (built on the user's machine by ``greta warm``). Each arch builds in its own process (``--jobs``).
+signature is built from (built on the user's machine by ``greta warm``). The kernels compile
+in parallel worker processes (``--jobs``, default all cores); the wheel's bytes do not depend
+on the job count.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
-import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from greta_core.errors import AotError, ConfigError
+from greta_core.kernel_wheels.aot import variants_of
 
 HELP = "Build GRETA kernel wheels (precompiled Triton code + tuned configs) per GPU arch."
 
@@ -46,7 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="config table to ship instead of the built-in one (e.g. from `greta tune`); "
         "only with a single --arch",
     )
-    parser.add_argument("--jobs", type=int, default=0, help="parallel archs (default: CPU count)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="worker processes compiling kernels in parallel "
+        "(default: GRETA_BUILD_JOBS, else all CPU cores)",
+    )
     parser.add_argument("--report", type=Path, help="write the AOT report (JSON) here")
 
 
@@ -64,9 +73,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"greta build-kernels: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    outcomes = build_all(
-        archs, args.out, only=only, variants=variants, configs_text=configs_text, jobs=args.jobs
-    )
+    try:
+        outcomes = build_all(
+            archs, args.out, only=only, variants=variants, configs_text=configs_text, jobs=args.jobs
+        )
+    except AotError as exc:
+        print(f"greta build-kernels: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # The workers are stopped; a wheel is written whole or not at all.
+        print("greta build-kernels: interrupted; workers stopped", file=sys.stderr)
+        return 130
     failed = False
     built = 0
     for outcome in outcomes:
@@ -107,79 +124,143 @@ def build_all(
     variants: Sequence[str] = ("aligned", "ragged"),
     configs_text: str | None = None,
     jobs: int = 0,
+    progress: Callable[[int, int, Any], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Build one wheel per arch, each in a fresh process (Triton's interpreter flag and
-    JIT state must not leak in); returns one outcome dict per arch, in `archs` order."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """Build one wheel per arch; returns one outcome dict per arch, in `archs` order.
 
-    jobs = jobs or min(len(archs), os.cpu_count() or 1)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=max(1, jobs), mp_context=ctx, initializer=_clean_env
-    ) as pool:
-        futures = [
-            pool.submit(build_arch, arch, str(out_dir), list(only), list(variants), configs_text)
+    Every kernel specialisation of every arch is one task for `jobs` spawned worker
+    processes (``greta_core.kernel_wheels.buildpool``; 0: ``GRETA_BUILD_JOBS`` or all
+    cores). The wheels are put together here from the results in spec order, so their
+    bytes do not depend on `jobs`. An arch with any failed kernel gets no wheel: its
+    outcome's ``fatal`` names the kernels.
+    """
+    from greta_core.kernel_wheels import buildpool
+
+    jobs = buildpool.resolve_jobs(jobs)
+    say = progress or print_progress
+    start = time.perf_counter()
+    print(
+        f"building kernel wheels for {', '.join(archs)} with {jobs} worker process(es)",
+        flush=True,
+    )
+    outcomes: dict[str, dict[str, Any]] = {}
+    tables: dict[str, str] = {}
+    for arch in archs:
+        try:
+            tables[arch] = configs_text if configs_text is not None else shipped_table(arch)
+            json.loads(tables[arch])  # a broken table must fail the build, not the user's run
+        except (OSError, ValueError) as exc:
+            outcomes[arch] = {"arch": arch, "fatal": f"config table: {exc}"}
+    with contextlib.ExitStack() as stack:
+        staging = {
+            arch: stack.enter_context(tempfile.TemporaryDirectory(prefix=f"greta-kernels-{arch}-"))
             for arch in archs
-        ]
-        outcomes = []
-        for arch, future in zip(archs, futures, strict=True):
+        }
+        # Entered after the staging dirs: the workers stop before those are removed.
+        pool = stack.enter_context(buildpool.worker_pool(jobs))
+        found = {
+            arch: pool.submit(buildpool.discover_specs, arch, list(only))
+            for arch in archs
+            if arch not in outcomes
+        }
+        tasks: list[buildpool.Task] = []
+        module_errors: dict[str, list[dict[str, str]]] = {arch: [] for arch in archs}
+        for arch, future in found.items():
             try:
-                outcomes.append(future.result())
+                modules = future.result()
             except Exception as exc:
-                outcomes.append({"arch": arch, "fatal": f"{type(exc).__name__}: {exc}"})
-    return outcomes
+                outcomes[arch] = {"arch": arch, "fatal": f"{type(exc).__name__}: {exc}"}
+                continue
+            if only and not modules:
+                outcomes[arch] = {
+                    "arch": arch,
+                    "fatal": f"no kernel module named {', '.join(only)} in greta_core.kernels",
+                }
+                continue
+            for module, specs, error in modules:
+                if error:
+                    module_errors[arch].append({"module": module, "arch": arch, "error": error})
+                for index, (name, has_ints) in enumerate(specs):
+                    for variant in variants_of(has_ints, variants):
+                        tasks.append(
+                            buildpool.Task(arch, module, index, name, variant, staging[arch])
+                        )
+        print(f"{len(tasks)} kernels to compile", flush=True)
+        results = buildpool.compile_all(pool, tasks, jobs, progress=say)
+        for arch in archs:
+            if arch in outcomes:
+                continue
+            mine = [r for r in results if r.arch == arch]
+            outcomes[arch] = package_arch(
+                arch, Path(staging[arch]), Path(out_dir), mine, module_errors[arch],
+                list(variants), tables[arch], time.perf_counter() - start,
+            )  # fmt: skip
+    return [outcomes[arch] for arch in archs]
 
 
-def _clean_env() -> None:
-    # "0", not unset: an environment's greta-env.pth (cpu row) re-sets unset variables.
-    os.environ["TRITON_INTERPRET"] = "0"
+def print_progress(done: int, total: int, res: Any) -> None:
+    """One line per finished kernel: bar, k/N, kernel, status, seconds (the first error line)."""
+    from greta_install.kernel_build import progress_line
+
+    status = "ok" if res.ok else "ERROR"
+    detail = f"{res.arch} {res.spec} [{res.variant}] {status} {res.seconds:.2f}s"
+    print(progress_line(done, total, detail), flush=True)
+    if not res.ok:
+        print(f"  {(res.error.splitlines() or [''])[0]}", flush=True)
 
 
-def build_arch(
+def package_arch(
     arch: str,
-    out_dir: str,
-    only: Sequence[str] = (),
-    variants: Sequence[str] = ("aligned", "ragged"),
-    configs_text: str | None = None,
+    staging: Path,
+    out_dir: Path,
+    results: Sequence[Any],
+    module_errors: list[dict[str, str]],
+    variants: list[str],
+    table_text: str,
+    seconds: float,
 ) -> dict[str, Any]:
-    """Compile every spec for `arch` and write its wheel (runs in a worker process)."""
-    from greta_core.kernel_wheels.aot import run_aot
+    """Write `arch`'s wheel from its compiled cache entries; no wheel if anything failed."""
+    from greta_core.kernel_wheels.aot import environment
     from greta_core.kernel_wheels.host_launchers import SPECS_FILE
     from greta_core.kernel_wheels.wheelbuild import build_wheel, distribution_name, package_name
     from greta_install.version import __version__
 
-    start = time.perf_counter()
-    table_text = configs_text if configs_text is not None else shipped_table(arch)
-    json.loads(table_text)  # a broken table must fail the build, not the user's run
-    with tempfile.TemporaryDirectory(prefix=f"greta-kernels-{arch}-") as staging:
-        aot = run_aot([arch], staging, only=only, variants=variants)
-        files: dict[str, bytes] = {"configs.json": table_text.encode()}
-        kernels = []
-        launchers: dict[str, dict[str, Any]] = {}
-        for res in aot.results:
-            if not res.ok:
-                continue
-            entry = collect_entry(Path(staging), res.key)
-            files.update({f"precompiled/{name}": data for name, data in entry.items()})
-            launcher = launcher_spec(res, entry)
-            if launcher:
-                launchers.setdefault(launcher["digest"], launcher["spec"])
-            kernels.append(
-                {
-                    "spec": res.spec,
-                    "module": res.module,
-                    "kernel": res.kernel,
-                    "variant": res.variant,
-                    "key": res.key,
-                    "dir": cache_dir_name(res.key),
-                    "signature": res.signature,
-                    "specialised": res.specialised,
-                    "matrix_instructions": res.matrix_instructions,
-                    "launcher": launcher["digest"] if launcher else "",
-                }
-            )
-    env = aot.environment
+    rows = [{k: v for k, v in r.to_row().items() if k != "specialised"} for r in results]
+    bad = [r for r in results if not r.ok]
+    if bad or module_errors:
+        what = [f"{r.spec} [{r.variant}]: {(r.error.splitlines() or [''])[0]}" for r in bad[:5]]
+        what += [f"module {e['module']}: {e['error']}" for e in module_errors]
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        return {
+            "arch": arch,
+            "fatal": f"{len(bad)} kernel(s) failed, no wheel written: " + "; ".join(what) + more,
+            "module_errors": module_errors,
+            "results": rows,
+        }
+    files: dict[str, bytes] = {"configs.json": table_text.encode()}
+    kernels = []
+    launchers: dict[str, dict[str, Any]] = {}
+    for res in results:
+        entry = collect_entry(staging, res.key)
+        files.update({f"precompiled/{name}": data for name, data in entry.items()})
+        launcher = launcher_spec(res, entry)
+        if launcher:
+            launchers.setdefault(launcher["digest"], launcher["spec"])
+        kernels.append(
+            {
+                "spec": res.spec,
+                "module": res.module,
+                "kernel": res.kernel,
+                "variant": res.variant,
+                "key": res.key,
+                "dir": cache_dir_name(res.key),
+                "signature": res.signature,
+                "specialised": res.specialised,
+                "matrix_instructions": res.matrix_instructions,
+                "launcher": launcher["digest"] if launcher else "",
+            }
+        )
+    env = environment()
     manifest = {
         "format": MANIFEST_FORMAT,
         "distribution": distribution_name(arch),
@@ -192,23 +273,21 @@ def build_arch(
         "machine": env["machine"],
         "build_date": env["date"],
         "source_hash": source_hash(table_text),
-        "variants": list(variants),
+        "variants": variants,
         "kernels": kernels,
         # Host launchers described in launchers.json, built by `greta warm`.
         "launchers": sorted(launchers),
     }
     files[SPECS_FILE] = (json.dumps(launchers, indent=1, sort_keys=True) + "\n").encode()
     files["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-    wheel = build_wheel(Path(out_dir), arch, __version__, files)
+    wheel = build_wheel(out_dir, arch, __version__, files)
     return {
         "arch": arch,
         "wheel": str(wheel),
         "compiled": len(kernels),
-        "seconds": round(time.perf_counter() - start, 2),
-        "module_errors": aot.module_errors,
-        "results": [
-            {k: v for k, v in r.to_row().items() if k != "specialised"} for r in aot.results
-        ],
+        "seconds": round(seconds, 2),
+        "module_errors": module_errors,
+        "results": rows,
     }
 
 

@@ -39,7 +39,9 @@ def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
 
     config = configs.lookup(op, arch, {})
     widths = []
-    block = 256
+    # From the smallest block up: short rows are real (per-head q/k norms over a head_dim of
+    # 64 or 128) and a block the wheel lacks is a JIT compile on the user's first call.
+    block = MIN_BLOCK_N
     while block <= config["MAX_BLOCK_N"]:
         widths.append(block)
         block *= 2

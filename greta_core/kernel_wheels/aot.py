@@ -216,6 +216,11 @@ def has_int_args(spec: Any) -> bool:
     return any(ty in _ALIGNED_INT for ty in spec.signature.values())
 
 
+def variants_of(has_ints: bool, variants: Sequence[str]) -> list[str]:
+    """The variants compiled for a spec: "ragged" only differs from "aligned" for int args."""
+    return [v for v in variants if v != "ragged" or has_ints]
+
+
 def _stand_in(name: str, ty: str, ints: dict[str, int]) -> Any:
     import triton.language as tl
     from triton.runtime.jit import MockTensor
@@ -328,12 +333,16 @@ class AotRun:
 def environment() -> dict[str, str]:
     import triton
 
+    # SOURCE_DATE_EPOCH (reproducible-builds.org): a fixed build date gives byte-identical
+    # wheels from identical inputs.
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    when = time.gmtime(int(epoch)) if epoch.isdigit() else time.gmtime()
     return {
         "triton": triton.__version__,
         "triton_fingerprint": triton_fingerprint(),
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", when),
     }
 
 
@@ -379,9 +388,7 @@ def run_aot(
                         {"module": found.module, "arch": arch, "error": found.error}
                     )
                 for spec in found.specs:
-                    for variant in variants:
-                        if variant == "ragged" and not has_int_args(spec):
-                            continue
+                    for variant in variants_of(has_int_args(spec), variants):
                         res = compile_spec(spec, found.module, arch, variant)
                         results.append(res)
                         if progress:

@@ -24,7 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-install", action="store_true", help="build/cache only")
     parser.add_argument("--index", type=Path, help="also write the wheel into this static index")
-    parser.add_argument("--jobs", type=int, default=0, help="build processes (default: CPU count)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="worker processes compiling kernels (default: GRETA_BUILD_JOBS, else all cores)",
+    )
 
 
 def _detected_arch() -> tuple[str | None, str | None]:

@@ -1,0 +1,161 @@
+"""Kernel-wheel build time for one arch, per worker count: ``greta build-kernels --jobs N``.
+
+Each run is a fresh ``python -m greta build-kernels`` process with a fresh Triton cache
+(the build compiles into its own staging directories; nothing is reused between runs).
+Reported per run: wall seconds, CPU seconds of the build and its workers (user + sys),
+peak RSS of the largest process, kernels compiled, seconds to the first output line and
+to the first progress line (``[###...] k/N``), the wheel's sha256 (equal across job
+counts: the bytes do not depend on ``--jobs``; SOURCE_DATE_EPOCH is fixed for that), and
+the load average before and after (other work on the machine slows a build down).
+
+    python bench/kernel_build.py --arch gfx942 --jobs 1,2 --out bench/results/kernel_build/gfx942
+    python bench/kernel_build.py --arch sm_90 --jobs 16 --out "$OUT/kernel_build_sm90"
+
+Writes ``<out>.json`` (metadata + runs) and ``<out>.csv`` (one row per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from greta_install.kernel_build import parse_progress  # noqa: E402
+
+FIELDS = ("arch", "jobs", "ok", "kernels", "wall_s", "cpu_s", "peak_rss_mib",
+          "first_line_s", "first_progress_s", "loadavg_before", "loadavg_after", "wheel_sha256")  # fmt: skip
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="greta-kbench-") as work:
+        out = Path(work) / "wheels"
+        report = Path(work) / "report.json"
+        argv = [sys.executable, "-m", "greta", "build-kernels", "--arch", arch, "--out", str(out)]
+        argv += ["--jobs", str(jobs), "--report", str(report), "--variants", variants]
+        if kernels:
+            argv += ["--kernels", kernels]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "TRITON_INTERPRET": "0",
+            "TRITON_CACHE_DIR": str(Path(work) / "triton-cache"),
+            "SOURCE_DATE_EPOCH": "1700000000",
+            "PYTHONUNBUFFERED": "1",
+        }
+        load_before = os.getloadavg()[0]
+        usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        first_line = first_progress = None
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        assert proc.stdout is not None
+        log = []
+        for line in proc.stdout:
+            now = time.perf_counter() - start
+            first_line = now if first_line is None else first_line
+            if first_progress is None and parse_progress(line) is not None:
+                first_progress = now
+            log.append(line)
+        proc.wait()
+        wall = time.perf_counter() - start
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wheels = sorted(out.glob("*.whl"))
+        outcomes = json.loads(report.read_text()) if report.is_file() else []
+        sys.stdout.write(log[-1] if log else "")
+        return {
+            "arch": arch,
+            "jobs": jobs,
+            "ok": proc.returncode == 0 and len(wheels) == 1,
+            "returncode": proc.returncode,
+            "kernels": sum(o.get("compiled", 0) for o in outcomes),
+            "wall_s": round(wall, 2),
+            "cpu_s": round(
+                usage.ru_utime - usage_before.ru_utime + usage.ru_stime - usage_before.ru_stime, 2
+            ),
+            # ru_maxrss of children: the largest single process so far (KiB on Linux).
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "first_line_s": round(first_line, 2) if first_line is not None else None,
+            "first_progress_s": round(first_progress, 2) if first_progress is not None else None,
+            "loadavg_before": round(load_before, 2),
+            "loadavg_after": round(os.getloadavg()[0], 2),
+            "wheel_sha256": hashlib.sha256(wheels[0].read_bytes()).hexdigest() if wheels else "",
+            # The last lines, the run's temporary directory left out of them.
+            "tail": [line.rstrip().replace(work, "<tmp>") for line in log[-4:]],
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="gfx942")
+    parser.add_argument("--jobs", default="1,2", help="comma list of worker counts")
+    parser.add_argument("--kernels", default="", help="subset of kernel modules (default all)")
+    parser.add_argument("--variants", default="aligned,ragged")
+    parser.add_argument("--out", type=Path, required=True, help="path stem of the .json/.csv")
+    args = parser.parse_args()
+    import triton
+
+    runs = []
+    for jobs in [int(j) for j in args.jobs.split(",") if j.strip()]:
+        print(f"--- {args.arch} --jobs {jobs}", flush=True)
+        runs.append(one_run(args.arch, jobs, args.kernels, args.variants))
+        print(json.dumps({k: runs[-1][k] for k in FIELDS}), flush=True)
+    result = {
+        "bench": "kernel_build",
+        # --out as its file name only: no machine-local path in a committed result.
+        "command": " ".join(
+            [
+                "python",
+                "bench/kernel_build.py",
+                *(
+                    a.replace(str(args.out.parent), "<out>") if args.out.is_absolute() else a
+                    for a in sys.argv[1:]
+                ),
+            ]
+        ),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "triton": triton.__version__,
+        "kernels_subset": args.kernels or "all",
+        "variants": args.variants,
+        "same_wheel_for_all_jobs": len({r["wheel_sha256"] for r in runs}) == 1,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    with args.out.with_suffix(".csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(runs)
+    print(f"wrote {args.out.with_suffix('.json')} and .csv")
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
