@@ -30,9 +30,9 @@ def test_tiny_run_writes_rows_for_every_variant(tmp_path: Path, monkeypatch) -> 
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "hf_llama.json").read_text())
     rows = {r["variant"]: r for r in doc["rows"]}
-    assert set(rows) == {"vanilla", "liger", "greta", "greta-sdpa"}
+    assert set(rows) == {"vanilla", "liger", "greta", "greta-attn", "greta-sdpa"}
     assert doc["metadata"]["preset"] == "tiny" and doc["metadata"]["device"] == "cpu"
-    for variant in ("vanilla", "greta", "greta-sdpa"):
+    for variant in ("vanilla", "greta", "greta-attn", "greta-sdpa"):
         row = rows[variant]
         assert row["status"] == "ok", row
         assert row["train_step_ms"] > 0 and row["decode_tok_s"] > 0
@@ -42,8 +42,9 @@ def test_tiny_run_writes_rows_for_every_variant(tmp_path: Path, monkeypatch) -> 
     seen = json.loads(rows["greta"]["implementations"])
     assert seen["linear_cross_entropy"] == "reference-torch"
     assert "attention" not in json.loads(rows["greta-sdpa"]["implementations"])
+    assert json.loads(rows["greta-attn"]["implementations"])["attention"] == "reference-torch"
     assert rows["liger"]["status"] == "skipped"  # CPU: Liger's kernels need a GPU
     with (tmp_path / "hf_llama.csv").open() as fh:
-        assert len(list(csv.DictReader(fh))) == 4
+        assert len(list(csv.DictReader(fh))) == 5
     assert (tmp_path / "hf_llama.png").stat().st_size > 0
     assert not list(tmp_path.glob(".probe_*"))
