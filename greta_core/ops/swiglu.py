@@ -67,6 +67,17 @@ def plan_bwd(op: str, shape: tuple[int, ...], dtype: str, arch: str) -> Plan:
     return Plan(f"{op}_bwd", arch, buffers, (launch,) if n else (), (0, 1))
 
 
+@memo
+def plan_bwd_inplace(op: str, shape: tuple[int, ...], dtype: str, arch: str) -> Plan:
+    """Inputs (dy, gate, up); dgate written over gate and dup over up (each element is read
+    before it is written, in the same program): no [tokens, intermediate] buffers."""
+    n = math.prod(shape)
+    args = (In(0), In(1), In(2), n, Out(0), Out(1))
+    launch = _launch(glu_bwd_kernel, n, args, OPS[op], arch)
+    buffers = (Buffer(shape, dtype, alias=1), Buffer(shape, dtype, alias=2))
+    return Plan(f"{op}_bwd", arch, buffers, (launch,) if n else (), (0, 1))
+
+
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
 
@@ -80,6 +91,16 @@ def glu(op: str, gate: Any, up: Any, wrap: Wrap = _no_wrap) -> Any:
 def glu_bwd(op: str, dy: Any, gate: Any, up: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
     arch = validate_bwd(op, dy, gate, up)
     plan = plan_bwd(op, tuple(gate.shape), dtype_name(gate.dtype), arch)
+    return run(plan, (dy, gate, up), wrap=wrap)
+
+
+def glu_bwd_inplace(op: str, dy: Any, gate: Any, up: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
+    """:func:`glu_bwd` into gate's and up's own memory; returns (gate, up), now (dgate, dup).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    arch = validate_bwd(op, dy, gate, up)
+    plan = plan_bwd_inplace(op, tuple(gate.shape), dtype_name(gate.dtype), arch)
     return run(plan, (dy, gate, up), wrap=wrap)
 
 

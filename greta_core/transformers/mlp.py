@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from greta_core.torch.swiglu import consume_inputs
 from greta_core.transformers._fallback import fall_back
 
 # transformers' ACT2FN names -> the GRETA op computing act(gate) * up.
@@ -30,4 +31,9 @@ def glu_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if op is None:
         fall_back("swiglu", "transformers", f"activation {act!r} has no fused GRETA kernel")
         return self.down_proj(self.act_fn(gate) * up)
-    return self.down_proj(getattr(torch.ops.greta, op)(gate, up))
+    if torch.compiler.is_compiling():
+        return self.down_proj(getattr(torch.ops.greta, op)(gate, up))
+    # gate and up are this forward's own: the backward may write their gradients over them.
+    with consume_inputs():
+        hidden = getattr(torch.ops.greta, op)(gate, up)
+    return self.down_proj(hidden)
