@@ -7,6 +7,8 @@ either way.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -36,10 +38,7 @@ def _mlp_grads(consume: bool, dtype: torch.dtype):
     x = torch.randn(64, 32, generator=gen).to(DEVICE, dtype).requires_grad_()
     w1, w2 = (torch.randn(32, 96, generator=gen).to(DEVICE, dtype) / 6 for _ in range(2))
     gate, up = x @ w1, x @ w2
-    if consume:
-        with consume_inputs():
-            y = torch.ops.greta.swiglu(gate, up)
-    else:
+    with consume_inputs() if consume else contextlib.nullcontext():
         y = torch.ops.greta.swiglu(gate, up)
     kept = gate.detach().clone()
     y.backward(torch.ones_like(y))
@@ -62,10 +61,7 @@ def test_consuming_backward_allocates_no_gate_sized_buffers() -> None:
         x = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         w = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16) / 16
         gate, up = x @ w, x @ w
-        if consume:
-            with consume_inputs():
-                y = torch.ops.greta.swiglu(gate, up)
-        else:
+        with consume_inputs() if consume else contextlib.nullcontext():
             y = torch.ops.greta.swiglu(gate, up)
         dy = torch.ones_like(y)
         del gate, up

@@ -52,80 +52,56 @@ def _sdpa_trains_faster(query: torch.Tensor) -> bool:
     return configs.lookup("attention_training", arch_of(query)).get("backend") == "sdpa"
 
 
-def greta_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """q [B, H, Sq, D], k/v [B, Hkv, Skv, D] -> ([B, Sq, H, D], None), as transformers wants.
+def _attention_forward(by_table: bool):
+    """transformers' attention-function signature around GRETA's kernel; `by_table`: let the
+    arch's ``attention_training`` table send training calls to SDPA."""
 
-    In training, the arch's ``attention_training`` table entry may send the call to SDPA
-    (its backward is faster there); :func:`greta_attention_forward_always` does not ask.
-    """
-    return _forward(
-        module, query, key, value, attention_mask, dropout, scaling, is_causal,
-        sliding_window, softcap, kwargs, by_table=True,
-    )  # fmt: skip
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        reason = _unsupported(module, query, key, attention_mask, dropout, sliding_window, softcap)
+        if not reason and by_table and _sdpa_trains_faster(query):
+            reason = (
+                "training: SDPA's backward is faster on this GPU (configs 'attention_training')"
+            )
+        if reason:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+            fall_back("attention", "torch-sdpa", reason)
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                is_causal=is_causal, **kwargs,
+            )  # fmt: skip
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        # One query (a decode step) sees every key: no causal masking to do.
+        causal = bool(causal) and query.shape[2] > 1
+        out = torch.ops.greta.attention(query, key, value, causal, scaling)
+        return out.transpose(1, 2).contiguous(), None
 
-def greta_attention_forward_always(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """:func:`greta_attention_forward` with GRETA's kernel in training too."""
-    return _forward(
-        module, query, key, value, attention_mask, dropout, scaling, is_causal,
-        sliding_window, softcap, kwargs, by_table=False,
-    )  # fmt: skip
+    return forward
 
 
-def _forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float,
-    scaling: float | None,
-    is_causal: bool | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    kwargs: dict,
-    by_table: bool,
-) -> tuple[torch.Tensor, None]:
-    reason = _unsupported(module, query, key, attention_mask, dropout, sliding_window, softcap)
-    if not reason and by_table and _sdpa_trains_faster(query):
-        reason = "training: SDPA's backward is faster on this GPU (configs 'attention_training')"
-    if reason:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+greta_attention_forward = _attention_forward(by_table=True)
+greta_attention_forward.__name__ = greta_attention_forward.__qualname__ = "greta_attention_forward"
+greta_attention_forward.__doc__ = """q [B, H, Sq, D], k/v [B, Hkv, Skv, D] -> ([B, Sq, H, D], None),
+as transformers wants. In training, the arch's ``attention_training`` table entry may send
+the call to SDPA (its backward is faster there)."""
 
-        fall_back("attention", "torch-sdpa", reason)
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-            is_causal=is_causal, **kwargs,
-        )  # fmt: skip
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    # One query (a decode step) sees every key: no causal masking to do.
-    causal = bool(causal) and query.shape[2] > 1
-    out = torch.ops.greta.attention(query, key, value, causal, scaling)
-    return out.transpose(1, 2).contiguous(), None
+greta_attention_forward_always = _attention_forward(by_table=False)
+greta_attention_forward_always.__name__ = "greta_attention_forward_always"
+greta_attention_forward_always.__qualname__ = "greta_attention_forward_always"
+greta_attention_forward_always.__doc__ = """:func:`greta_attention_forward` with GRETA's kernel
+in training too (``apply_greta(..., attention="always")``)."""
 
 
 def register() -> None:
