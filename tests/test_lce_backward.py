@@ -86,3 +86,15 @@ def test_chunk_scale_comes_from_the_config_table() -> None:
     for arch in ("sm_90", "gfx942", "gfx1100", "cpu"):
         want = configs.lookup(lce.OP, arch, {"V": 128256}).get("CHUNK_SCALE", 1)
         assert lce.chunk_scale(arch, 128256) == want
+
+
+@pytest.mark.skipif(not ON_GPU, reason="GPU test: the device path scales the saved gradients")
+def test_gpu_retained_graph_second_backward_is_refused() -> None:
+    hidden, weight, target = _inputs(64, 32, 128, torch.bfloat16, DEVICE)
+    loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target)
+    (loss * 0.5).backward(retain_graph=True)
+    want_h, want_w = _reference_grads(hidden, weight, target, 0.5)
+    torch.testing.assert_close(hidden.grad.double().cpu(), want_h, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(weight.grad.double().cpu(), want_w, rtol=2e-2, atol=2e-3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss * 0.5).backward()

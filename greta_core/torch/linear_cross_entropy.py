@@ -122,6 +122,14 @@ def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
         return None, None, None, None, None, None
     if ctx.precomputed:
         dh, dw = ctx.saved_tensors
+        if _is_concrete(dloss) and dh.device.type != "cpu":
+            # Scaled in place on the device: no host sync (reading dloss would stall the CPU
+            # until the forward has run, and a train step's CPU is needed ahead of the GPU),
+            # and no second dweight. A second backward through a retained graph then fails
+            # autograd's version check instead of scaling twice.
+            dh.mul_(dloss.to(dh.dtype))
+            dw.mul_(dloss.to(dw.dtype))
+            return dh, dw, None, None, None, None
         if _is_concrete(dloss) and bool((dloss == 1).all()):
             # loss.backward(): the saved gradients are the answer. Multiplying by 1 would
             # allocate a second dweight ([vocab, hidden]: 0.5 GiB for a 128k vocabulary in
