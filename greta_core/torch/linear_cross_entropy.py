@@ -122,8 +122,8 @@ def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
         return None, None, None, None, None, None
     if ctx.precomputed:
         dh, dw = ctx.saved_tensors
-        if _is_concrete(dloss) and dh.device.type != "cpu":
-            # Scaled in place on the device: no host sync (reading dloss would stall the CPU
+        if _is_concrete(dloss) and dh.device.type != "cpu" and not takes_reference(dh):
+            # The Triton path scales in place on the device: no host sync (reading dloss would stall the CPU
             # until the forward has run, and a train step's CPU is needed ahead of the GPU),
             # and no second dweight. A second backward through a retained graph then fails
             # autograd's version check instead of scaling twice.
