@@ -36,7 +36,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,24 +230,11 @@ class Clock:
         return time.monotonic() - self.start
 
 
-@contextlib.contextmanager
-def table_override(overrides: dict[str, Config]) -> Iterator[None]:
-    """Serve `overrides` (op name -> config) from configs.lookup; plans are memoized on
-    the lookup function, so the swap never reuses a plan built from the table."""
+def table_override(overrides: dict[str, Config]) -> Any:
+    """Serve `overrides` (op name -> full config) from configs.lookup."""
     from greta_core import configs
 
-    original = configs.lookup
-
-    def lookup(op: str, arch: str, features: Any = None) -> dict[str, Any]:
-        if op in overrides:
-            return dict(overrides[op])
-        return original(op, arch, features)
-
-    configs.lookup = lookup
-    try:
-        yield
-    finally:
-        configs.lookup = original
+    return configs.Override(overrides)
 
 
 class Problem:

@@ -103,18 +103,11 @@ def _greta_chunk_scale(op: str, scale: int) -> Callable[..., Any] | None:
     from greta_core import configs
 
     base = _greta(op)
-    lookup = configs.lookup
-
-    def scaled(op_name: str, arch: str, features: Any = None) -> dict[str, Any]:
-        config = lookup(op_name, arch, features)
-        return {**config, "CHUNK_SCALE": scale} if op_name == op else config
+    override = configs.Override({op: {"CHUNK_SCALE": scale}})
 
     def run(*args: Any) -> Any:
-        configs.lookup = scaled
-        try:
+        with override:
             return base(*args)
-        finally:
-            configs.lookup = lookup
 
     return run
 

@@ -94,6 +94,34 @@ def lookup(op: str, arch: str, features: Features | None = None) -> dict[str, An
     return config
 
 
+class Override:
+    """``with Override({"op": {"KEY": value}}):`` serves :func:`lookup` with these keys merged
+    over the table's config of each named op (tuning and benchmarks try configs this way).
+
+    The mapping is read on every lookup, so a caller may change it between calls. Launch
+    plans and call caches are keyed on ``configs.lookup`` itself: under an Override they
+    are built afresh, and the same Override entered again finds its own again.
+    """
+
+    def __init__(self, overrides: Mapping[str, Mapping[str, Any]]) -> None:
+        self.overrides = overrides
+        self._table_lookup: Any = None
+
+    def lookup(self, op: str, arch: str, features: Features | None = None) -> dict[str, Any]:
+        config = self._table_lookup(op, arch, features)
+        extra = self.overrides.get(op)
+        return {**config, **extra} if extra else config
+
+    def __enter__(self) -> Override:
+        global lookup
+        self._table_lookup, lookup = lookup, self.lookup
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global lookup
+        lookup = self._table_lookup
+
+
 def launch_options(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """The compiler/launch options of a config that this arch's backend accepts."""
     opts = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}

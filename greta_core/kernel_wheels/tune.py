@@ -212,18 +212,9 @@ def time_candidates(
 
     cands = candidates(space, is_hip(arch))[:limit]
     labels = {config_label(c): c for c in cands}
-    real_lookup = configs.lookup
     current: dict[str, Any] = {}
-
-    def lookup(op: str, arch_: str, features: Any = None) -> dict[str, Any]:
-        config = real_lookup(op, arch_, features)
-        if op == space.op and current:
-            config = {**config, **current}
-        return config
-
     timings: dict[str, dict[str, float]] = {}
-    configs.lookup = lookup
-    try:
+    with configs.Override({space.op: current}):
         for problem in space.problems:
             call = problem.make(torch, device)
             current.clear()
@@ -249,8 +240,6 @@ def time_candidates(
                 timings[problem.label][label] = ms
             best = min(timings[problem.label].items(), key=lambda kv: kv[1])
             log(f"{space.op} {problem.label}: best {best[0]} {best[1]:.4f} ms")
-    finally:
-        configs.lookup = real_lookup
     best = {p: labels[c] for p, c in best_per_problem(timings).items()}
     entry = build_entry(space.problems, best, SIZE_KEYS.get(space.op, "N"))
     return TuneRun(space.op, arch, timings, {k: dict(v) for k, v in labels.items()}, entry)

@@ -123,18 +123,12 @@ def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
     if ctx.precomputed:
         dh, dw = ctx.saved_tensors
         if _is_concrete(dloss) and dh.device.type != "cpu" and not takes_reference(dh):
-            # The Triton path scales in place on the device: no host sync (reading dloss would stall the CPU
-            # until the forward has run, and a train step's CPU is needed ahead of the GPU),
-            # and no second dweight. A second backward through a retained graph then fails
-            # autograd's version check instead of scaling twice.
+            # The Triton path scales in place on the device: no second dweight ([vocab, hidden])
+            # at the train step's peak, and no host sync on dloss's value. A second backward
+            # through a retained graph then fails autograd's version check instead of
+            # scaling twice. Elsewhere (CPU, float64 references, tracing) a plain product.
             dh.mul_(dloss.to(dh.dtype))
             dw.mul_(dloss.to(dw.dtype))
-            return dh, dw, None, None, None, None
-        if _is_concrete(dloss) and bool((dloss == 1).all()):
-            # loss.backward(): the saved gradients are the answer. Multiplying by 1 would
-            # allocate a second dweight ([vocab, hidden]: 0.5 GiB for a 128k vocabulary in
-            # bf16) while the saved one is alive, at the train step's peak. Liger-Kernel
-            # makes the same check (one sync, at the start of the backward).
             return dh, dw, None, None, None, None
         return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None, None
     hidden, weight, target = ctx.saved_tensors
