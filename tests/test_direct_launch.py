@@ -222,10 +222,10 @@ def test_direct_launch_binds_a_greta_kernel() -> None:
     jit = rms_norm_fwd_kernel if type(rms_norm_fwd_kernel) is JITFunction else JITFunction(fn)
     spec = ((_IN, 0), (_IN, 1), (_SCALAR, 64), (_SCALAR, 64), (_SCALAR, 1e-6),
             (_OUT, 0), (_OUT, 1))  # fmt: skip
-    keywords = {"BLOCK_N": 64, "ONE_PASS": True, "num_warps": 4}
+    keywords = {"BLOCK_N": 64, "ONE_PASS": True, "STORE_RSTD": True, "num_warps": 4}
     launch = _direct.direct_launch(jit, (4,), spec, keywords, (_IN, _OUT))
     assert isinstance(launch, _direct.DirectLaunch)
-    assert launch._slots == (0, 1, 5, 6) and launch._tail == (64, True)
+    assert launch._slots == (0, 1, 5, 6) and launch._tail == (64, True, True)
     assert _direct.direct_launch(jit, (4,), spec, {"BLOCK_N": 64}, (_IN, _OUT)) is None
     if type(rms_norm_fwd_kernel) is not JITFunction:
         assert _direct.direct_launch(rms_norm_fwd_kernel, (4,), spec, keywords, (_IN, _OUT)) is None
@@ -443,11 +443,12 @@ def _rms_norm_launch(x: Any, w: Any) -> _direct.DirectLaunch | None:
     from greta_core.ops import rms_norm
     from greta_core.ops._rows import row_layout
 
-    rms_norm._fwd_call.clear()  # no ready launch kept from an earlier test: the next call
+    rms_norm._y_call.clear()  # no ready launch kept from an earlier test: the next call
     # takes the direct launcher (and Triton's path where nothing is captured yet)
     shape, stride, _ = row_layout(x)
-    plan = rms_norm.plan_fwd(
-        shape, stride, _plan.dtype_name(x.dtype), 1e-6, rms_norm.validate(x, w)
+    plan = rms_norm.plan_fwd(  # raw.rms_norm's plan: y only, no rstd
+        shape, stride, _plan.dtype_name(x.dtype), 1e-6, rms_norm.validate(x, w),
+        store_rstd=False,
     )
     return _plan._torch_form(plan).launches[0][4]
 
@@ -502,20 +503,24 @@ def test_gpu_direct_launch_is_bit_identical_to_tritons_path(
 @pytest.mark.gpu
 def test_gpu_ready_launch_is_the_hot_path_and_bit_identical() -> None:
     import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
-    from greta_core import raw
+    from greta_core import raw, reference
     from greta_core.ops import _calls, rms_norm
 
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
-    rms_norm._fwd_call.clear()
+    rms_norm._y_call.clear()
     want = raw.rms_norm(x, w)  # the ordinary path; the kernel is captured, the launch kept
-    (ready,) = [r for r in rms_norm._fwd_call._ready.values() if type(r) is _calls.ReadyLaunch]
+    (ready,) = [r for r in rms_norm._y_call._ready.values() if type(r) is _calls.ReadyLaunch]
     if torch.version.hip is None:  # Triton's C launcher, its CudaLauncher wrapper skipped
         assert getattr(ready._fn, "__name__", None) == "launch"
+    # No backward follows these calls: one buffer (y), allocated like x; no rstd.
+    assert [like for like, _, _ in ready._allocs] == [0]
     got = [raw.rms_norm(x, w) for _ in range(3)] + [torch.ops.greta.rms_norm(x, w, 1e-6)]
+    y_with_rstd, rstd = raw.rms_norm_fwd(x, w)  # the plan a backward needs: same y
     torch.cuda.synchronize()
-    for y in got:
+    for y in [*got, y_with_rstd]:
         assert torch.equal(y, want)
+    torch.testing.assert_close(rstd, reference.rms_norm_fwd(x, w, 1e-6)[1])
 
 
 @pytest.mark.gpu

@@ -248,7 +248,7 @@ def test_call_cache_validates_once_per_signature(monkeypatch: pytest.MonkeyPatch
     from greta_core import raw
     from greta_core.errors import GretaInputError
 
-    rms_norm._fwd_call.clear()
+    rms_norm._y_call.clear()
     seen = []
     real = rms_norm.validate
     monkeypatch.setattr(rms_norm, "validate", lambda *a: seen.append(1) or real(*a))

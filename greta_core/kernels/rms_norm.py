@@ -1,7 +1,8 @@
 """RMSNorm over the last dim: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
 
 fp32 math for every input dtype. Forward also writes rstd (fp32, one per row) for the
-backward. ONE_PASS keeps the whole row in registers (one read, one write per element);
+backward; with STORE_RSTD off (a call no backward follows) it does not, and rstd_ptr is
+never read (the plan passes y's pointer), so the call allocates one buffer, not two. ONE_PASS keeps the whole row in registers (one read, one write per element);
 otherwise the row is processed in BLOCK_N chunks (two reads). The backward writes dx and
 one fp32 partial row of dweight per program; ``col_sum`` adds the partials.
 """
@@ -25,6 +26,7 @@ def rms_norm_fwd_kernel(
     rstd_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -49,7 +51,8 @@ def rms_norm_fwd_kernel(
             x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
@@ -165,23 +168,32 @@ def aot_specs(arch: str) -> list:
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
             for block, one_pass, options in aot_variants("rms_norm", arch):
-                specs.append(
-                    AotSpec(
-                        name=f"rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
-                        kernel=rms_norm_fwd_kernel,
-                        signature={
-                            "x_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "n_cols": "i32",
-                            "stride_x": "i32",
-                            "eps": "fp32",
-                            "y_ptr": f"*{dtype}",
-                            "rstd_ptr": "*fp32",
-                        },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                        options=options,
+                for store_rstd in (True, False):
+                    specs.append(
+                        AotSpec(
+                            name=(
+                                f"rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
+                                f"one_pass={one_pass},store_rstd={store_rstd}]"
+                            ),
+                            kernel=rms_norm_fwd_kernel,
+                            signature={
+                                "x_ptr": f"*{dtype}",
+                                "w_ptr": f"*{wdtype}",
+                                "n_cols": "i32",
+                                "stride_x": "i32",
+                                "eps": "fp32",
+                                "y_ptr": f"*{dtype}",
+                                # Without STORE_RSTD the plan passes y's pointer here.
+                                "rstd_ptr": "*fp32" if store_rstd else f"*{dtype}",
+                            },
+                            constexprs={
+                                "BLOCK_N": block,
+                                "ONE_PASS": one_pass,
+                                "STORE_RSTD": store_rstd,
+                            },
+                            options=options,
+                        )
                     )
-                )
             for block, one_pass, options in aot_variants("rms_norm_bwd", arch):
                 specs.append(
                     AotSpec(

@@ -5,6 +5,7 @@ See docs/en/architecture.md ("the eager hot path") and ``ops/rms_norm.py`` for t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -146,8 +147,9 @@ class ReadyLaunch:
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_between", "_device", "_direct", "_empty", "_fn", "_grid",
-        "_impl", "_in_pos", "_index", "_op", "_out_pos", "_spec", "_template",
+        "_allocs", "_arch", "_between", "_device", "_direct", "_empty", "_empty_like", "_fn", "_get_device",
+        "_get_stream", "_grid", "_impl", "_in_pos", "_index", "_op", "_out_pos", "_spec",
+        "_template",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -170,11 +172,13 @@ class ReadyLaunch:
         cls, plan: Plan, inputs: tuple[Any, ...], positions: tuple[int, ...],
         results: tuple[Any, ...],
     ) -> ReadyLaunch | None:  # fmt: skip
+        import torch
+
         form = _torch_form(plan)
         _, _, spec, _, direct = form.launches[0]  # fits(plan) holds
         if not direct.usable():
             return None
-        get_device, _ = _direct._driver()
+        get_device, get_stream = _direct._driver()
         index = get_device()
         args = [inputs[v] if k == _IN else results[v] if k == _OUT else v for k, v in spec]
         captured = direct.captured(args, index)
@@ -183,7 +187,10 @@ class ReadyLaunch:
         fn, grid, between, tail = captured
         return cls(
             op=plan.op, impl=implementation(plan.arch), arch=plan.arch,
-            allocs=form.plain, empty=form.empty, device=inputs[0].device, index=index,
+            allocs=[(_like(inputs, positions, shape, dtype), shape, dtype)
+                    for shape, dtype in form.plain],
+            empty=form.empty, empty_like=torch.empty_like, device=inputs[0].device, index=index,
+            get_device=_direct.current_device_getter(get_device), get_stream=get_stream,
             template=[v if k == _SCALAR else None for k, v in spec] + list(tail),
             in_pos=[(i, positions[v]) for i, (k, v) in enumerate(spec) if k == _IN],
             out_pos=[(i, v) for i, (k, v) in enumerate(spec) if k == _OUT],
@@ -191,11 +198,13 @@ class ReadyLaunch:
         )  # fmt: skip
 
     def __call__(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
-        get_device, get_stream = _direct._driver()
-        if get_device() != self._index or not self._direct.usable():
+        if self._get_device() != self._index or not self._direct.usable():
             return None
-        empty, device = self._empty, self._device
-        bufs = [empty(shape, dtype=dtype, device=device) for shape, dtype in self._allocs]
+        empty, empty_like, device = self._empty, self._empty_like, self._device
+        bufs = [
+            empty(shape, dtype=dtype, device=device) if like is None else empty_like(args[like])
+            for like, shape, dtype in self._allocs
+        ]
         a = self._template.copy()
         for i, j in self._in_pos:
             a[i] = ptrs[j]
@@ -205,7 +214,7 @@ class ReadyLaunch:
                 return self._by_direct(args, bufs)
             a[i] = p
         g0, g1, g2 = self._grid
-        self._fn(g0, g1, g2, get_stream(self._index), *self._between, *a)
+        self._fn(g0, g1, g2, self._get_stream(self._index), *self._between, *a)
         record(self._op, self._impl, self._arch)
         return tuple(bufs)
 
@@ -220,6 +229,19 @@ class ReadyLaunch:
         return tuple(bufs)
 
 
+def _like(
+    inputs: tuple[Any, ...], positions: tuple[int, ...], shape: tuple[int, ...], dtype: Any
+) -> int | None:
+    """The call argument a buffer may be allocated like (``torch.empty_like`` parses one
+    tensor where ``torch.empty`` parses a shape, a dtype and a device: a cheaper call):
+    a contiguous input of the buffer's shape and dtype. The signature key fixes shapes,
+    dtypes and strides, so what holds for this call holds for every call of the launch."""
+    for tensor, position in zip(inputs, positions, strict=True):
+        if tuple(tensor.shape) == shape and tensor.dtype == dtype and tensor.is_contiguous():
+            return position
+    return None
+
+
 def eager_raw(*tensors: Any) -> bool:
     """True when a GRETA op may launch its plan directly instead of going through torch.ops.
 
@@ -230,19 +252,13 @@ def eager_raw(*tensors: Any) -> bool:
     same kernel with the same checks. Anything else, or a torch without these hooks, takes
     the torch op.
     """
-    import torch
-
-    try:
-        if (
-            torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._len_torch_function_stack()
-        ):
-            return False
-    except AttributeError:
+    probes = _eager_probes()
+    if probes is None:
         return False
-    grad = torch.is_grad_enabled()
-    plain = (torch.Tensor, torch.nn.Parameter)  # subclasses (FakeTensor, DTensor...) excluded
+    compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
+    if compiling() or dispatch_modes() or function_modes():
+        return False
+    grad = grad_enabled()
     for t in tensors:
         if t is None:
             continue
@@ -250,3 +266,21 @@ def eager_raw(*tensors: Any) -> bool:
         if type(t) not in plain or not t.is_cuda or (grad and t.requires_grad):
             return False
     return True
+
+
+@functools.cache
+def _eager_probes() -> tuple[Any, ...] | None:
+    """torch's checks that eager_raw runs on every call, looked up once (a hot path)."""
+    import torch
+
+    try:
+        return (
+            torch.compiler.is_compiling,
+            torch._C._len_torch_dispatch_stack,
+            torch._C._len_torch_function_stack,
+            torch.is_grad_enabled,
+            # Plain tensors only: subclasses (FakeTensor, DTensor...) take the torch op.
+            (torch.Tensor, torch.nn.Parameter),
+        )
+    except AttributeError:  # a torch without these hooks
+        return None

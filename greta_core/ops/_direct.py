@@ -163,6 +163,14 @@ def _driver() -> tuple[Callable[[], int], Callable[[int], int]]:
     return active.get_current_device, active.get_current_stream
 
 
+def current_device_getter(get_device: Callable[[], int]) -> Callable[[], int]:
+    """`get_device` (Triton's: ``torch.cuda.current_device``) without its lazy-init check,
+    for callers that already launched on the device (CUDA and ROCm builds of torch)."""
+    import torch
+
+    return getattr(torch._C, "_cuda_getDevice", get_device)
+
+
 def bind_tail(
     params: Sequence[Any], n_args: int, keywords: Mapping[str, Any]
 ) -> tuple[Any, ...] | None:

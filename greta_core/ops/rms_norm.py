@@ -61,20 +61,24 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
 
 
 @memo
-def plan_fwd(shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch: str) -> Plan:
-    """Buffers: y (x's shape and dtype), rstd fp32 [rows]."""
+def plan_fwd(
+    shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch: str,
+    store_rstd: bool = True,
+) -> Plan:  # fmt: skip
+    """Buffers: y (x's shape and dtype), rstd fp32 [rows] (with `store_rstd`: the backward
+    needs it; a call no backward follows skips the buffer and the store)."""
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(OP, arch, n_cols)
     launch = Launch(
         rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), n_cols, stride_x, eps, Out(0), Out(1)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
+        (In(0), In(1), n_cols, stride_x, eps, Out(0), Out(1 if store_rstd else 0)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": store_rstd},
+        rp.options,
     )  # fmt: skip
-    return Plan(
-        OP, arch,
-        (Buffer(shape, dtype), Buffer((n_rows,), "float32")),
-        (launch,) if n_rows else (), (0, 1),
-    )  # fmt: skip
+    buffers = (Buffer(shape, dtype),)
+    if store_rstd:
+        buffers += (Buffer((n_rows,), "float32"),)
+    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
 @memo
@@ -98,11 +102,15 @@ def launch_fwd(
     run(plan, (x2, weight), out=(y2, rstd), wrap=wrap)
 
 
-def _resolve_fwd(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
+def _resolve_fwd(x: Any, weight: Any, eps: float, store_rstd: bool = True) -> tuple[Plan, bool]:
     """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
     arch = validate(x, weight)
     shape, stride, copies = row_layout(x)
-    return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch), copies
+    return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch, store_rstd), copies
+
+
+def _resolve_y(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
+    return _resolve_fwd(x, weight, eps, store_rstd=False)
 
 
 def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] | None:
@@ -111,6 +119,8 @@ def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] |
 
 
 _fwd_call = CallCache(_resolve_fwd, n_tensors=2, plan_inputs=_given_inputs)
+# y only, for the calls no backward follows (the raw API, torch.ops.greta's no-grad path).
+_y_call = CallCache(_resolve_y, n_tensors=2, plan_inputs=_given_inputs)
 
 
 def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
@@ -132,7 +142,12 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    return rms_norm_fwd(x, weight, eps)[0]
+    eps = float(eps)
+    done = _y_call.launch(_no_wrap, x, weight, eps)  # hot path: see ops/_calls.py
+    if done is not None:
+        return done[0]
+    plan, copies = _y_call(x, weight, eps)
+    return run(plan, (rows_view(x) if copies else x, weight))[0]
 
 
 def rms_norm_bwd(dy: Any, x: Any, weight: Any, rstd: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:

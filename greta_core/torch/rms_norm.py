@@ -83,7 +83,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch
         # Plain GPU tensors, no gradient, no tracing or mode: the plan launches without a
         # second dispatcher hop and the custom-op autograd layer. Autograd, torch.compile
         # and fake tensors take rms_norm_fwd, so compiled graphs still see the kernel.
-        return raw.rms_norm_fwd(x, weight, eps)[0]
+        # No backward follows: the y-only plan (no rstd buffer).
+        return raw.rms_norm(x, weight, eps)
     return torch.ops.greta.rms_norm_fwd(x, weight, eps)[0]
 
 
