@@ -205,9 +205,10 @@ def test_causal_lm_consumes_final_hidden_unless_hidden_states_are_returned() -> 
         revert_greta(model)
     assert runs[True][2] is False  # returned to the caller: never overwritten
     assert runs[False][2] is True  # the model's own: dhidden went over it
-    torch.testing.assert_close(runs[False][0], runs[True][0])
+    # The same maths either way (test_transformers.py's tolerance covers a GPU's SDPA).
+    torch.testing.assert_close(runs[False][0], runs[True][0], rtol=1e-5, atol=1e-6)
     for name, g in runs[True][1].items():
-        torch.testing.assert_close(runs[False][1][name], g, msg=name)
+        torch.testing.assert_close(runs[False][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
 # --- GPU: the forward's peak --------------------------------------------------------------
