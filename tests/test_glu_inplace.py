@@ -18,7 +18,7 @@ from _kernel_testing import DEVICE, ON_GPU, need_triton  # noqa: E402
 
 import greta_core.torch  # noqa: E402, F401
 from greta_core.ops import swiglu as glu_ops  # noqa: E402
-from greta_core.torch.swiglu import consume_inputs  # noqa: E402
+from greta_core.torch._common import consume_inputs  # noqa: E402
 
 
 @pytest.mark.parametrize("op", ["swiglu", "geglu"])

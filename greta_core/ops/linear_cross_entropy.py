@@ -98,14 +98,15 @@ def plan_rows(
 
 def _chunked(
     hidden: Any, weight: Any, target: Any, ignore_index: int, scale: Any,
-    write_grad: bool, row_scale: bool, arch: str, wrap: Wrap,
+    write_grad: bool, row_scale: bool, arch: str, wrap: Wrap, dh_into_hidden: bool = False,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    """(loss rows fp32 [N], dhidden or None, dweight or None)."""
+    """(loss rows fp32 [N], dhidden or None, dweight or None); with `dh_into_hidden`
+    dhidden is `hidden` itself, overwritten chunk by chunk."""
     import torch
 
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
-    dh = torch.empty_like(hidden) if write_grad else None
+    dh = (hidden if dh_into_hidden else torch.empty_like(hidden)) if write_grad else None
     dw = torch.zeros_like(weight) if write_grad else None
     for start, end in chunks(n_rows, vocab, hidden.shape[1], chunk_scale(arch, vocab)):
         h = hidden[start:end]
@@ -117,8 +118,12 @@ def _chunked(
         s = scale[start:end] if row_scale else scale
         run(plan, (target[start:end], s, logits), out=(loss[start:end], logits), wrap=wrap)
         if write_grad:
-            torch.mm(logits, weight, out=dh[start:end])
+            # dweight's share reads the chunk's hidden rows before its dhidden rows are
+            # written: with dh_into_hidden they are the same memory. torch.mm(out=) (not a
+            # raw kernel write) moves hidden's version counter, so a backward that saved
+            # hidden raises instead of reading dhidden.
             dw.addmm_(logits.t(), h)
+            torch.mm(logits, weight, out=dh[start:end])
         # Freed before the next chunk's logits exist: one chunk alive at a time, not two.
         del logits
     return loss, dh, dw
@@ -132,18 +137,37 @@ def mean_scale(target: Any, ignore_index: int) -> Any:
     return (1.0 / n_valid.to(torch.float32)).reshape(1)
 
 
+def check_dh_into_hidden(hidden: Any, with_grad: bool, reduction: str) -> None:
+    """dhidden can go over `hidden` only when the forward computes it (with_grad, reduction
+    mean or sum) and `hidden` is contiguous as given (its rows are dhidden's rows)."""
+    if not (with_grad and reduction != "none" and hidden.is_contiguous()):
+        raise GretaInputError(
+            f"{OP}: dh_into_hidden=True needs with_grad=True, reduction 'mean' or 'sum' "
+            f"and a contiguous 'hidden' (got with_grad={with_grad}, reduction={reduction!r}, "
+            f"contiguous={hidden.is_contiguous()})"
+        )
+
+
 def linear_cross_entropy_fwd(
     hidden: Any, weight: Any, target: Any, ignore_index: int = -100,
     reduction: str = "mean", with_grad: bool = False, wrap: Wrap = _no_wrap,
+    *, dh_into_hidden: bool = False,
 ) -> tuple[Any, Any | None, Any | None]:  # fmt: skip
     """(loss, dhidden, dweight): the gradients of the loss itself (None without with_grad;
     reduction="none" takes :func:`linear_cross_entropy_bwd` instead).
+
+    With ``dh_into_hidden=True`` dhidden is written over `hidden`'s memory and the returned
+    dhidden *is* `hidden`: one [tokens, hidden] tensor less at the forward's peak. Only for
+    a caller that owns `hidden` (nothing reads its values afterwards); it needs with_grad,
+    reduction "mean" or "sum" and a contiguous `hidden`.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     import torch
 
     arch = validate(hidden, weight, target, reduction)
+    if dh_into_hidden:
+        check_dh_into_hidden(hidden, with_grad, reduction)
     hidden, weight = hidden.contiguous(), weight.contiguous()
     write_grad = with_grad and reduction != "none"
     if reduction == "mean":
@@ -151,7 +175,7 @@ def linear_cross_entropy_fwd(
     else:
         scale = torch.ones(1, dtype=torch.float32, device=hidden.device)
     loss, dh, dw = _chunked(
-        hidden, weight, target, ignore_index, scale, write_grad, False, arch, wrap
+        hidden, weight, target, ignore_index, scale, write_grad, False, arch, wrap, dh_into_hidden
     )
     if reduction == "sum":
         loss = loss.sum()

@@ -3,7 +3,11 @@ without the logits. It calls the triton_op greta::linear_cross_entropy_fwd -> (l
 dhidden, dweight): with ``with_grad`` (grad mode on, an input needing it, reduction mean
 or sum) the gradients come out of the forward's chunks and the backward only scales them;
 otherwise the backward is the triton_op greta::linear_cross_entropy_bwd, which redoes the
-chunks with per-row gradients (reduction="none")."""
+chunks with per-row gradients (reduction="none").
+
+Inside ``consume_inputs()`` (apply_greta's causal-LM loss) the Triton path writes dhidden
+over ``hidden`` in the forward (see :func:`_consumes_hidden`): the forward's peak then holds
+one [tokens, hidden] tensor less."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import linear_cross_entropy as raw
-from greta_core.torch._common import record_reference
+from greta_core.torch._common import consuming, record_reference
 from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
@@ -22,8 +26,24 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0)
 
 
-def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad):
+# dh_into_hidden=True, on every path of greta::linear_cross_entropy_fwd: dhidden is written
+# over the input `hidden` and the op's dhidden output is a 0-element placeholder. A custom
+# op's outputs may not alias its inputs (torch checks it at runtime), so `hidden` itself
+# cannot be returned; _setup_context saves the input `hidden` in dhidden's place instead.
+def _dh_output(hidden: torch.Tensor, dh: torch.Tensor | None, dh_into_hidden: bool):
+    """The op's dhidden output: a placeholder when dhidden lives in `hidden` (or is None)."""
+    return _empty(hidden) if dh_into_hidden or dh is None else dh
+
+
+def _saved_dh(hidden: torch.Tensor, dh: torch.Tensor, dh_into_hidden: bool) -> torch.Tensor:
+    """The tensor holding dhidden after the forward: `hidden` when it was written there."""
+    return hidden if dh_into_hidden else dh
+
+
+def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden):
     raw.validate(hidden, weight, target, reduction, reference=True)
+    if dh_into_hidden:
+        raw.check_dh_into_hidden(hidden, with_grad, reduction)
     record_reference("linear_cross_entropy")
     loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
     if not with_grad or reduction == "none":
@@ -33,7 +53,9 @@ def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad):
     if reduction == "mean":
         scale = scale / (target != ignore_index).sum().clamp(min=1)
     dh, dw = reference.linear_cross_entropy_bwd(hidden, weight, target, scale, ignore_index)
-    return loss.to(ct), dh, dw
+    if dh_into_hidden:  # nothing saved here: the contract is kept for every path alike
+        hidden.copy_(dh)
+    return loss.to(ct), _dh_output(hidden, dh, dh_into_hidden), dw
 
 
 def _reference_bwd(hidden, weight, target, row_scale, ignore_index):
@@ -42,14 +64,21 @@ def _reference_bwd(hidden, weight, target, row_scale, ignore_index):
     return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
 
 
-def _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad, wrap=None):
+def _triton_fwd(
+    hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden, wrap=None
+):
     kw = {} if wrap is None else {"wrap": wrap}
     loss, dh, dw = raw.linear_cross_entropy_fwd(
-        hidden, weight, target, ignore_index, reduction, with_grad, **kw
-    )
-    return loss, _empty(hidden) if dh is None else dh, _empty(weight) if dw is None else dw
+        hidden, weight, target, ignore_index, reduction, with_grad, **kw,
+        dh_into_hidden=dh_into_hidden,
+    )  # fmt: skip
+    dw = _empty(weight) if dw is None else dw
+    return loss, _dh_output(hidden, dh, dh_into_hidden), dw
 
 
+# mutates_args=() although dh_into_hidden=True writes `hidden`: an op with declared mutations
+# cannot have register_autograd. _linear_cross_entropy passes True only on concrete tensors
+# (never while tracing, where functionalization would trust the schema).
 @triton_op("greta::linear_cross_entropy_fwd", mutates_args=())
 def linear_cross_entropy_fwd(
     hidden: torch.Tensor,
@@ -58,17 +87,20 @@ def linear_cross_entropy_fwd(
     ignore_index: int,
     reduction: str,
     with_grad: bool,
+    dh_into_hidden: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden)
     if takes_reference(hidden):
-        return _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
-    return _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad, wrap_triton)
+        return _reference_fwd(*args)
+    return _triton_fwd(*args, wrap_triton)
 
 
 @linear_cross_entropy_fwd.register_kernel("cpu")
-def _fwd_cpu(hidden, weight, target, ignore_index, reduction, with_grad):
+def _fwd_cpu(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden=False):
+    args = (hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden)
     if run_triton_on_cpu(hidden, weight):
-        return _triton_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
-    return _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad)
+        return _triton_fwd(*args)
+    return _reference_fwd(*args)
 
 
 @triton_op("greta::linear_cross_entropy_bwd", mutates_args=())
@@ -94,12 +126,12 @@ def _bwd_cpu(hidden, weight, target, row_scale, ignore_index):
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    hidden, weight, target, ignore_index, reduction, with_grad = inputs
+    hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden = inputs
     _loss, dh, dw = output
     ctx.precomputed = with_grad and reduction != "none"
     ctx.ignore_index, ctx.reduction = ignore_index, reduction
     if ctx.precomputed:
-        ctx.save_for_backward(dh, dw)
+        ctx.save_for_backward(_saved_dh(hidden, dh, dh_into_hidden), dw)
     else:
         ctx.save_for_backward(hidden, weight, target)
     ctx.mark_non_differentiable(dh, dw)
@@ -117,11 +149,38 @@ def _is_concrete(t: torch.Tensor) -> bool:
     )
 
 
+def _takes_triton(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The forward's body runs the Triton kernel (a GPU in a kernel dtype, or the CPU
+    interpreter when asked for), not the torch reference."""
+    if hidden.device.type == "cpu":
+        return run_triton_on_cpu(hidden, weight)
+    return not takes_reference(hidden)
+
+
+def _consumes_hidden(hidden: torch.Tensor, weight: torch.Tensor, with_grad: bool) -> bool:
+    """Whether this call writes dhidden over `hidden` (dh_into_hidden). Only inside
+    consume_inputs() (the caller owns `hidden`); when the forward computes the gradients;
+    on concrete tensors (a traced graph would bake the flag in as a constant); on the
+    Triton path (where dhidden is a fresh [tokens, hidden] tensor otherwise); for a `hidden`
+    contiguous as given (else the raw API's .contiguous() copy is fresh anyway: nothing to
+    save) and not a leaf that requires grad (a parameter's data, never an intermediate)."""
+    return (
+        with_grad
+        and consuming()
+        and _is_concrete(hidden)
+        and hidden.is_contiguous()
+        and not (hidden.is_leaf and hidden.requires_grad)
+        and _takes_triton(hidden, weight)
+    )
+
+
 def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
     if dloss is None:  # only the non-differentiable outputs were used
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     if ctx.precomputed:
-        dh, dw = ctx.saved_tensors
+        # With dh_into_hidden the saved dhidden is the input `hidden`, graph and all: a
+        # detached alias (same memory and version counter) is a plain gradient like dw.
+        dh, dw = (t.detach() for t in ctx.saved_tensors)
         if _is_concrete(dloss) and dh.device.type != "cpu" and not takes_reference(dh):
             # The Triton path scales in place on the device: no second dweight ([vocab, hidden])
             # at the train step's peak, and no host sync on dloss's value. A second backward
@@ -129,8 +188,8 @@ def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
             # scaling twice. Elsewhere (CPU, float64 references, tracing) a plain product.
             dh.mul_(dloss.to(dh.dtype))
             dw.mul_(dloss.to(dw.dtype))
-            return dh, dw, None, None, None, None
-        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None, None
+            return dh, dw, None, None, None, None, None
+        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None, None, None
     hidden, weight, target = ctx.saved_tensors
     if ctx.reduction == "none":
         row_scale = dloss.to(torch.float32).contiguous()
@@ -144,7 +203,7 @@ def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
     dh, dw = torch.ops.greta.linear_cross_entropy_bwd(
         hidden, weight, target, row_scale, ctx.ignore_index
     )
-    return dh, dw, None, None, None, None
+    return dh, dw, None, None, None, None, None
 
 
 linear_cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -168,8 +227,9 @@ def _linear_cross_entropy(
         and (hidden.requires_grad or weight.requires_grad)
         and reduction != "none"
     )
+    dh_into_hidden = _consumes_hidden(hidden, weight, with_grad)
     return torch.ops.greta.linear_cross_entropy_fwd(
-        hidden, weight, target, ignore_index, reduction, with_grad
+        hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden
     )[0]
 
 

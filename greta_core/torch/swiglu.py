@@ -1,12 +1,11 @@
 """greta::swiglu and greta::geglu (act(gate) * up; user ops, autograd) = the triton_ops
 greta::swiglu_fwd / geglu_fwd, whose backwards are the triton_ops greta::swiglu_bwd /
-geglu_bwd, so compiled graphs keep both Triton kernels."""
+geglu_bwd, so compiled graphs keep both Triton kernels. Inside ``consume_inputs()``
+(greta_core.torch._common; apply_greta's MLP) the GPU backward writes the gradients over
+gate and up."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,22 +14,8 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import swiglu as raw
 from greta_core.ops._calls import eager_raw
-from greta_core.torch._common import record_reference
+from greta_core.torch._common import consuming, record_reference
 from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
-
-# Set by a caller whose gate/up are its own intermediates (apply_greta's MLP): the backward
-# may then write the gradients over them. Never for a user's tensors, which they may read.
-_CONSUME = contextvars.ContextVar("greta_glu_consume_inputs", default=False)
-
-
-@contextlib.contextmanager
-def consume_inputs() -> Iterator[None]:
-    """swiglu/geglu calls inside may reuse gate's and up's memory for their gradients (GPU)."""
-    token = _CONSUME.set(True)
-    try:
-        yield
-    finally:
-        _CONSUME.reset(token)
 
 
 def _register(op: str) -> None:
@@ -79,7 +64,7 @@ def _register(op: str) -> None:
 
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
         ctx.save_for_backward(*inputs)
-        ctx.consume = _CONSUME.get()
+        ctx.consume = consuming()
 
     def backward(ctx: Any, dy: torch.Tensor):
         gate, up = ctx.saved_tensors

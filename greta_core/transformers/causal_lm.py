@@ -5,13 +5,18 @@ last hidden states and the LM head's weight (chunked over tokens: the [tokens, v
 logits never exist) and ``logits`` is None, as in Liger-Kernel. Otherwise (eval,
 ``generate``, or ``skip_logits=False``) the logits are computed as usual, and a loss too
 when labels are given. Shifting and ``num_items_in_batch`` follow transformers'
-``ForCausalLMLoss``.
+``ForCausalLMLoss``. Unless the hidden states are returned (``output_hidden_states``), the
+fused loss writes its hidden gradient over the final hidden states (``consume_inputs``).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+
+from greta_core.torch._common import consume_inputs
 
 IGNORE_INDEX = -100
 
@@ -35,6 +40,14 @@ def causal_lm_loss(
     if isinstance(num_items_in_batch, torch.Tensor):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def _owns_final_hidden(outputs) -> bool:
+    """The final hidden states are this forward's own, read by nothing after the loss, unless
+    they go back to the caller (output_hidden_states). The loss may then write its hidden
+    gradient over them (one [tokens, hidden] tensor less at the forward's peak). Not while
+    compiling: dynamo would trace the context variable."""
+    return outputs.hidden_states is None and not torch.compiler.is_compiling()
 
 
 def causal_lm_forward(
@@ -72,9 +85,10 @@ def causal_lm_forward(
     fused = skip_logits and has_labels and getattr(self.lm_head, "bias", None) is None
     loss = logits = None
     if fused:
-        loss = causal_lm_loss(
-            hidden, self.lm_head.weight, labels, shift_labels, kwargs.get("num_items_in_batch")
-        )
+        with consume_inputs() if _owns_final_hidden(outputs) else contextlib.nullcontext():
+            loss = causal_lm_loss(
+                hidden, self.lm_head.weight, labels, shift_labels, kwargs.get("num_items_in_batch")
+            )
     else:
         logits = self.lm_head(hidden)
         if has_labels:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from greta_core.torch.swiglu import consume_inputs
+from greta_core.torch._common import consume_inputs
 from greta_core.transformers._fallback import fall_back
 
 # transformers' ACT2FN names -> the GRETA op computing act(gate) * up.
