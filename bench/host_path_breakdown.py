@@ -37,9 +37,9 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, device="cuda", dtype=torch.bfloat16)
     eps = 1e-6
-    raw.rms_norm_fwd(x, w, eps)  # the ordinary path once: captures the ready launch
-    raw.rms_norm_fwd(x, w, eps)
-    call = raw._fwd_call
+    raw.rms_norm(x, w, eps)  # the ordinary path once: captures the ready launch
+    raw.rms_norm(x, w, eps)
+    call = raw._y_call  # raw.rms_norm's (y only: no backward follows)
     ready = next(v for v in call._ready.values() if v is not False)
     ptrs = [x.data_ptr(), w.data_ptr()]
     args = (x, w, eps)
@@ -74,6 +74,8 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         ("launcher only (fixed pointers)", lambda: ready._fn(g0, g1, g2, stream, *ready._between, *a)),
         ("torch.empty bf16 [4, 64]", lambda: torch.empty((4, 64), dtype=torch.bfloat16, device=x.device)),
         ("torch.empty fp32 [4]", lambda: torch.empty((4,), dtype=torch.float32, device=x.device)),
+        ("torch.empty_like(x)", lambda: torch.empty_like(x)),
+        ("x.new_empty((4, 64))", lambda: x.new_empty((4, 64))),
         ("custom-op hop to a no-op Python kernel", lambda: torch.ops.greta_probe.noop(x, w, eps)),
         ("eager_raw(x, w)", lambda: eager_raw(x, w)),
         ("signature key build + hash", key),
