@@ -447,7 +447,11 @@ def _rms_norm_launch(x: Any, w: Any) -> _direct.DirectLaunch | None:
     # takes the direct launcher (and Triton's path where nothing is captured yet)
     shape, stride, _ = row_layout(x)
     plan = rms_norm.plan_fwd(  # raw.rms_norm's plan: y only, no rstd
-        shape, stride, _plan.dtype_name(x.dtype), 1e-6, rms_norm.validate(x, w),
+        shape,
+        stride,
+        _plan.dtype_name(x.dtype),
+        1e-6,
+        rms_norm.validate(x, w),
         store_rstd=False,
     )
     return _plan._torch_form(plan).launches[0][4]
