@@ -166,21 +166,51 @@ def _memory_split(model: Any, batch: Any) -> dict[str, float]:
 
 
 def _profile_step(step: Any, path: Path) -> None:
-    """One train step under torch.profiler: the GPU kernels by total time, as JSON."""
+    """One train step under torch.profiler, as JSON: the GPU kernels by total time; how long
+    the GPU sat idle inside the step (the host did not keep it fed); the host ops by self
+    CPU time (the profiler's own overhead inflates these: compare variants, not absolutes).
+    """
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    averages = prof.key_averages()
+    events = [e for e in averages if e.device_time_total > 0]
     events.sort(key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events)
     rows = [
         {"kernel": e.key[:160], "calls": e.count, "ms": e.device_time_total / 1e3}
         for e in events[:40]
     ]
-    path.write_text(json.dumps({"total_ms": total / 1e3, "top": rows}, indent=1) + "\n")
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    busy, idle, last_end = 0.0, 0.0, None
+    for start, end in spans:
+        if last_end is not None and start > last_end:
+            idle += start - last_end
+        if last_end is None or end > last_end:
+            busy += end - max(start, last_end if last_end is not None else start)
+            last_end = end
+    host = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+    host_rows = [
+        {"op": e.key[:120], "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+         "cpu_ms": e.cpu_time_total / 1e3}
+        for e in host[:30]
+    ]  # fmt: skip
+    doc = {
+        "total_ms": total / 1e3,
+        "gpu_busy_ms": busy / 1e3,
+        "gpu_idle_between_kernels_ms": idle / 1e3,
+        "top": rows,
+        "host_top": host_rows,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def run_variant(
