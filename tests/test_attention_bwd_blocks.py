@@ -171,3 +171,29 @@ def test_jax_executor_feeds_delta_to_the_gradient_launches(mode, monkeypatch) ->
     else:
         assert [c[2] for c in calls[1:]] == [(), ()]
         assert (dk.shape, float(dk.max()), float(dq.max())) == ((1, 4, 32, 64), 2.0, 3.0)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_atomic_variant_marks_nan_where_the_two_kernels_do(where: str) -> None:
+    """A NaN in one input element reaches the same gradient elements in both variants (the
+    masking is shared code); rows and keys far from it stay finite."""
+    need_triton()
+    dev = "cuda" if ON_GPU else "cpu"
+    gen = torch.Generator().manual_seed(11)
+    mk = lambda h, s: torch.randn(1, h, s, 64, generator=gen).to(dev, torch.float16)  # noqa: E731
+    q, k, v, do = mk(4, 64), mk(2, 64), mk(2, 64), mk(4, 64)
+    o, lse = attention_with_lse(q, k, v, True)
+    {"q": q, "k": k, "v": v}[where][0, 1, 40, 3] = float("nan")
+    arch = validate(q, k, v)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
+    masks = []
+    for mode in MODES:
+        overrides = ({**cfg, "dq": mode}, cfg)
+        shapes = bwd.result_shapes(tuple(q.shape), 2, 64, arch, overrides)
+        dq, dk, dv = (torch.zeros(s, device=dev) for s in shapes)
+        bwd.launch(do, q, k, v, o, lse, True, None, dq, dk, dv, arch, configs=overrides)
+        masks.append([t.isnan().cpu() for t in (dq, bwd.fold_heads(dk, 2), bwd.fold_heads(dv, 2))])
+    for name, kernel_mask, atomic_mask in zip(("dq", "dk", "dv"), *masks, strict=True):
+        assert torch.equal(kernel_mask, atomic_mask), name
+        assert not kernel_mask.all(), name
+    assert any(m.any() for m in masks[0])
