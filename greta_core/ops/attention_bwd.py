@@ -171,10 +171,9 @@ def result_shapes(
 ) -> tuple[tuple[int, ...], ...]:
     """Shapes of (dq, dk, dv) that :func:`launch` fills for this call (dk/dv per query head
     or per KV head: see :func:`plan`)."""
-    batch, heads_q, _, dim = q_shape
-    mode, _ = dq_mode((overrides or kernel_configs(arch, dim))[0])
-    heads = heads_kv if mode == "atomic" else heads_q
-    return tuple(q_shape), (batch, heads, seq_kv, dim), (batch, heads, seq_kv, dim)
+    no_strides = ((0, 0, 0),) * 5  # shapes do not depend on them
+    p = plan(tuple(q_shape), (heads_kv, seq_kv), no_strides, False, None, arch, overrides)
+    return tuple(tuple(p.buffers[i].shape) for i in p.results)
 
 
 def launch(
