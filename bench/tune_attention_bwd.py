@@ -39,14 +39,12 @@ def tune_shape(shape: tuple, arch: str) -> list[dict[str, Any]]:
     v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
     do = torch.randn_like(q)
     o, lse = attention_with_lse(q, k, v, causal)
-    delta = (o.float() * do.float()).sum(-1).contiguous()
-    bufs = [torch.zeros(b, hq, s, d, device="cuda") for _ in range(3)]
     default = bwd.kernel_configs(arch, d)
 
     def run(configs: tuple[dict, dict]) -> list:
-        for t in bufs:
-            t.zero_()
-        bwd.launch(do, q, k, v, lse, delta, causal, None, *bufs, arch, configs=configs)
+        shapes = bwd.result_shapes(tuple(q.shape), hkv, s, arch, configs)
+        bufs = [torch.zeros(shape, device="cuda") for shape in shapes]
+        bwd.launch(do, q, k, v, o, lse, causal, None, *bufs, arch, configs=configs)
         return [t.clone() for t in bufs]
 
     want = run(default)

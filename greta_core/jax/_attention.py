@@ -91,18 +91,15 @@ def _triton_bwd(
     do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float | None
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) with the Triton FlashAttention-2 backward kernels (no per-batch lengths)."""
-    import jax.numpy as jnp
-
     from greta_core.jax._plan import run
     from greta_core.ops.attention_bwd import fold_heads, plan
 
-    delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-    strides = tuple(_contiguous_strides(a) for a in (q, k, v, do))
+    strides = tuple(_contiguous_strides(a) for a in (q, k, v, do, out))
     p = plan(
         q.shape, (k.shape[1], k.shape[2]), strides, bool(causal),
         None if scale is None else float(scale), jax_arch(),
     )  # fmt: skip
-    dq, dk, dv = run(p, (q, k, v, do, lse, delta))
+    dq, dk, dv = run(p, (q, k, v, do, lse, out))
     heads_kv = k.shape[1]
     return (
         dq.astype(q.dtype),

@@ -13,11 +13,22 @@ Probabilities are computed as exp2 with log2(e) folded into the scale and the lo
 Only the blocks on the causal diagonal or at a ragged sequence end pay for masks; blocks
 that every row of the tile sees in full load and compute without them.
 
-Two kernels, so nothing is accumulated with atomics (deterministic): ``dkdv`` gives one
-program per (key block, batch, query head) and walks the query blocks that see those keys;
-``dq`` gives one program per (query block, batch, query head) and walks the key blocks it
-sees. dk/dv come out per *query* head; the launcher sums each GQA group. Positions follow
-the forward: query row i sits at Skv - Sq + i (no per-batch lengths here).
+``delta`` comes from a small preprocess kernel (one program per query block and head) that
+reads ``o`` and ``do`` in their dtype and writes fp32 rows.
+
+Two variants of the gradients, picked by the launch plan (``ops/attention_bwd.py``):
+
+- two kernels, nothing accumulated with atomics (deterministic): ``dkdv`` gives one
+  program per (key block, batch, query head) and walks the query blocks that see those
+  keys; ``dq`` gives one program per (query block, batch, query head) and walks the key
+  blocks it sees. dk/dv come out per *query* head; the launcher sums each GQA group. Seven
+  block products per (query block, key block) pair: ``dq`` recomputes p and dp.
+- one kernel (``atomic``): one program per (key block, batch, *KV* head) walks the query
+  blocks of every query head of its GQA group, keeps dk/dv of the group in registers and
+  adds each block's ``ds @ k`` into an fp32 dq with ``tl.atomic_add``: five products per
+  pair, dq's sum order (hence its last bits) varies from run to run.
+
+Positions follow the forward: query row i sits at Skv - Sq + i (no per-batch lengths here).
 """
 
 from __future__ import annotations
@@ -63,6 +74,74 @@ def _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED: tl.constexpr):
 
 
 @triton.jit
+def attention_bwd_delta_kernel(
+    o_ptr,
+    do_ptr,
+    Sq,
+    H_Q,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    delta_ptr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """delta [B, H_Q, Sq] fp32 = rowsum(o * do): one program per (query block, batch, head)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    o = _load_tile(o_base, offs_m, stride_os, Sq, offs_d, UPCAST).to(tl.float32)
+    do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST).to(tl.float32)
+    delta = tl.sum(o * do, axis=1)
+    tl.store(delta_ptr + pid_bh.to(tl.int64) * Sq + offs_m, delta, mask=offs_m < Sq)
+
+
+@triton.jit
+def _p_t(
+    k, q, lse2, offs_m, offs_n, Sq, Skv, shift, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """p^T [BLOCK_N, BLOCK_M] fp32 of one key block against one query block."""
+    qk_t = tl.dot(k, tl.trans(q))
+    p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+    if MASKED:
+        visible = (offs_n[:, None] < Skv) & (offs_m[None, :] < Sq)
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= shift + offs_m[None, :])
+        # lse = -inf marks a row that saw no key: its probabilities are all zero.
+        p_t = tl.where(visible & (lse2[None, :] > float("-inf")), p_t, 0.0)
+    return p_t
+
+
+@triton.jit
+def _query_ranges(
+    start_n, Sq, Skv, shift, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr
+):
+    """(lo, mid, full_end) of the key block at start_n: query blocks [lo, mid) see part of it
+    (causal diagonal), [mid, full_end) see all of it and run without masks, [full_end, Sq)
+    is the ragged last query block."""
+    lo = 0
+    mid = 0
+    if CAUSAL:
+        lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        first_full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
+        mid = tl.maximum((first_full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, lo)
+    # A ragged key block (past Skv) is masked against every query block.
+    mid = tl.where(start_n + BLOCK_N <= Skv, tl.minimum(mid, Sq), Sq)
+    full_end = tl.maximum(Sq // BLOCK_M * BLOCK_M, mid)
+    return lo, mid, full_end
+
+
+@triton.jit
 def _dkdv_blocks(
     dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qs, stride_dos, offs_n, offs_d,
     Sq, Skv, shift, qk_scale, lo, hi,
@@ -74,18 +153,40 @@ def _dkdv_blocks(
         q = _load_rows(q_base, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
         do = _load_rows(do_base, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
         lse2, delta = _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED)
-        qk_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
-        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
-        if MASKED:
-            visible = (offs_n[:, None] < Skv) & (offs_m[None, :] < Sq)
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= shift + offs_m[None, :])
-            # lse = -inf marks a row that saw no key: its probabilities are all zero.
-            p_t = tl.where(visible & (lse2[None, :] > float("-inf")), p_t, 0.0)
+        p_t = _p_t(k, q, lse2, offs_m, offs_n, Sq, Skv, shift, qk_scale, MASKED, CAUSAL)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _atomic_blocks(
+    dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, dq_base, stride_qs, stride_dos, offs_n,
+    offs_d, Sq, Skv, shift, qk_scale, sm_scale, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """_dkdv_blocks plus this key block's share of dq, added into fp32 dq rows."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = _load_rows(q_base, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
+        do = _load_rows(do_base, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
+        lse2, delta = _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED)
+        p_t = _p_t(k, q, lse2, offs_m, offs_n, Sq, Skv, shift, qk_scale, MASKED, CAUSAL)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = ds_t.to(q.dtype)
+        dk = tl.dot(ds_t, q, dk)
+        dq = tl.dot(tl.trans(ds_t), k) * sm_scale
+        dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        if MASKED:
+            tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < Sq, sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
@@ -145,17 +246,7 @@ def attention_bwd_dkdv_kernel(
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    # Query blocks [lo, mid) see part of this key block (causal diagonal), [mid, full_end)
-    # see all of it and run without masks, [full_end, Sq) is the ragged last query block.
-    lo = 0
-    mid = 0
-    if CAUSAL:
-        lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
-        first_full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
-        mid = tl.maximum((first_full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, lo)
-    # A ragged key block (past Skv) is masked against every query block.
-    mid = tl.where(start_n + BLOCK_N <= Skv, tl.minimum(mid, Sq), Sq)
-    full_end = tl.maximum(Sq // BLOCK_M * BLOCK_M, mid)
+    lo, mid, full_end = _query_ranges(start_n, Sq, Skv, shift, BLOCK_M, BLOCK_N, CAUSAL)
     lse_rows = lse_ptr + row_base
     delta_rows = delta_ptr + row_base
     dk, dv = _dkdv_blocks(
@@ -173,6 +264,93 @@ def attention_bwd_dkdv_kernel(
     dk = dk * sm_scale
 
     out = pid_bh.to(tl.int64) * Skv * HEAD_DIM
+    ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
+    tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
+
+
+@triton.jit
+def attention_bwd_atomic_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    sm_scale,
+    Sq,
+    Skv,
+    H_Q,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    dk_ptr,
+    dv_ptr,
+    dq_ptr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One program per (key block, batch, KV head): dk/dv [B, H_KV, Skv, D] of the whole GQA
+    group, and each block's ds @ k added into dq [B, H_Q, Sq, D] (fp32, zeroed by the plan)."""
+    pid_n = tl.program_id(0)
+    pid_bkv = tl.program_id(1)
+    heads_kv = H_Q // GROUP
+    b = pid_bkv // heads_kv
+    h_kv = pid_bkv % heads_kv
+    shift = Skv - Sq
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
+    v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
+    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
+    scale = tl.cast(sm_scale, tl.float32)
+    lo, mid, full_end = _query_ranges(start_n, Sq, Skv, shift, BLOCK_M, BLOCK_N, CAUSAL)
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    for g in range(GROUP):
+        h = h_kv * GROUP + g
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        row_base = (b * H_Q + h).to(tl.int64) * Sq
+        lse_rows = lse_ptr + row_base
+        delta_rows = delta_ptr + row_base
+        dq_base = dq_ptr + row_base * HEAD_DIM
+        dk, dv = _atomic_blocks(
+            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, dq_base, stride_qs, stride_dos,
+            offs_n, offs_d, Sq, Skv, shift, qk_scale, scale, lo, mid,
+            HEAD_DIM, BLOCK_M, True, CAUSAL, UPCAST,
+        )  # fmt: skip
+        dk, dv = _atomic_blocks(
+            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, dq_base, stride_qs, stride_dos,
+            offs_n, offs_d, Sq, Skv, shift, qk_scale, scale, mid, full_end,
+            HEAD_DIM, BLOCK_M, False, CAUSAL, UPCAST,
+        )  # fmt: skip
+        dk, dv = _atomic_blocks(
+            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, dq_base, stride_qs, stride_dos,
+            offs_n, offs_d, Sq, Skv, shift, qk_scale, scale, full_end, Sq,
+            HEAD_DIM, BLOCK_M, True, CAUSAL, UPCAST,
+        )  # fmt: skip
+    dk = dk * scale
+
+    out = pid_bkv.to(tl.int64) * Skv * HEAD_DIM
     ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
     tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
@@ -284,22 +462,44 @@ SCALAR_ARGS = (
 )  # fmt: skip
 
 
+DELTA_SCALAR_ARGS = (
+    "Sq", "H_Q", "stride_ob", "stride_oh", "stride_os", "stride_dob", "stride_doh", "stride_dos",
+)  # fmt: skip
+
+
 def aot_specs(arch: str) -> list:
+    """The delta kernel, the two-kernel pair and the atomic kernel at the table's tiles (the
+    atomic one with the dkdv entry's, which a DQ_KEY switch keeps), per head dim, dtype and
+    causal flag."""
     from greta_core import configs
-    from greta_core.arch import backend
     from greta_core.kernels._aot import AotSpec
+    from greta_core.ops.attention_bwd import delta_config, dq_mode, kernel_configs
 
     specs = []
     for head_dim in (64, 128):
-        features = {"D": head_dim, "backend": backend(arch)}
-        dkdv_cfg = configs.lookup("attention_bwd_dkdv", arch, features)
-        dq_cfg = configs.lookup("attention_bwd_dq", arch, features)
+        dkdv_cfg, dq_cfg = kernel_configs(arch, head_dim)
+        dkdv_cfg = dq_mode(dkdv_cfg)[1]
+        delta_cfg = delta_config(arch, head_dim)
         for dtype in ("fp16", "bf16"):
+            signature = {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}"}
+            signature |= {arg: "i32" for arg in DELTA_SCALAR_ARGS} | {"delta_ptr": "*fp32"}
+            specs.append(
+                AotSpec(
+                    name=f"attention_bwd_delta[{dtype},d{head_dim}]",
+                    kernel=attention_bwd_delta_kernel,
+                    signature=signature,
+                    constexprs={"HEAD_DIM": head_dim, "UPCAST": False}
+                    | configs.meta_params(delta_cfg),
+                    options=configs.launch_options(delta_cfg, arch),
+                )
+            )
             for causal in (False, True):
                 for name, kernel, outs, config in (
                     ("dkdv", attention_bwd_dkdv_kernel, ("dk_ptr", "dv_ptr"), dkdv_cfg),
                     ("dq", attention_bwd_dq_kernel, ("dq_ptr",), dq_cfg),
-                ):
+                    ("atomic", attention_bwd_atomic_kernel, ("dk_ptr", "dv_ptr", "dq_ptr"),
+                     dkdv_cfg),
+                ):  # fmt: skip
                     signature = {f"{t}_ptr": f"*{dtype}" for t in ("q", "k", "v", "do")}
                     signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
                     signature |= {arg: "i32" for arg in SCALAR_ARGS}

@@ -1,4 +1,5 @@
-"""Attention backward: (dq, dk, dv) from (do, q, k, v, o, lse) with the Triton kernels.
+"""Attention backward: (dq, dk, dv) from (do, q, k, v, o, lse) with the Triton kernels: the
+one launch recipe (:func:`plan`) that the raw, torch and JAX bindings all run.
 
 No per-batch lengths (q_lens/kv_lens): those calls keep the reference backward.
 """
@@ -9,7 +10,13 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.arch import backend
-from greta_core.kernels.attention_bwd import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+from greta_core.errors import ConfigError
+from greta_core.kernels.attention_bwd import (
+    attention_bwd_atomic_kernel,
+    attention_bwd_delta_kernel,
+    attention_bwd_dkdv_kernel,
+    attention_bwd_dq_kernel,
+)
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
@@ -17,16 +24,36 @@ from greta_core.ops._validate import GretaInputError, check_tensor
 from greta_core.ops.attention import default_scale, validate
 
 OP = "attention_bwd"
-Config = dict[str, int]
+Config = dict[str, Any]
+# The `attention_bwd_dkdv` table key that picks how dq is made: "kernel" (its own kernel,
+# deterministic) or "atomic" (the dk/dv kernel adds ds @ k into an fp32 dq: one kernel,
+# five block products instead of seven).
+DQ_KEY = "dq"
+DQ_MODES = ("kernel", "atomic")
 
 
 def kernel_configs(arch: str, head_dim: int) -> tuple[Config, Config]:
-    """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages."""
+    """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages (+ the
+    dkdv entry's DQ_KEY)."""
     features = {"D": head_dim, "backend": backend(arch)}
     return (
         configs.lookup("attention_bwd_dkdv", arch, features),
         configs.lookup("attention_bwd_dq", arch, features),
     )
+
+
+def delta_config(arch: str, head_dim: int) -> Config:
+    """The delta = rowsum(o * do) preprocess kernel's config."""
+    return configs.lookup("attention_bwd_delta", arch, {"D": head_dim, "backend": backend(arch)})
+
+
+def dq_mode(dkdv_config: Config) -> tuple[str, Config]:
+    """(how dq is made, the dkdv config without DQ_KEY). Raises ConfigError."""
+    rest = {k: v for k, v in dkdv_config.items() if k != DQ_KEY}
+    mode = dkdv_config.get(DQ_KEY, DQ_MODES[0])
+    if mode not in DQ_MODES:
+        raise ConfigError(f"attention_bwd_dkdv: {DQ_KEY!r} is {mode!r}; expected one of {DQ_MODES}")
+    return mode, rest
 
 
 def validate_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> str:
@@ -53,75 +80,121 @@ def _split(config: Config, arch: str) -> tuple[Config, Config]:
     return configs.meta_params(config), configs.launch_options(config, arch)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
 @memo
 def plan(
     q_shape: tuple[int, ...], kv_heads_seq: tuple[int, int],
     strides: tuple[tuple[int, ...], ...], causal: bool, scale: float | None, arch: str,
     overrides: tuple[Config, Config] | None = None,
 ) -> Plan:  # fmt: skip
-    """Inputs (q, k, v, do, lse, delta = sum(o * do, -1) fp32); `strides`: the [:3] strides of
-    q, k, v, do. Buffers (fp32; zeroed only when nothing launches): dq [B, Hq, Sq, D],
-    dk and dv per *query* head [B, Hq, Skv, D] (the caller sums each GQA group). `overrides`: (dkdv, dq) configs
-    instead of the tables' (tuning; unhashable, so never memoized)."""
+    """Inputs (q, k, v, do, lse, o); `strides`: the [:3] strides of q, k, v, do, o.
+
+    Launches: delta = rowsum(o * do) (fp32 scratch [B, Hq, Sq]), then either the dkdv and
+    dq kernels or the atomic kernel (the dkdv entry's DQ_KEY). Results (fp32): dq
+    [B, Hq, Sq, D]; dk and dv per *query* head [B, Hq, Skv, D] from the two kernels, per KV
+    head [B, Hkv, Skv, D] from the atomic one (:func:`fold_heads` takes either). Buffers are
+    zeroed only where a kernel accumulates into them (the atomic dq) or nothing launches.
+    `overrides`: (dkdv, dq) configs instead of the tables' (tuning; unhashable, so never
+    memoized)."""
     batch, heads_q, seq_q, dim = q_shape
     heads_kv, seq_kv = kv_heads_seq
     dkdv_cfg, dq_cfg = overrides or kernel_configs(arch, dim)
-    args = (
-        In(0), In(1), In(2), In(3), In(4), In(5),
-        default_scale(dim) if scale is None else float(scale),
-        seq_q, seq_kv, heads_q, heads_q // heads_kv, *(s for st in strides for s in st),
+    mode, dkdv_cfg = dq_mode(dkdv_cfg)
+    upcast = arch == "cpu"
+    q_st, k_st, v_st, do_st, o_st = strides
+    delta_blocks, delta_opts = _split(delta_config(arch, dim), arch)
+    delta = Launch(
+        attention_bwd_delta_kernel,
+        (_cdiv(seq_q, delta_blocks["BLOCK_M"]), batch * heads_q),
+        (In(5), In(3), seq_q, heads_q, *o_st, *do_st, Out(3)),
+        {"HEAD_DIM": dim, "UPCAST": upcast, **delta_blocks}, delta_opts,
     )  # fmt: skip
-    common = {"HEAD_DIM": dim, "CAUSAL": bool(causal), "UPCAST": arch == "cpu"}
-    (dkdv_blocks, dkdv_opts), (dq_blocks, dq_opts) = _split(dkdv_cfg, arch), _split(dq_cfg, arch)
+    args = (
+        In(0), In(1), In(2), In(3), In(4), Out(3),
+        default_scale(dim) if scale is None else float(scale),
+        seq_q, seq_kv, heads_q, heads_q // heads_kv, *q_st, *k_st, *v_st, *do_st,
+    )  # fmt: skip
+    common = {"HEAD_DIM": dim, "CAUSAL": bool(causal), "UPCAST": upcast}
+    dkdv_blocks, dkdv_opts = _split(dkdv_cfg, arch)
+    empty = batch * heads_q * seq_q * seq_kv == 0
+    dq_buf = Buffer(q_shape, "float32", zeroed=empty or mode == "atomic")
+    delta_buf = Buffer((batch, heads_q, seq_q), "float32")
+    if mode == "atomic":
+        grads = Launch(
+            attention_bwd_atomic_kernel,
+            (_cdiv(seq_kv, dkdv_blocks["BLOCK_N"]), batch * heads_kv),
+            (*args, Out(1), Out(2), Out(0)), {**common, **dkdv_blocks}, dkdv_opts,
+        )  # fmt: skip
+        per_kv = Buffer((batch, heads_kv, seq_kv, dim), "float32", zeroed=empty)
+        buffers = (dq_buf, per_kv, per_kv, delta_buf)
+        return Plan(OP, arch, buffers, () if empty else (delta, grads), (0, 1, 2))
+    dq_blocks, dq_opts = _split(dq_cfg, arch)
     dkdv = Launch(
         attention_bwd_dkdv_kernel,
-        ((seq_kv + dkdv_blocks["BLOCK_N"] - 1) // dkdv_blocks["BLOCK_N"], batch * heads_q),
+        (_cdiv(seq_kv, dkdv_blocks["BLOCK_N"]), batch * heads_q),
         (*args, Out(1), Out(2)), {**common, **dkdv_blocks}, dkdv_opts,
     )  # fmt: skip
     dq = Launch(
         attention_bwd_dq_kernel,
-        ((seq_q + dq_blocks["BLOCK_M"] - 1) // dq_blocks["BLOCK_M"], batch * heads_q),
+        (_cdiv(seq_q, dq_blocks["BLOCK_M"]), batch * heads_q),
         (*args, Out(0)), {**common, **dq_blocks}, dq_opts,
     )  # fmt: skip
     # The kernels write every element; only a plan with no launch needs the zeros (a
     # memset of three fp32 gradient-sized buffers per backward otherwise).
-    empty = batch * heads_q * seq_q * seq_kv == 0
     per_head = Buffer((batch, heads_q, seq_kv, dim), "float32", zeroed=empty)
-    buffers = (Buffer(q_shape, "float32", zeroed=empty), per_head, per_head)
-    return Plan(OP, arch, buffers, () if empty else (dkdv, dq), (0, 1, 2))
+    buffers = (dq_buf, per_head, per_head, delta_buf)
+    return Plan(OP, arch, buffers, () if empty else (delta, dkdv, dq), (0, 1, 2))
 
 
 def _plan_for(
-    do: Any, q: Any, k: Any, v: Any, causal: bool, scale: float | None, arch: str,
+    do: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, scale: float | None, arch: str,
     overrides: tuple[Config, Config] | None = None,
 ) -> Plan:  # fmt: skip
     if arch == "cpu":
         _interp_compat.apply()
-    strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, do))
+    strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, do, o))
     return plan(
         tuple(q.shape), (k.shape[1], k.shape[2]), strides, bool(causal),
         None if scale is None else float(scale), arch, overrides,
     )  # fmt: skip
 
 
+def result_shapes(
+    q_shape: tuple[int, ...],
+    heads_kv: int,
+    seq_kv: int,
+    arch: str,
+    overrides: tuple[Config, Config] | None = None,
+) -> tuple[tuple[int, ...], ...]:
+    """Shapes of (dq, dk, dv) that :func:`launch` fills for this call (dk/dv per query head
+    or per KV head: see :func:`plan`)."""
+    no_strides = ((0, 0, 0),) * 5  # shapes do not depend on them
+    p = plan(tuple(q_shape), (heads_kv, seq_kv), no_strides, False, None, arch, overrides)
+    return tuple(tuple(p.buffers[i].shape) for i in p.results)
+
+
 def launch(
-    do: Any, q: Any, k: Any, v: Any, lse: Any, delta: Any, causal: bool, scale: float | None,
-    dq: Any, dk_heads: Any, dv_heads: Any, arch: str, wrap: Wrap = _no_wrap,
+    do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float | None,
+    dq: Any, dk: Any, dv: Any, arch: str, wrap: Wrap = _no_wrap,
     configs: tuple[Config, Config] | None = None,
 ) -> None:  # fmt: skip
-    """Run into preallocated fp32 dq [B, Hq, Sq, D] and dk_heads/dv_heads [B, Hq, Skv, D]
-    (zero them first). `configs`: (dkdv, dq) overrides of the tables (tuning)."""
-    p = _plan_for(do, q, k, v, causal, scale, arch, configs)
-    p = Plan(
-        p.op, p.arch, tuple(Buffer(b.shape, b.dtype) for b in p.buffers), p.launches, p.results
-    )
-    run(p, (q, k, v, do, lse, delta), out=(dq, dk_heads, dv_heads), wrap=wrap)
+    """Run into preallocated fp32 dq, dk, dv shaped as :func:`result_shapes` says; what a
+    kernel accumulates into is zeroed here. `configs`: (dkdv, dq) overrides of the tables
+    (tuning)."""
+    p = _plan_for(do, q, k, v, o, causal, scale, arch, configs)
+    run(p, (q, k, v, do, lse, o), out=(dq, dk, dv), wrap=wrap)
 
 
 def fold_heads(t: Any, heads_kv: int) -> Any:
-    """[B, Hq, S, D] -> [B, Hkv, S, D]: sum the query heads sharing a KV head (torch or jnp)."""
-    batch, heads_q, seq, dim = t.shape
-    return t.reshape(batch, heads_kv, heads_q // heads_kv, seq, dim).sum(2)
+    """[B, Hq, S, D] -> [B, Hkv, S, D]: sum the query heads sharing a KV head (torch or jnp);
+    a gradient already per KV head (MHA, or the atomic kernel) comes back as it is."""
+    batch, heads, seq, dim = t.shape
+    if heads == heads_kv:
+        return t
+    return t.reshape(batch, heads_kv, heads // heads_kv, seq, dim).sum(2)
 
 
 def attention_bwd(
@@ -136,9 +209,8 @@ def attention_bwd(
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     arch = validate_bwd(do, q, k, v, o, lse)
-    delta = (o.float() * do.float()).sum(-1).contiguous()
-    p = _plan_for(do, q, k, v, causal, scale, arch)
-    dq, dk, dv = run(p, (q, k, v, do, lse, delta), wrap=wrap)
+    p = _plan_for(do, q, k, v, o, causal, scale, arch)
+    dq, dk, dv = run(p, (q, k, v, do, lse, o), wrap=wrap)
     heads_kv = k.shape[1]
     return (
         dq.to(q.dtype),
