@@ -446,14 +446,8 @@ def _rms_norm_launch(x: Any, w: Any) -> _direct.DirectLaunch | None:
     rms_norm._y_call.clear()  # no ready launch kept from an earlier test: the next call
     # takes the direct launcher (and Triton's path where nothing is captured yet)
     shape, stride, _ = row_layout(x)
-    plan = rms_norm.plan_fwd(  # raw.rms_norm's plan: y only, no rstd
-        shape,
-        stride,
-        _plan.dtype_name(x.dtype),
-        1e-6,
-        rms_norm.validate(x, w),
-        store_rstd=False,
-    )
+    dtype, arch = _plan.dtype_name(x.dtype), rms_norm.validate(x, w)
+    plan = rms_norm.plan_fwd(shape, stride, dtype, 1e-6, arch, False)  # raw.rms_norm's: y only
     return _plan._torch_form(plan).launches[0][4]
 
 
@@ -651,3 +645,32 @@ def test_gpu_every_raw_op_matches_tritons_path(
         got_flat = [got] if isinstance(got, torch.Tensor) else list(got)
         for want, have in zip(flat, got_flat, strict=True):
             assert torch.equal(want, have)
+
+
+@pytest.mark.gpu
+def test_gpu_eager_launch_declines_what_eager_raw_declines() -> None:
+    """The torch.ops front's hot path (launch(eager=True)) launches only where eager_raw
+    allows the raw launcher: a tensor wanting grad, or a dispatch mode, takes the torch op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from greta_core import reference
+    from greta_core.ops import _calls, rms_norm
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    wg = w.clone().requires_grad_()
+    for _ in range(2):  # the first call captures, the second takes the ready launch
+        y = rms_norm.rms_norm_if_eager(x, w)
+    torch.testing.assert_close(y, reference.rms_norm_fwd(x, w, 1e-6)[0])
+    assert _calls.eager_raw(x, w)
+    assert not _calls.eager_raw(x, wg) and rms_norm.rms_norm_if_eager(x, wg) is None
+    with torch.no_grad():
+        assert _calls.eager_raw(x, wg)
+        assert torch.equal(rms_norm.rms_norm_if_eager(x, wg), y)
+    with Passthrough():
+        assert not _calls.eager_raw(x, w) and rms_norm.rms_norm_if_eager(x, w) is None
+    assert rms_norm.rms_norm_if_eager(x.cpu(), w.cpu()) is None

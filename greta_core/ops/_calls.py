@@ -76,7 +76,7 @@ class CallCache:
         except (TypeError, AttributeError):  # unhashable (symbolic) or not a tensor
             return self._resolve(*args)
 
-    def launch(self, wrap: Any, *args: Any) -> tuple[Any, ...] | None:
+    def launch(self, wrap: Any, *args: Any, eager: bool = False) -> tuple[Any, ...] | None:
         """The call's result buffers, launched through its ready launch; None where the
         caller must take the ordinary path (resolve, then ``_plan.run``).
 
@@ -84,9 +84,21 @@ class CallCache:
         the dtypes, what Triton specializes on) and one lookup give the buffers to allocate
         and the compiled kernel to launch. A miss runs the ordinary path here (validation
         and errors included) and keeps what it captured for the next call.
+
+        `eager`: the call comes from a torch.ops front and may launch only where
+        :func:`eager_raw` would allow it; None also when it would not (the same checks,
+        made in the key's pass over the tensors: one pass, not two, on the hot path).
         """
         if wrap is not _identity and _wrap_triton_enabled():
             return None  # torch is tracing: wrap_triton must see the launch
+        if eager:
+            probes = _eager_probes()
+            if probes is None:
+                return None
+            compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
+            if compiling() or dispatch_modes() or function_modes():
+                return None
+            grad = grad_enabled()
         ptrs: list[int | None] = []
         try:
             key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
@@ -95,6 +107,10 @@ class CallCache:
                     key += (None,)
                     ptrs.append(None)
                 else:
+                    if eager and (
+                        type(t) not in plain or not t.is_cuda or (grad and t.requires_grad)
+                    ):
+                        return None
                     p = t.data_ptr()
                     key += (t.dtype, t.device, t.shape, t.stride(), p & ALIGN_MASK == 0)
                     ptrs.append(p)

@@ -164,11 +164,14 @@ def _driver() -> tuple[Callable[[], int], Callable[[int], int]]:
 
 
 def current_device_getter(get_device: Callable[[], int]) -> Callable[[], int]:
-    """`get_device` (Triton's: ``torch.cuda.current_device``) without its lazy-init check,
-    for callers that already launched on the device (CUDA and ROCm builds of torch)."""
+    """`get_device` without the lazy-init check when it is torch's
+    ``torch.cuda.current_device`` (Triton's getter on CUDA and ROCm), for callers that
+    already launched on the device; any other getter as it is."""
     import torch
 
-    return getattr(torch._C, "_cuda_getDevice", get_device)
+    if get_device is torch.cuda.current_device:
+        return getattr(torch._C, "_cuda_getDevice", get_device)
+    return get_device
 
 
 def bind_tail(

@@ -150,6 +150,13 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
     return run(plan, (rows_view(x) if copies else x, weight))[0]
 
 
+def rms_norm_if_eager(x: Any, weight: Any, eps: float = 1e-6) -> Any | None:
+    """:func:`rms_norm` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its own path."""
+    done = _y_call.launch(_no_wrap, x, weight, float(eps), eager=True)
+    return None if done is None else done[0]
+
+
 def rms_norm_bwd(dy: Any, x: Any, weight: Any, rstd: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
     """(dx, dweight) for dy = dL/dy; deterministic (fixed-order partial sums).
 

@@ -79,12 +79,16 @@ _lib.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    if eager_raw(x, weight) and x.dtype in KERNEL_DTYPES:
+    if x.dtype in KERNEL_DTYPES:
         # Plain GPU tensors, no gradient, no tracing or mode: the plan launches without a
         # second dispatcher hop and the custom-op autograd layer. Autograd, torch.compile
         # and fake tensors take rms_norm_fwd, so compiled graphs still see the kernel.
         # No backward follows: the y-only plan (no rstd buffer).
-        return raw.rms_norm(x, weight, eps)
+        y = raw.rms_norm_if_eager(x, weight, eps)
+        if y is not None:
+            return y
+        if eager_raw(x, weight):  # a signature without a ready launch (rows copied)
+            return raw.rms_norm(x, weight, eps)
     return torch.ops.greta.rms_norm_fwd(x, weight, eps)[0]
 
 
