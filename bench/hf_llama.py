@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A random-init Hugging Face Llama, side by side: vanilla / Liger-Kernel / GRETA.
 
-Per shape and variant: train step time (forward with labels + backward), peak memory of
+Per shape and variant: train step time (forward with labels + backward; the median of the
+timed steps, their mean and each step are kept too), peak memory of
 the train steps, eager greedy decode tokens/s at batch 1, and the logits' error against
 vanilla on one probe batch. Variants:
 
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -44,7 +46,7 @@ if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in
 VARIANTS = ("vanilla", "liger", "greta", "greta-attn", "greta-sdpa")
 FIELDS = (
     "shape", "variant", "status", "reason", "params", "batch", "seq",
-    "train_step_ms", "peak_mem_gib", "peak_fwd_gib", "mem_after_fwd_gib", "peak_bwd_gib",
+    "train_step_ms", "train_step_mean_ms", "peak_mem_gib", "peak_fwd_gib", "mem_after_fwd_gib", "peak_bwd_gib",
     "decode_tok_s", "decode_tokens",
     "loss", "logits_max_rel_err", "logits_rel_l2_err", "implementations",
 )  # fmt: skip
@@ -263,11 +265,16 @@ def run_variant(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(settings.steps):
+    times = []
+    for _ in range(settings.steps):  # step() ends in loss.item(): each step is synchronised
+        t0 = time.perf_counter()
         loss = step()
-    _sync(device)
-    row["train_step_ms"] = (time.perf_counter() - t0) / settings.steps * 1e3
+        times.append((time.perf_counter() - t0) * 1e3)
+    # The median step (the device method's rule): one slow step (an allocator refill after
+    # empty_cache, a host hiccup) moves the mean of 10 by several percent, not the median.
+    row["train_step_ms"] = statistics.median(times)
+    row["train_step_mean_ms"] = statistics.fmean(times)
+    row["train_step_all_ms"] = [round(t, 2) for t in times]
     row["loss"] = loss
     if device == "cuda":
         row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
