@@ -190,6 +190,20 @@ def interleaved_host_us(
     return out
 
 
+def metadata() -> dict[str, str]:
+    """When and where a host-time run ran (the GPU host's Python, torch, Triton, GPU)."""
+    import torch
+    import triton
+
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "gpu": torch.cuda.get_device_name(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True, help="name of this run (e.g. the tree)")
@@ -201,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     import torch
-    import triton
 
     import greta_core
 
@@ -229,11 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {
         "label": args.label,
         "greta_core": str(Path(greta_core.__file__).parent.parent.name),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "gpu": torch.cuda.get_device_name(),
+        **metadata(),
         "calls": args.calls,
         "rounds": args.rounds,
         "cpu": args.cpu,

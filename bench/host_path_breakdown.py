@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from binding_overhead import host_us  # same timing rule as the per-op benchmark
+from binding_overhead import host_us, metadata  # the per-op benchmark's rules
 
 
 def steps() -> list[tuple[str, Callable[[], Any]]]:
@@ -93,22 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file (overwritten)")
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args(argv)
-    import torch
-    import triton
-
     rows = []
     for name, fn in steps():
         rows.append({"step": name, "host_us_per_call": round(host_us(fn, args.calls), 2)})
         print(f"{rows[-1]['host_us_per_call']:8.2f} us  {name}")
-    doc = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "gpu": torch.cuda.get_device_name(),
-        "calls": args.calls,
-        "steps": rows,
-    }
+    doc = {**metadata(), "calls": args.calls, "steps": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -92,13 +92,10 @@ class CallCache:
         if wrap is not _identity and _wrap_triton_enabled():
             return None  # torch is tracing: wrap_triton must see the launch
         if eager:
-            probes = _eager_probes()
-            if probes is None:
+            context = _eager_context()
+            if context is None:
                 return None
-            compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
-            if compiling() or dispatch_modes() or function_modes():
-                return None
-            grad = grad_enabled()
+            grad, plain = context
         ptrs: list[int | None] = []
         try:
             key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
@@ -268,13 +265,10 @@ def eager_raw(*tensors: Any) -> bool:
     same kernel with the same checks. Anything else, or a torch without these hooks, takes
     the torch op.
     """
-    probes = _eager_probes()
-    if probes is None:
+    context = _eager_context()
+    if context is None:
         return False
-    compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
-    if compiling() or dispatch_modes() or function_modes():
-        return False
-    grad = grad_enabled()
+    grad, plain = context
     for t in tensors:
         if t is None:
             continue
@@ -282,6 +276,19 @@ def eager_raw(*tensors: Any) -> bool:
         if type(t) not in plain or not t.is_cuda or (grad and t.requires_grad):
             return False
     return True
+
+
+def _eager_context() -> tuple[bool, tuple[type, ...]] | None:
+    """(grad mode, the plain tensor types) when no torch.compile tracing and no torch
+    function or dispatch mode can be involved; None otherwise (or on a torch without
+    these hooks)."""
+    probes = _eager_probes()
+    if probes is None:
+        return None
+    compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
+    if compiling() or dispatch_modes() or function_modes():
+        return None
+    return grad_enabled(), plain
 
 
 @functools.cache
