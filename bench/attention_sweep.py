@@ -43,15 +43,8 @@ from typing import Any
 Config = dict[str, int]
 Shape = tuple[int, int, int, int, int, bool]  # (B, Hq, Hkv, S, D, causal)
 
-# "atomic": the one-kernel backward (dk, dv and atomic dq adds), picked by the
-# attention_bwd_dkdv entry's "dq": "atomic"; its tiles live in that entry too.
-KERNELS = ("fwd", "dkdv", "dq", "atomic")
-TABLE_OPS = {
-    "fwd": "attention",
-    "dkdv": "attention_bwd_dkdv",
-    "dq": "attention_bwd_dq",
-    "atomic": "attention_bwd_dkdv",
-}
+KERNELS = ("fwd", "dkdv", "dq")
+TABLE_OPS = {"fwd": "attention", "dkdv": "attention_bwd_dkdv", "dq": "attention_bwd_dq"}
 SHAPES: list[Shape] = [
     (4, 32, hkv, s, d, True) for d in (128, 64) for s in (2048, 4096) for hkv in (32, 8)
 ] + [(4, 32, 32, 2048, 128, False)]
@@ -64,7 +57,7 @@ SMEM_LIMIT = 232448
 REG_SOFT_LIMIT = 192
 # Candidate outputs vs the table config's: relative norm of the difference. The forward's
 # output is bf16 (another BLOCK_N rounds p differently); the gradients are fp32.
-MAX_REL_DIFF = {"fwd": 5e-3, "dkdv": 1e-3, "dq": 1e-3, "atomic": 1e-3}
+MAX_REL_DIFF = {"fwd": 5e-3, "dkdv": 1e-3, "dq": 1e-3}
 
 
 def _cfg(m: int, n: int, w: int, s: int) -> Config:
@@ -86,11 +79,6 @@ def candidates(kernel: str, head_dim: int) -> list[Config]:
             for n, m, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))
         ]
         raw.append(_cfg(16, 64, 4, 2))
-    elif kernel == "atomic":
-        # FlashAttention-2's Triton backward tiles first (128-key blocks, 8 warps), then
-        # the dkdv space; each query block also feeds a [BLOCK_M, D] dq product.
-        raw = [_cfg(64, 128, 8, 2), _cfg(32, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 3)]
-        raw += [_cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 2), _cfg(128, 128, 8, 2)]
     else:
         raw = [
             _cfg(m, n, w, s)
@@ -102,17 +90,14 @@ def candidates(kernel: str, head_dim: int) -> list[Config]:
 
 def _dot_rows(kernel: str, cfg: Config) -> int:
     """Rows (M) of the kernel's matrix products: what the warps split."""
-    return cfg["BLOCK_N"] if kernel in ("dkdv", "atomic") else cfg["BLOCK_M"]
+    return cfg["BLOCK_N"] if kernel == "dkdv" else cfg["BLOCK_M"]
 
 
 def _regs(kernel: str, cfg: Config, head_dim: int) -> bool:
     """fp32 accumulators + one score tile per thread under REG_SOFT_LIMIT."""
     threads = 32 * cfg["num_warps"]
     m, n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    # atomic: dk/dv as dkdv; its [BLOCK_M, D] dq product lives between p/dp and the next
-    # block's, in about the registers of the score tiles (counted there).
-    acc = {"fwd": m * head_dim, "dkdv": 2 * n * head_dim, "dq": m * head_dim,
-           "atomic": 2 * n * head_dim}[kernel]  # fmt: skip
+    acc = {"fwd": m * head_dim, "dkdv": 2 * n * head_dim, "dq": m * head_dim}[kernel]
     scores = m * n * (1 if kernel == "fwd" else 2)  # bwd keeps p and dp
     return (acc + scores) / threads <= REG_SOFT_LIMIT
 
@@ -124,8 +109,6 @@ def smem_bytes(kernel: str, cfg: Config, head_dim: int, elem: int = 2) -> int:
         return (m * head_dim + stages * 2 * n * head_dim) * elem
     if kernel == "dkdv":  # k, v resident; q, do streamed; p/ds staged for the dots
         return (2 * n * head_dim + stages * 2 * m * head_dim + 2 * m * n) * elem
-    if kernel == "atomic":  # as dkdv, plus ds^T staged for the dq product
-        return (2 * n * head_dim + stages * 2 * m * head_dim + 3 * m * n) * elem
     return (2 * m * head_dim + stages * 2 * n * head_dim + m * n) * elem  # dq
 
 
@@ -157,7 +140,6 @@ def _kernel_fn(kernel: str) -> Any:
         "fwd": attention.attention_fwd_kernel,
         "dkdv": attention_bwd.attention_bwd_dkdv_kernel,
         "dq": attention_bwd.attention_bwd_dq_kernel,
-        "atomic": attention_bwd.attention_bwd_atomic_kernel,
     }[kernel]
 
 
@@ -196,16 +178,10 @@ def pick(per_shape: dict[str, dict[str, float]]) -> str | None:
     )
 
 
-def table_entries(
-    best: dict[str, dict[Any, Config]],
-    current: dict[str, Any],
-    dq_modes: dict[int, str] | None = None,
-) -> dict[str, Any]:
+def table_entries(best: dict[str, dict[Any, Config]], current: dict[str, Any]) -> dict[str, Any]:
     """sm_90.json entries from the best configs. `best["fwd"]` is keyed by (D, causal),
-    `best["dkdv"]`/`best["dq"]`/`best["atomic"]` by D (the backward's features are D and
-    backend only). `current`: the table's present "attention" entry (its decode rules stay
-    first). `dq_modes`: the backward that won per D ("kernel" or "atomic"); where one is
-    atomic, every dkdv config says its "dq" (a rule is merged over the default)."""
+    `best["dkdv"]`/`best["dq"]` by D (the backward's features are D and backend only).
+    `current`: the table's present "attention" entry (its decode rules stay first)."""
     out: dict[str, Any] = {}
     note = "tuned with bench/attention_sweep.py (H100, bf16, B4 H32 S2048-4096)"
     fwd = best.get("fwd", {})
@@ -224,15 +200,8 @@ def table_entries(
             "default": dict(fwd[default_key]),
             "rules": rules,
         }
-    modes = dq_modes or {}
     for kernel in ("dkdv", "dq"):
-        per_d = dict(best.get(kernel, {}))
-        if kernel == "dkdv" and "atomic" in modes.values():
-            for d, mode in modes.items():
-                cfg = best.get("atomic" if mode == "atomic" else "dkdv", {}).get(d)
-                if cfg is not None:
-                    per_d[d] = {**cfg, "dq": mode}
-            per_d = {d: c if "dq" in c else {**c, "dq": "kernel"} for d, c in per_d.items()}
+        per_d = best.get(kernel, {})
         if not per_d:
             continue
         top = max(per_d)
@@ -288,10 +257,6 @@ class Problem:
         self.dq = torch.empty(b, hq, s, d, device="cuda")
         self.dk = torch.empty(b, hq, s, d, device="cuda")
         self.dv = torch.empty(b, hq, s, d, device="cuda")
-        # The atomic kernel: dk/dv per KV head, dq accumulated (zeroed before each launch).
-        self.dq_acc = torch.zeros(b, hq, s, d, device="cuda")
-        self.dk_kv = torch.empty(b, hkv, s, d, device="cuda")
-        self.dv_kv = torch.empty(b, hkv, s, d, device="cuda")
 
     def _common(self) -> tuple:
         _b, hq, hkv, s, d, _causal = self.shape
@@ -301,8 +266,7 @@ class Problem:
     def launcher(self, kernel: str, cfg: Config) -> Callable[[], None]:
         from greta_core import configs
 
-        b, hq, hkv, s, d, causal = self.shape
-        cfg = {k: v for k, v in cfg.items() if k != "dq"}  # the mode key, not a constexpr
+        b, hq, _hkv, s, d, causal = self.shape
         meta, opts = configs.meta_params(cfg), configs.launch_options(cfg, self.arch)
         fn = _kernel_fn(kernel)
         const = {"HEAD_DIM": d, "CAUSAL": causal, "UPCAST": False, **meta, **opts}
@@ -317,16 +281,6 @@ class Problem:
             if kernel == "dkdv":
                 grid = (triton_cdiv(s, meta["BLOCK_N"]), b * hq)
                 args = (*head, self.dk, self.dv)
-            elif kernel == "atomic":
-                grid = (triton_cdiv(s, meta["BLOCK_N"]), b * hkv)
-                args = (*head, self.dk_kv, self.dv_kv, self.dq_acc)
-                dq = self.dq_acc
-
-                def run_atomic() -> None:
-                    dq.zero_()  # part of the variant's cost: the plan zeroes dq too
-                    fn[grid](*args, **const)
-
-                return run_atomic
             else:
                 grid = (triton_cdiv(s, meta["BLOCK_M"]), b * hq)
                 args = (*head, self.dq)
@@ -344,17 +298,7 @@ class Problem:
             "fwd": [self.out, self.lse_out],
             "dkdv": [self.dk, self.dv],
             "dq": [self.dq],
-            "atomic": [self.dk_kv, self.dv_kv, self.dq_acc],
         }
-
-    def atomic_vs_two_kernels(self) -> float:
-        """Relative difference of the atomic kernel's last (dk, dv, dq) from the two
-        kernels' last ones, dk/dv summed over each GQA group: both at their own tiles."""
-        hkv = self.shape[2]
-        b, hq, s, d = self.dk.shape
-        fold = lambda t: t.reshape(b, hkv, hq // hkv, s, d).sum(2)  # noqa: E731
-        want = [fold(self.dk), fold(self.dv), self.dq]
-        return rel_diff([self.dk_kv, self.dv_kv, self.dq_acc], want)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -486,7 +430,7 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
         d, s, causal = shape[4], shape[3], shape[5]
         if kernel == "fwd":
             return configs.lookup("attention", arch, features(d, s, s, causal))
-        return bwd.kernel_configs(arch, d)[1 if kernel == "dq" else 0]
+        return bwd.kernel_configs(arch, d)[0 if kernel == "dkdv" else 1]
 
     # 1. References and the table configs, every shape (the part that must finish).
     baseline: dict[str, dict[str, Any]] = {}
@@ -497,19 +441,12 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
             "sdpa": sdpa_times(prob, args.rep),
             "greta_table": greta_times(prob, args.rep),
         }
-        if "atomic" in swept:
-            # Both backward variants at the table's tiles, whichever one the table picks.
-            for mode in bwd.DQ_MODES:
-                with table_override({"attention_bwd_dkdv": {"dq": mode}}):
-                    row[f"greta_table_{mode}"] = greta_times(prob, args.rep)
         row["kernels_table"] = {}
         for kernel in KERNELS:
             cfg = table_cfg(kernel, shape)
             run = prob.launcher(kernel, cfg)
             run()
             row["kernels_table"][kernel] = {"config": cfg, "ms": round(bench_ms(run, args.rep), 4)}
-        # The atomic kernel's gradients against the two kernels' (table tiles each).
-        row["atomic_rel_diff_vs_two_kernels"] = prob.atomic_vs_two_kernels()
         baseline[shape_label(shape)] = row
         print(f"[{clock.elapsed():6.1f}s] {shape_label(shape)}: {json.dumps(row)}", flush=True)
         if shape[3] == 4096:
@@ -549,7 +486,7 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
             if "ms" in row:
                 per = timed[kernel].setdefault(d, {}).setdefault(shape_label(sweep_shape), {})
                 per[label(cfg)] = row["ms"]
-            print(f"[{clock.elapsed():6.1f}s] D{d} {kernel:6} {label(cfg):16} "
+            print(f"[{clock.elapsed():6.1f}s] D{d} {kernel:4} {label(cfg):16} "
                   f"{row.get('ms', row.get('error'))}", flush=True)  # fmt: skip
 
     # 3. The fastest few per kernel (and the table config) on every shape of their head dim.
@@ -592,10 +529,8 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
                     rows.append({"kernel": kernel, "D": d, "causal": causal, "phase": "pick",
                                  "per_shape_ms": per_shape, "chosen": chosen})  # fmt: skip
 
-    # 4. The op with the best configs, every shape: the two-kernel backward and (when swept)
-    # the atomic one, each with its own best tiles (the table's where none was found).
+    # 4. The op with the best configs, every shape.
     summary = []
-    fwd_bwd_by_mode: dict[int, dict[str, list[float]]] = {}
     for shape in shapes:
         base = baseline[shape_label(shape)]
         d, causal = shape[4], shape[5]
@@ -605,29 +540,12 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
         for kernel in ("dkdv", "dq"):
             if d in best[kernel]:
                 over[TABLE_OPS[kernel]] = best[kernel][d]
-        if "atomic" in swept:  # say the mode: an override is merged over the table's entry
-            over["attention_bwd_dkdv"] = {**over.get("attention_bwd_dkdv", {}), "dq": "kernel"}
-        greta_best = greta_atomic = None
+        greta_best = None
         if over and clock.left() > 5:
             with table_override(over):
                 greta_best = greta_times(probs[shape], args.rep)
         elif over:
             notes.append(f"{shape_label(shape)}: no time left for the best-config run")
-        over_atomic = {k: v for k, v in over.items() if k != "attention_bwd_dkdv"}
-        if "atomic" in swept:
-            over_atomic["attention_bwd_dkdv"] = {**best["atomic"].get(d, {}), "dq": "atomic"}
-            if clock.left() > 5:
-                try:
-                    with table_override(over_atomic):
-                        greta_atomic = greta_times(probs[shape], args.rep)
-                except Exception as exc:  # the table's tiles may not compile for it
-                    notes.append(f"{shape_label(shape)}: atomic backward failed: {exc!r}"[:300])
-            else:
-                notes.append(f"{shape_label(shape)}: no time left for the atomic run")
-        for mode, times in (("kernel", greta_best or base.get("greta_table_kernel")),
-                            ("atomic", greta_atomic or base.get("greta_table_atomic"))):  # fmt: skip
-            if times and causal:
-                fwd_bwd_by_mode.setdefault(d, {}).setdefault(mode, []).append(times["fwd_bwd_ms"])
         sd = base["sdpa"]
         line = {
             "shape": shape_label(shape),
@@ -644,13 +562,9 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
             if "attention_bwd_dkdv" in over
             else None,
             "best_dq": label(over["attention_bwd_dq"]) if "attention_bwd_dq" in over else None,
-            "greta_table_atomic_fwd_bwd_ms": base.get("greta_table_atomic", {}).get("fwd_bwd_ms"),
-            "greta_atomic_fwd_bwd_ms": greta_atomic["fwd_bwd_ms"] if greta_atomic else None,
-            "best_atomic": label(best["atomic"][d]) if d in best["atomic"] else None,
         }
-        for which, parts in (("table", ("fwd", "fwd_bwd")), ("best", ("fwd", "fwd_bwd")),
-                             ("table_atomic", ("fwd_bwd",)), ("atomic", ("fwd_bwd",))):  # fmt: skip
-            for part in parts:
+        for which in ("table", "best"):
+            for part in ("fwd", "fwd_bwd"):
                 g, r = line[f"greta_{which}_{part}_ms"], line[f"sdpa_{part}_ms"]
                 line[f"ratio_{which}_{part}"] = round(r / g, 3) if g and r else None
         summary.append(line)
@@ -658,13 +572,7 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
     from greta_core import configs as cfgs
 
     current = cfgs.load_table(arch)["ops"].get("attention", {})
-    # Per head dim, the backward with the lower geometric-mean fwd+bwd over the causal
-    # shapes where both ran.
-    dq_modes = {}
-    for d, by_mode in fwd_bwd_by_mode.items():
-        if len(by_mode.get("kernel", [])) == len(by_mode.get("atomic", [])) > 0:
-            dq_modes[d] = min(by_mode, key=lambda m: sum(math.log(t) for t in by_mode[m]))
-    snippet = table_entries(best, current, dq_modes)
+    snippet = table_entries(best, current)
     meta = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": torch.cuda.get_device_name(),
@@ -677,7 +585,6 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
         "wall_s": round(clock.elapsed(), 1),
         "sweep_at": {"Hkv": SWEEP_AT[0], "S": SWEEP_AT[1]},
         "swept_kernels": list(swept),
-        "dq_mode_per_head_dim": dq_modes,
         "skipped_candidates": skipped,
         "notes": notes,
         "ratio": "SDPA (fastest backend) ms / GRETA ms: >= 1 means GRETA is faster",
@@ -700,22 +607,15 @@ def write_outputs(
             writer.writeheader()
             writer.writerows(summary)
     print(f"\n{'shape':28} {'SDPA f':>8} {'f+b':>8} {'GRETA f':>8} {'f+b':>8} {'best f':>8} "
-          f"{'f+b':>8} {'atom f+b':>8} {'best':>8} {'ratio f':>8} {'f+b':>6} {'atom':>6}  "
-          "best fwd | dkdv | dq | atomic")  # fmt: skip
+          f"{'f+b':>8} {'ratio f':>8} {'f+b':>6}  best fwd | dkdv | dq")  # fmt: skip
     for s in summary:
         cells = [s["sdpa_fwd_ms"], s["sdpa_fwd_bwd_ms"], s["greta_table_fwd_ms"],
-                 s["greta_table_fwd_bwd_ms"], s["greta_best_fwd_ms"], s["greta_best_fwd_bwd_ms"],
-                 s["greta_table_atomic_fwd_bwd_ms"], s["greta_atomic_fwd_bwd_ms"]]  # fmt: skip
+                 s["greta_table_fwd_bwd_ms"], s["greta_best_fwd_ms"], s["greta_best_fwd_bwd_ms"]]  # fmt: skip
         ratio_f = s["ratio_best_fwd"] or s["ratio_table_fwd"]
         ratio_b = s["ratio_best_fwd_bwd"] or s["ratio_table_fwd_bwd"]
-        ratio_a = s["ratio_atomic_fwd_bwd"] or s["ratio_table_atomic_fwd_bwd"]
         print(f"{s['shape']:28} " + " ".join(f"{c or float('nan'):8.3f}" for c in cells)
-              + f" {ratio_f or float('nan'):8.3f} {ratio_b or float('nan'):6.3f}"
-              f" {ratio_a or float('nan'):6.3f}  "
-              f"{s['best_fwd']} | {s['best_dkdv']} | {s['best_dq']} | {s['best_atomic']}")  # fmt: skip
-    modes = meta.get("dq_mode_per_head_dim")
-    if modes:
-        print("backward per head dim (lower geometric-mean fwd+bwd, causal):", modes)
+              + f" {ratio_f or float('nan'):8.3f} {ratio_b or float('nan'):6.3f}  "
+              f"{s['best_fwd']} | {s['best_dkdv']} | {s['best_dq']}")  # fmt: skip
     for note in meta.get("notes", []):
         print("note:", note)
     print("\nTable entries for greta_core/configs/tables/sm_90.json (replace the ops' entries):")
@@ -775,8 +675,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-noncausal", dest="noncausal", action="store_false",
                         help="skip the non-causal D128 S2048 row")  # fmt: skip
     parser.add_argument("--kernels", type=_kernel_list, default=KERNELS,
-                        help=f"comma-separated kernels whose tiles are swept (of {','.join(KERNELS)});"
-                        " the op is timed with both backward variants whenever atomic is one")  # fmt: skip
+                        help="comma-separated kernels whose tiles are swept"
+                        f" (of {','.join(KERNELS)}; the others keep the table's)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="CPU: list and check candidates")
     args = parser.parse_args(argv)
     if args.dry_run:

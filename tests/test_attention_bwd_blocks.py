@@ -45,13 +45,11 @@ CASES = [
     (2, 1, 48, 56, False),
 ]
 TILES = [(16, 16), (16, 32), (32, 16)]  # (BLOCK_M, BLOCK_N) of both kernels
-MODES = ["kernel", "atomic"]  # attention_bwd_dkdv's "dq": the dq kernel or atomic adds
 
 
 @pytest.mark.parametrize(("hq", "hkv", "sq", "skv", "causal"), CASES)
 @pytest.mark.parametrize(("block_m", "block_n"), TILES)
-@pytest.mark.parametrize("mode", MODES)
-def test_bwd_small_tiles_match_float64(hq, hkv, sq, skv, causal, block_m, block_n, mode) -> None:
+def test_bwd_small_tiles_match_float64(hq, hkv, sq, skv, causal, block_m, block_n) -> None:
     need_triton()
     if not ON_GPU and (block_m, block_n) != (16, 32) and not causal:
         pytest.skip("the non-causal case needs one tile shape under the interpreter")
@@ -62,11 +60,10 @@ def test_bwd_small_tiles_match_float64(hq, hkv, sq, skv, causal, block_m, block_
     o, lse = attention_with_lse(q, k, v, causal)
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
     arch = validate(q, k, v)
-    overrides = ({**cfg, "dq": mode}, cfg)
-    # Poisoned: an element no kernel writes stays NaN (the atomic dq is zeroed by the plan).
-    shapes = bwd.result_shapes(tuple(q.shape), hkv, skv, arch, overrides)
+    # Poisoned: an element no kernel writes stays NaN.
+    shapes = bwd.result_shapes(tuple(q.shape), hkv, skv, arch, (cfg, cfg))
     dq, dk, dv = (torch.full(s, float("nan"), device=dev) for s in shapes)
-    bwd.launch(do, q, k, v, o, lse, causal, None, dq, dk, dv, arch, configs=overrides)
+    bwd.launch(do, q, k, v, o, lse, causal, None, dq, dk, dv, arch, configs=(cfg, cfg))
     got = [dq, bwd.fold_heads(dk, hkv), bwd.fold_heads(dv, hkv)]
     for name, g, want in zip(("dq", "dk", "dv"), got, _grads64(q, k, v, do, causal), strict=True):
         assert not torch.isnan(g).any(), f"{name}: unwritten elements"
@@ -74,45 +71,27 @@ def test_bwd_small_tiles_match_float64(hq, hkv, sq, skv, causal, block_m, block_
         assert err < 1e-2, f"{name}: rel err {err:.2e}"
 
 
-def test_atomic_mode_launches_one_gradient_kernel_per_kv_head() -> None:
-    """The plan behind the table switch: delta, then the atomic kernel over (key blocks,
-    B * Hkv) writing per-KV-head dk/dv and accumulating into a zeroed dq; the default plan
-    keeps the two kernels over query heads."""
+def test_plan_launches_delta_then_the_two_gradient_kernels() -> None:
+    """delta, then dkdv over (key blocks, B * Hq) and dq over (query blocks, B * Hq); dk/dv
+    per query head; nothing zeroed (every element is written)."""
     from greta_core import configs
     from greta_core.kernels import attention_bwd as kernels
 
     shape, strides = (2, 8, 96, 64), ((1, 1, 1),) * 5
-    with configs.Override({"attention_bwd_dkdv": {"dq": "atomic", "BLOCK_N": 32}}):
+    with configs.Override(
+        {"attention_bwd_dkdv": {"BLOCK_N": 32}, "attention_bwd_dq": {"BLOCK_M": 64}}
+    ):
         p = bwd.plan(shape, (2, 80), strides, True, None, "cpu")
-    assert [launch.kernel for launch in p.launches] == [
-        kernels.attention_bwd_delta_kernel,
-        kernels.attention_bwd_atomic_kernel,
-    ]
-    assert p.launches[1].grid == (3, 2 * 2)  # ceil(80 / 32) key blocks, B * Hkv
-    assert p.launches[1].written() == (1, 2, 0)
-    assert "dq" not in p.launches[1].constexprs
-    assert [b.shape for b in p.buffers[:3]] == [shape, (2, 2, 80, 64), (2, 2, 80, 64)]
-    assert [b.zeroed for b in p.buffers[:3]] == [True, False, False]
-
-    p = bwd.plan(shape, (2, 80), strides, True, None, "cpu")
     assert [launch.kernel for launch in p.launches] == [
         kernels.attention_bwd_delta_kernel,
         kernels.attention_bwd_dkdv_kernel,
         kernels.attention_bwd_dq_kernel,
     ]
+    assert p.launches[1].grid == (3, 2 * 8)  # ceil(80 / 32) key blocks, B * Hq
+    assert p.launches[2].grid == (2, 2 * 8)  # ceil(96 / 64) query blocks, B * Hq
+    assert [launch.written() for launch in p.launches] == [(3,), (1, 2), (0,)]
     assert [b.shape for b in p.buffers[:3]] == [shape, (2, 8, 80, 64), (2, 8, 80, 64)]
     assert not any(b.zeroed for b in p.buffers)
-
-
-def test_unknown_dq_mode_is_a_config_error() -> None:
-    from greta_core import configs
-    from greta_core.errors import ConfigError
-
-    with (
-        configs.Override({"attention_bwd_dkdv": {"dq": "split"}}),
-        pytest.raises(ConfigError, match="'dq' is 'split'"),
-    ):
-        bwd.plan((1, 2, 16, 64), (2, 16), ((1, 1, 1),) * 5, True, None, "cpu")
 
 
 def test_delta_kernel_is_the_row_sum_of_o_times_do() -> None:
@@ -135,17 +114,15 @@ def test_delta_kernel_is_the_row_sum_of_o_times_do() -> None:
     torch.testing.assert_close(delta.double().cpu(), want.cpu(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_jax_executor_feeds_delta_to_the_gradient_launches(mode, monkeypatch) -> None:
+def test_jax_executor_feeds_delta_to_the_gradient_launches(monkeypatch) -> None:
     """greta_core.jax._plan runs the same plan: the delta launch's output is the array the
-    gradient kernels read, and the atomic dq is a zeroed output (jax-triton stubbed: this
-    checks the wiring, the H100 run checks the numbers)."""
+    gradient kernels read (jax-triton stubbed: this checks the wiring, the H100 run checks
+    the numbers)."""
     import sys
     import types
 
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
-    from greta_core import configs
     from greta_core.jax._plan import run
 
     calls = []
@@ -156,8 +133,7 @@ def test_jax_executor_feeds_delta_to_the_gradient_launches(mode, monkeypatch) ->
 
     monkeypatch.setitem(sys.modules, "jax_triton", types.SimpleNamespace(triton_call=triton_call))
     shape = (1, 4, 32, 64)
-    with configs.Override({"attention_bwd_dkdv": {"dq": mode}}):
-        p = bwd.plan(shape, (2, 32), ((1, 1, 1),) * 5, True, None, "sm_90")
+    p = bwd.plan(shape, (2, 32), ((1, 1, 1),) * 5, True, None, "sm_90")
     q = jnp.zeros(shape, jnp.bfloat16)
     kv = jnp.zeros((1, 2, 32, 64), jnp.bfloat16)
     lse = jnp.zeros(shape[:3], jnp.float32)
@@ -165,35 +141,31 @@ def test_jax_executor_feeds_delta_to_the_gradient_launches(mode, monkeypatch) ->
     assert [c[0] for c in calls] == [launch.kernel for launch in p.launches]
     for _kernel, args, _zeroed in calls[1:]:  # delta (the first call's output, all 1.0)
         assert args[5].shape == shape[:3] and float(args[5].max()) == float(args[5].min()) == 1
-    if mode == "atomic":
-        assert calls[1][2] == (2,)  # outputs (dk, dv, dq): dq accumulates from zeros
-        assert (dk.shape, dv.shape, float(dq.max())) == ((1, 2, 32, 64),) * 2 + (2.0,)
-    else:
-        assert [c[2] for c in calls[1:]] == [(), ()]
-        assert (dk.shape, float(dk.max()), float(dq.max())) == ((1, 4, 32, 64), 2.0, 3.0)
+    assert [c[2] for c in calls[1:]] == [(), ()]
+    assert (dk.shape, dv.shape) == ((1, 4, 32, 64),) * 2  # per query head
+    assert (float(dk.max()), float(dv.max()), float(dq.max())) == (2.0, 2.0, 3.0)
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v"])
-def test_atomic_variant_marks_nan_where_the_two_kernels_do(where: str) -> None:
-    """A NaN in one input element reaches the same gradient elements in both variants (the
-    masking is shared code); rows and keys far from it stay finite."""
+def test_nan_input_reaches_the_gradients_of_its_group_only(where: str) -> None:
+    """A NaN in one input element reaches the gradient that depends on it directly (dq of
+    its query row, dk of its key) and stays within its GQA group: the other KV head's dk/dv
+    and its query heads' dq stay finite."""
     need_triton()
     dev = "cuda" if ON_GPU else "cpu"
     gen = torch.Generator().manual_seed(11)
     mk = lambda h, s: torch.randn(1, h, s, 64, generator=gen).to(dev, torch.float16)  # noqa: E731
     q, k, v, do = mk(4, 64), mk(2, 64), mk(2, 64), mk(4, 64)
     o, lse = attention_with_lse(q, k, v, True)
-    {"q": q, "k": k, "v": v}[where][0, 1, 40, 3] = float("nan")
+    # Query head 1 and KV head 0 (query heads 0 and 1) are the poisoned group.
+    {"q": q, "k": k, "v": v}[where][0, 1 if where == "q" else 0, 40, 3] = float("nan")
     arch = validate(q, k, v)
     cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
-    masks = []
-    for mode in MODES:
-        overrides = ({**cfg, "dq": mode}, cfg)
-        shapes = bwd.result_shapes(tuple(q.shape), 2, 64, arch, overrides)
-        dq, dk, dv = (torch.zeros(s, device=dev) for s in shapes)
-        bwd.launch(do, q, k, v, o, lse, True, None, dq, dk, dv, arch, configs=overrides)
-        masks.append([t.isnan().cpu() for t in (dq, bwd.fold_heads(dk, 2), bwd.fold_heads(dv, 2))])
-    for name, kernel_mask, atomic_mask in zip(("dq", "dk", "dv"), *masks, strict=True):
-        assert torch.equal(kernel_mask, atomic_mask), name
-        assert not kernel_mask.all(), name
-    assert any(m.any() for m in masks[0])
+    shapes = bwd.result_shapes(tuple(q.shape), 2, 64, arch, (cfg, cfg))
+    dq, dk, dv = (torch.zeros(s, device=dev) for s in shapes)
+    bwd.launch(do, q, k, v, o, lse, True, None, dq, dk, dv, arch, configs=(cfg, cfg))
+    dq, dk, dv = (t.cpu() for t in (dq, bwd.fold_heads(dk, 2), bwd.fold_heads(dv, 2)))
+    hit = dq[0, 1, 40] if where == "q" else dk[0, 0, 40]
+    assert hit.isnan().any(), where
+    assert dq[0, 2:].isfinite().all()
+    assert dk[0, 1].isfinite().all() and dv[0, 1].isfinite().all()

@@ -104,35 +104,7 @@ def test_table_entries_resolve_to_the_best_configs(sweep, monkeypatch) -> None:
             assert got == best[kernel][d]
 
 
-def test_table_entries_carry_the_winning_backward_per_head_dim(sweep, monkeypatch) -> None:
-    """Atomic won at D128, the two kernels at D64: the dkdv entry resolves to the atomic
-    tiles with "dq": "atomic" at D128 and to the dkdv tiles with "dq": "kernel" at D64 (a
-    rule is merged over the default, so the mode must be said in both)."""
-
-    def cfg(m: int, n: int, w: int, s: int) -> dict[str, int]:
-        return {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
-
-    best = {
-        "dkdv": {128: cfg(64, 128, 8, 2), 64: cfg(32, 64, 4, 3)},
-        "dq": {128: cfg(128, 32, 8, 2), 64: cfg(64, 32, 4, 2)},
-        "atomic": {128: cfg(32, 128, 8, 2), 64: cfg(64, 64, 4, 2)},
-    }
-    table = copy.deepcopy(configs.load_table("sm_90"))
-    entries = sweep.table_entries(best, table["ops"]["attention"], {128: "atomic", 64: "kernel"})
-    table["ops"].update(json.loads(json.dumps(entries)))
-    monkeypatch.setattr(configs, "load_table", lambda arch: table)
-
-    def dkdv(d: int) -> dict:
-        return configs.lookup("attention_bwd_dkdv", "sm_90", {"D": d, "backend": "cuda"})
-
-    assert dkdv(128) == {**best["atomic"][128], "dq": "atomic"}
-    assert dkdv(64) == {**best["dkdv"][64], "dq": "kernel"}
-    # No atomic win: the entries say nothing of the mode (the table's stays).
-    plain = sweep.table_entries(best, table["ops"]["attention"], {128: "kernel", 64: "kernel"})
-    assert "dq" not in plain["attention_bwd_dkdv"]["default"]
-
-
 def test_kernels_option_takes_known_names_only(sweep) -> None:
-    assert sweep._kernel_list("dkdv, dq,atomic") == ("dkdv", "dq", "atomic")
+    assert sweep._kernel_list("dkdv, dq") == ("dkdv", "dq")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown kernels"):
         sweep._kernel_list("dkdv,split")

@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from _kernel_testing import expected_impl, expected_jax_impl  # noqa: E402
 
-from greta_core import configs, observe, raw  # noqa: E402
+from greta_core import observe, raw  # noqa: E402
 from greta_core.arch import interpreter_active  # noqa: E402
 from greta_core.ops import attention as attn_ops  # noqa: E402
 
@@ -263,21 +263,14 @@ BWD_CASES = [
 ]
 
 
-# attention_bwd_dkdv's "dq" key: the separate dq kernel (the tables' default) or the one
-# kernel that adds dq with atomics.
-DQ_MODES = [{}, {"attention_bwd_dkdv": {"dq": "atomic"}}]
-
-
 @pytest.mark.parametrize(("bsz", "hq", "hkv", "sq", "skv", "d", "causal"), BWD_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("mode", DQ_MODES, ids=["dq-kernel", "dq-atomic"])
-def test_raw_attention_bwd_matches_reference(bsz, hq, hkv, sq, skv, d, causal, dtype, mode):
+def test_raw_attention_bwd_matches_reference(bsz, hq, hkv, sq, skv, d, causal, dtype):
     _need_kernel()
     q, k, v = _inputs(bsz, hq, hkv, sq, skv, d, dtype)
     do = torch.randn_like(q)
     out, lse = raw.attention_with_lse(q, k, v, causal)
-    with configs.Override(mode):
-        dq, dk, dv = raw.attention_bwd(do, q, k, v, out, lse, causal)
+    dq, dk, dv = raw.attention_bwd(do, q, k, v, out, lse, causal)
     assert (dq.dtype, dk.shape, dv.shape) == (dtype, k.shape, v.shape)
     for got, want in zip((dq, dk, dv), _grads64(q, k, v, do, causal), strict=True):
         err = ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
@@ -298,8 +291,7 @@ def test_raw_attention_bwd_rejects_bad_input() -> None:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", DQ_MODES, ids=["dq-kernel", "dq-atomic"])
-def test_torch_op_backward_runs_the_triton_kernels(causal: bool, mode: dict) -> None:
+def test_torch_op_backward_runs_the_triton_kernels(causal: bool) -> None:
     """torch.ops.greta.attention's autograd takes the Triton backward (no lengths, fp16/bf16)."""
     import greta_core.torch  # noqa: F401
 
@@ -307,8 +299,7 @@ def test_torch_op_backward_runs_the_triton_kernels(causal: bool, mode: dict) -> 
     q, k, v = _inputs(1, 4, 2, 33, 33, 64, torch.bfloat16)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     do = torch.randn_like(q)
-    with configs.Override(mode):
-        torch.ops.greta.attention(*leaves, causal).backward(do)
+    torch.ops.greta.attention(*leaves, causal).backward(do)
     assert observe.last_implementation("attention_bwd") == expected_impl()
     for mine, want in zip(leaves, _grads64(q, k, v, do, causal), strict=True):
         err = ((mine.grad.double().cpu() - want).norm() / want.norm()).item()
@@ -392,9 +383,8 @@ def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", DQ_MODES, ids=["dq-kernel", "dq-atomic"])
 def test_jax_attention_grad_matches_reference(
-    causal: bool, mode: dict, monkeypatch: pytest.MonkeyPatch
+    causal: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """jax.grad through greta_core.jax.attention: the Triton backward (custom_vjp) on a GPU,
     JAX's autodiff of the jnp reference elsewhere; float64 loop reference either way."""
@@ -405,8 +395,6 @@ def test_jax_attention_grad_matches_reference(
 
     from greta_core import jax as gjax
 
-    if mode and jax.default_backend() != "gpu":
-        pytest.skip("the dq mode picks between Triton kernels: jax-triton needs a GPU")
     q, k, v = (t.cpu() for t in _inputs(1, 4, 2, 40, 40, 64, torch.bfloat16))
     do = torch.randn_like(q)
     want = _grads64(q, k, v, do, causal)
@@ -417,8 +405,7 @@ def test_jax_attention_grad_matches_reference(
             gjax.attention(a, b, c, causal).astype(jnp.float32) * jdo.astype(jnp.float32)
         )
 
-    with configs.Override(mode):
-        grads = jax.grad(loss, argnums=(0, 1, 2))(jq, jk, jv)
+    grads = jax.grad(loss, argnums=(0, 1, 2))(jq, jk, jv)
     for got, ref in zip(grads, want, strict=True):
         got64 = np.asarray(got.astype(jnp.float32), np.float64)
         assert (
@@ -443,15 +430,14 @@ def test_attention_aot_specs_cover_the_kernel_signature(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100", "gfx1201", "default"])
-@pytest.mark.parametrize("mode", DQ_MODES, ids=["dq-kernel", "dq-atomic"])
-def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str, mode: dict) -> None:
-    """Each launch the backward's plan makes (delta, then dkdv + dq or the atomic kernel)
-    at the table's tiles is an AOT spec: same kernel, constexprs and options."""
+def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str) -> None:
+    """Each launch the backward's plan makes (delta, then dkdv and dq) at the table's tiles
+    is an AOT spec: same kernel, constexprs and options."""
     from greta_core.kernels import attention_bwd as kernel
     from greta_core.ops import attention_bwd as bwd_ops
 
     specs = kernel.aot_specs(arch)
-    assert len(specs) == 2 * 2 * (1 + 2 * 3)  # D x dtype x (delta + causal x 3 kernels)
+    assert len(specs) == 2 * 2 * (1 + 2 * 2)  # D x dtype x (delta + causal x 2 kernels)
     compiled = {
         (spec.kernel, tuple(sorted(spec.constexprs.items())), tuple(sorted(spec.options.items())))
         for spec in specs
@@ -463,9 +449,8 @@ def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str, mode: dic
         assert spec.uses_matrix_units == (spec.kernel is not kernel.attention_bwd_delta_kernel)
     for d in (64, 128):
         for causal in (False, True):
-            with configs.Override(mode):
-                plan = bwd_ops.plan((2, 8, 256, d), (2, 256), ((1, 1, 1),) * 5, causal, None, arch)
-            assert len(plan.launches) == (2 if mode else 3)
+            plan = bwd_ops.plan((2, 8, 256, d), (2, 256), ((1, 1, 1),) * 5, causal, None, arch)
+            assert len(plan.launches) == 3
             for launch in plan.launches:
                 key = (
                     launch.kernel,

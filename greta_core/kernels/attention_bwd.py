@@ -16,17 +16,13 @@ that every row of the tile sees in full load and compute without them.
 ``delta`` comes from a small preprocess kernel (one program per query block and head) that
 reads ``o`` and ``do`` in their dtype and writes fp32 rows.
 
-Two variants of the gradients, picked by the launch plan (``ops/attention_bwd.py``):
-
-- two kernels, nothing accumulated with atomics (deterministic): ``dkdv`` gives one
-  program per (key block, batch, query head) and walks the query blocks that see those
-  keys; ``dq`` gives one program per (query block, batch, query head) and walks the key
-  blocks it sees. dk/dv come out per *query* head; the launcher sums each GQA group. Seven
-  block products per (query block, key block) pair: ``dq`` recomputes p and dp.
-- one kernel (``atomic``): one program per (key block, batch, *KV* head) walks the query
-  blocks of every query head of its GQA group, keeps dk/dv of the group in registers and
-  adds each block's ``ds @ k`` into an fp32 dq with ``tl.atomic_add``: five products per
-  pair, dq's sum order (hence its last bits) varies from run to run.
+Two kernels, so nothing is accumulated with atomics (deterministic): ``dkdv`` gives one
+program per (key block, batch, query head) and walks the query blocks that see those keys;
+``dq`` gives one program per (query block, batch, query head) and walks the key blocks it
+sees. dk/dv come out per *query* head; the launcher sums each GQA group. Seven block
+products per (query block, key block) pair: ``dq`` recomputes p and dp. (A one-kernel
+variant that added dq with atomics, five products per pair, measured slower on the H100
+and was removed.)
 
 Positions follow the forward: query row i sits at Skv - Sq + i (no per-batch lengths here).
 """
@@ -162,35 +158,6 @@ def _dkdv_blocks(
 
 
 @triton.jit
-def _atomic_blocks(
-    dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, dq_base, stride_qs, stride_dos, offs_n,
-    offs_d, Sq, Skv, shift, qk_scale, sm_scale, lo, hi,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr,
-):  # fmt: skip
-    """_dkdv_blocks plus this key block's share of dq, added into fp32 dq rows."""
-    offs_m0 = tl.arange(0, BLOCK_M)
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + offs_m0
-        q = _load_rows(q_base, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
-        do = _load_rows(do_base, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
-        lse2, delta = _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED)
-        p_t = _p_t(k, q, lse2, offs_m, offs_n, Sq, Skv, shift, qk_scale, MASKED, CAUSAL)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        ds_t = ds_t.to(q.dtype)
-        dk = tl.dot(ds_t, q, dk)
-        dq = tl.dot(tl.trans(ds_t), k) * sm_scale
-        dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        if MASKED:
-            tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < Sq, sem="relaxed")
-        else:
-            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
-    return dk, dv
-
-
-@triton.jit
 def attention_bwd_dkdv_kernel(
     q_ptr,
     k_ptr,
@@ -264,93 +231,6 @@ def attention_bwd_dkdv_kernel(
     dk = dk * sm_scale
 
     out = pid_bh.to(tl.int64) * Skv * HEAD_DIM
-    ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
-    tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
-
-
-@triton.jit
-def attention_bwd_atomic_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    sm_scale,
-    Sq,
-    Skv,
-    H_Q,
-    GROUP,
-    stride_qb,
-    stride_qh,
-    stride_qs,
-    stride_kb,
-    stride_kh,
-    stride_ks,
-    stride_vb,
-    stride_vh,
-    stride_vs,
-    stride_dob,
-    stride_doh,
-    stride_dos,
-    dk_ptr,
-    dv_ptr,
-    dq_ptr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """One program per (key block, batch, KV head): dk/dv [B, H_KV, Skv, D] of the whole GQA
-    group, and each block's ds @ k added into dq [B, H_Q, Sq, D] (fp32, zeroed by the plan)."""
-    pid_n = tl.program_id(0)
-    pid_bkv = tl.program_id(1)
-    heads_kv = H_Q // GROUP
-    b = pid_bkv // heads_kv
-    h_kv = pid_bkv % heads_kv
-    shift = Skv - Sq
-    start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
-    v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
-    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
-    scale = tl.cast(sm_scale, tl.float32)
-    lo, mid, full_end = _query_ranges(start_n, Sq, Skv, shift, BLOCK_M, BLOCK_N, CAUSAL)
-
-    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    for g in range(GROUP):
-        h = h_kv * GROUP + g
-        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-        do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        row_base = (b * H_Q + h).to(tl.int64) * Sq
-        lse_rows = lse_ptr + row_base
-        delta_rows = delta_ptr + row_base
-        dq_base = dq_ptr + row_base * HEAD_DIM
-        dk, dv = _atomic_blocks(
-            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, dq_base, stride_qs, stride_dos,
-            offs_n, offs_d, Sq, Skv, shift, qk_scale, scale, lo, mid,
-            HEAD_DIM, BLOCK_M, True, CAUSAL, UPCAST,
-        )  # fmt: skip
-        dk, dv = _atomic_blocks(
-            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, dq_base, stride_qs, stride_dos,
-            offs_n, offs_d, Sq, Skv, shift, qk_scale, scale, mid, full_end,
-            HEAD_DIM, BLOCK_M, False, CAUSAL, UPCAST,
-        )  # fmt: skip
-        dk, dv = _atomic_blocks(
-            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, dq_base, stride_qs, stride_dos,
-            offs_n, offs_d, Sq, Skv, shift, qk_scale, scale, full_end, Sq,
-            HEAD_DIM, BLOCK_M, True, CAUSAL, UPCAST,
-        )  # fmt: skip
-    dk = dk * scale
-
-    out = pid_bkv.to(tl.int64) * Skv * HEAD_DIM
     ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
     tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
@@ -468,17 +348,15 @@ DELTA_SCALAR_ARGS = (
 
 
 def aot_specs(arch: str) -> list:
-    """The delta kernel, the two-kernel pair and the atomic kernel at the table's tiles (the
-    atomic one with the dkdv entry's, which a DQ_KEY switch keeps), per head dim, dtype and
+    """The delta kernel and the dkdv/dq pair at the table's tiles, per head dim, dtype and
     causal flag."""
     from greta_core import configs
     from greta_core.kernels._aot import AotSpec
-    from greta_core.ops.attention_bwd import delta_config, dq_mode, kernel_configs
+    from greta_core.ops.attention_bwd import delta_config, kernel_configs
 
     specs = []
     for head_dim in (64, 128):
         dkdv_cfg, dq_cfg = kernel_configs(arch, head_dim)
-        dkdv_cfg = dq_mode(dkdv_cfg)[1]
         delta_cfg = delta_config(arch, head_dim)
         for dtype in ("fp16", "bf16"):
             signature = {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}"}
@@ -497,9 +375,7 @@ def aot_specs(arch: str) -> list:
                 for name, kernel, outs, config in (
                     ("dkdv", attention_bwd_dkdv_kernel, ("dk_ptr", "dv_ptr"), dkdv_cfg),
                     ("dq", attention_bwd_dq_kernel, ("dq_ptr",), dq_cfg),
-                    ("atomic", attention_bwd_atomic_kernel, ("dk_ptr", "dv_ptr", "dq_ptr"),
-                     dkdv_cfg),
-                ):  # fmt: skip
+                ):
                     signature = {f"{t}_ptr": f"*{dtype}" for t in ("q", "k", "v", "do")}
                     signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
                     signature |= {arg: "i32" for arg in SCALAR_ARGS}

@@ -10,9 +10,7 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.arch import backend
-from greta_core.errors import ConfigError
 from greta_core.kernels.attention_bwd import (
-    attention_bwd_atomic_kernel,
     attention_bwd_delta_kernel,
     attention_bwd_dkdv_kernel,
     attention_bwd_dq_kernel,
@@ -24,17 +22,11 @@ from greta_core.ops._validate import GretaInputError, check_tensor
 from greta_core.ops.attention import default_scale, validate
 
 OP = "attention_bwd"
-Config = dict[str, Any]
-# The `attention_bwd_dkdv` table key that picks how dq is made: "kernel" (its own kernel,
-# deterministic) or "atomic" (the dk/dv kernel adds ds @ k into an fp32 dq: one kernel,
-# five block products instead of seven).
-DQ_KEY = "dq"
-DQ_MODES = ("kernel", "atomic")
+Config = dict[str, int]
 
 
 def kernel_configs(arch: str, head_dim: int) -> tuple[Config, Config]:
-    """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages (+ the
-    dkdv entry's DQ_KEY)."""
+    """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages."""
     features = {"D": head_dim, "backend": backend(arch)}
     return (
         configs.lookup("attention_bwd_dkdv", arch, features),
@@ -45,15 +37,6 @@ def kernel_configs(arch: str, head_dim: int) -> tuple[Config, Config]:
 def delta_config(arch: str, head_dim: int) -> Config:
     """The delta = rowsum(o * do) preprocess kernel's config."""
     return configs.lookup("attention_bwd_delta", arch, {"D": head_dim, "backend": backend(arch)})
-
-
-def dq_mode(dkdv_config: Config) -> tuple[str, Config]:
-    """(how dq is made, the dkdv config without DQ_KEY). Raises ConfigError."""
-    rest = {k: v for k, v in dkdv_config.items() if k != DQ_KEY}
-    mode = dkdv_config.get(DQ_KEY, DQ_MODES[0])
-    if mode not in DQ_MODES:
-        raise ConfigError(f"attention_bwd_dkdv: {DQ_KEY!r} is {mode!r}; expected one of {DQ_MODES}")
-    return mode, rest
 
 
 def validate_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> str:
@@ -92,17 +75,13 @@ def plan(
 ) -> Plan:  # fmt: skip
     """Inputs (q, k, v, do, lse, o); `strides`: the [:3] strides of q, k, v, do, o.
 
-    Launches: delta = rowsum(o * do) (fp32 scratch [B, Hq, Sq]), then either the dkdv and
-    dq kernels or the atomic kernel (the dkdv entry's DQ_KEY). Results (fp32): dq
-    [B, Hq, Sq, D]; dk and dv per *query* head [B, Hq, Skv, D] from the two kernels, per KV
-    head [B, Hkv, Skv, D] from the atomic one (:func:`fold_heads` takes either). Buffers are
-    zeroed only where a kernel accumulates into them (the atomic dq) or nothing launches.
-    `overrides`: (dkdv, dq) configs instead of the tables' (tuning; unhashable, so never
-    memoized)."""
+    Launches: delta = rowsum(o * do) (fp32 scratch [B, Hq, Sq]), then the dkdv and dq
+    kernels. Results (fp32): dq [B, Hq, Sq, D]; dk and dv per *query* head [B, Hq, Skv, D]
+    (the caller sums each GQA group: :func:`fold_heads`). `overrides`: (dkdv, dq) configs
+    instead of the tables' (tuning; unhashable, so never memoized)."""
     batch, heads_q, seq_q, dim = q_shape
     heads_kv, seq_kv = kv_heads_seq
     dkdv_cfg, dq_cfg = overrides or kernel_configs(arch, dim)
-    mode, dkdv_cfg = dq_mode(dkdv_cfg)
     upcast = arch == "cpu"
     q_st, k_st, v_st, do_st, o_st = strides
     delta_blocks, delta_opts = _split(delta_config(arch, dim), arch)
@@ -118,20 +97,7 @@ def plan(
         seq_q, seq_kv, heads_q, heads_q // heads_kv, *q_st, *k_st, *v_st, *do_st,
     )  # fmt: skip
     common = {"HEAD_DIM": dim, "CAUSAL": bool(causal), "UPCAST": upcast}
-    dkdv_blocks, dkdv_opts = _split(dkdv_cfg, arch)
-    empty = batch * heads_q * seq_q * seq_kv == 0
-    dq_buf = Buffer(q_shape, "float32", zeroed=empty or mode == "atomic")
-    delta_buf = Buffer((batch, heads_q, seq_q), "float32")
-    if mode == "atomic":
-        grads = Launch(
-            attention_bwd_atomic_kernel,
-            (_cdiv(seq_kv, dkdv_blocks["BLOCK_N"]), batch * heads_kv),
-            (*args, Out(1), Out(2), Out(0)), {**common, **dkdv_blocks}, dkdv_opts,
-        )  # fmt: skip
-        per_kv = Buffer((batch, heads_kv, seq_kv, dim), "float32", zeroed=empty)
-        buffers = (dq_buf, per_kv, per_kv, delta_buf)
-        return Plan(OP, arch, buffers, () if empty else (delta, grads), (0, 1, 2))
-    dq_blocks, dq_opts = _split(dq_cfg, arch)
+    (dkdv_blocks, dkdv_opts), (dq_blocks, dq_opts) = _split(dkdv_cfg, arch), _split(dq_cfg, arch)
     dkdv = Launch(
         attention_bwd_dkdv_kernel,
         (_cdiv(seq_kv, dkdv_blocks["BLOCK_N"]), batch * heads_q),
@@ -144,8 +110,12 @@ def plan(
     )  # fmt: skip
     # The kernels write every element; only a plan with no launch needs the zeros (a
     # memset of three fp32 gradient-sized buffers per backward otherwise).
+    empty = batch * heads_q * seq_q * seq_kv == 0
     per_head = Buffer((batch, heads_q, seq_kv, dim), "float32", zeroed=empty)
-    buffers = (dq_buf, per_head, per_head, delta_buf)
+    buffers = (
+        Buffer(q_shape, "float32", zeroed=empty), per_head, per_head,
+        Buffer((batch, heads_q, seq_q), "float32"),
+    )  # fmt: skip
     return Plan(OP, arch, buffers, () if empty else (delta, dkdv, dq), (0, 1, 2))
 
 
@@ -169,8 +139,7 @@ def result_shapes(
     arch: str,
     overrides: tuple[Config, Config] | None = None,
 ) -> tuple[tuple[int, ...], ...]:
-    """Shapes of (dq, dk, dv) that :func:`launch` fills for this call (dk/dv per query head
-    or per KV head: see :func:`plan`)."""
+    """Shapes of (dq, dk, dv) that :func:`launch` fills for this call (see :func:`plan`)."""
     no_strides = ((0, 0, 0),) * 5  # shapes do not depend on them
     p = plan(tuple(q_shape), (heads_kv, seq_kv), no_strides, False, None, arch, overrides)
     return tuple(tuple(p.buffers[i].shape) for i in p.results)
@@ -181,16 +150,16 @@ def launch(
     dq: Any, dk: Any, dv: Any, arch: str, wrap: Wrap = _no_wrap,
     configs: tuple[Config, Config] | None = None,
 ) -> None:  # fmt: skip
-    """Run into preallocated fp32 dq, dk, dv shaped as :func:`result_shapes` says; what a
-    kernel accumulates into is zeroed here. `configs`: (dkdv, dq) overrides of the tables
-    (tuning)."""
+    """Run into preallocated fp32 dq, dk, dv shaped as :func:`result_shapes` says (nothing
+    to zero first: the kernels write every element, and a plan that launches nothing zeroes
+    them). `configs`: (dkdv, dq) overrides of the tables (tuning)."""
     p = _plan_for(do, q, k, v, o, causal, scale, arch, configs)
     run(p, (q, k, v, do, lse, o), out=(dq, dk, dv), wrap=wrap)
 
 
 def fold_heads(t: Any, heads_kv: int) -> Any:
     """[B, Hq, S, D] -> [B, Hkv, S, D]: sum the query heads sharing a KV head (torch or jnp);
-    a gradient already per KV head (MHA, or the atomic kernel) comes back as it is."""
+    under MHA (Hq == Hkv) the gradient comes back as it is, without a copy."""
     batch, heads, seq, dim = t.shape
     if heads == heads_kv:
         return t
