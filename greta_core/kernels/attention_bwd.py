@@ -347,12 +347,36 @@ DELTA_SCALAR_ARGS = (
 )  # fmt: skip
 
 
+Config = dict[str, int]
+
+
+# Here, not in ops/attention_bwd.py, because aot_specs needs them too and kernels/ imports
+# nothing from ops/ (tests/test_layers.py): the launch plan and the AOT specs read one rule.
+def kernel_configs(arch: str, head_dim: int) -> tuple[Config, Config]:
+    """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages."""
+    from greta_core import configs
+    from greta_core.arch import backend
+
+    features = {"D": head_dim, "backend": backend(arch)}
+    return (
+        configs.lookup("attention_bwd_dkdv", arch, features),
+        configs.lookup("attention_bwd_dq", arch, features),
+    )
+
+
+def delta_config(arch: str, head_dim: int) -> Config:
+    """The delta = rowsum(o * do) preprocess kernel's config."""
+    from greta_core import configs
+    from greta_core.arch import backend
+
+    return configs.lookup("attention_bwd_delta", arch, {"D": head_dim, "backend": backend(arch)})
+
+
 def aot_specs(arch: str) -> list:
     """The delta kernel and the dkdv/dq pair at the table's tiles, per head dim, dtype and
     causal flag."""
     from greta_core import configs
     from greta_core.kernels._aot import AotSpec
-    from greta_core.ops.attention_bwd import delta_config, kernel_configs
 
     specs = []
     for head_dim in (64, 128):

@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core import configs
-from greta_core.arch import backend
 from greta_core.kernels.attention_bwd import (
+    Config,
     attention_bwd_delta_kernel,
     attention_bwd_dkdv_kernel,
     attention_bwd_dq_kernel,
+    delta_config,
+    kernel_configs,
 )
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, memo, run
@@ -22,21 +24,6 @@ from greta_core.ops._validate import GretaInputError, check_tensor
 from greta_core.ops.attention import default_scale, validate
 
 OP = "attention_bwd"
-Config = dict[str, int]
-
-
-def kernel_configs(arch: str, head_dim: int) -> tuple[Config, Config]:
-    """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages."""
-    features = {"D": head_dim, "backend": backend(arch)}
-    return (
-        configs.lookup("attention_bwd_dkdv", arch, features),
-        configs.lookup("attention_bwd_dq", arch, features),
-    )
-
-
-def delta_config(arch: str, head_dim: int) -> Config:
-    """The delta = rowsum(o * do) preprocess kernel's config."""
-    return configs.lookup("attention_bwd_delta", arch, {"D": head_dim, "backend": backend(arch)})
 
 
 def validate_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any) -> str:
