@@ -1,7 +1,8 @@
 """Residual add fused into RMSNorm: s = x + residual, y = s * rstd(s) * weight.
 
 Writes s (in x's dtype: the new residual stream), y and rstd (fp32, one per row, for the
-backward). The norm is taken of s as stored (rounded to x's dtype), so the result equals
+backward; with STORE_RSTD off, a call no backward follows, rstd_ptr is never read: the plan
+passes y's pointer and allocates two buffers, not three). The norm is taken of s as stored (rounded to x's dtype), so the result equals
 an unfused ``h = x + residual; rms_norm(h)`` in the same dtype. The backward receives the
 gradient of both outputs: ds_total = rms_norm_bwd(dy) + ds, which is also d(residual) and
 d(x); dweight comes back as fp32 per-program partial rows that ``col_sum`` adds.
@@ -32,6 +33,7 @@ def add_rms_norm_fwd_kernel(
     rstd_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -68,7 +70,8 @@ def add_rms_norm_fwd_kernel(
             sf = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + cols, (sf * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
@@ -102,26 +105,35 @@ def aot_specs(arch: str) -> list:
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
             for block, one_pass, options in aot_variants("add_rms_norm", arch):
-                specs.append(
-                    AotSpec(
-                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
-                        kernel=add_rms_norm_fwd_kernel,
-                        signature={
-                            "x_ptr": f"*{dtype}",
-                            "res_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "n_cols": "i32",
-                            "stride_x": "i32",
-                            "stride_r": "i32",
-                            "eps": "fp32",
-                            "y_ptr": f"*{dtype}",
-                            "s_ptr": f"*{dtype}",
-                            "rstd_ptr": "*fp32",
-                        },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                        options=options,
+                for store_rstd in (True, False):
+                    specs.append(
+                        AotSpec(
+                            name=(
+                                f"add_rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
+                                f"one_pass={one_pass},store_rstd={store_rstd}]"
+                            ),
+                            kernel=add_rms_norm_fwd_kernel,
+                            signature={
+                                "x_ptr": f"*{dtype}",
+                                "res_ptr": f"*{dtype}",
+                                "w_ptr": f"*{wdtype}",
+                                "n_cols": "i32",
+                                "stride_x": "i32",
+                                "stride_r": "i32",
+                                "eps": "fp32",
+                                "y_ptr": f"*{dtype}",
+                                "s_ptr": f"*{dtype}",
+                                # Without STORE_RSTD the plan passes y's pointer here.
+                                "rstd_ptr": "*fp32" if store_rstd else f"*{dtype}",
+                            },
+                            constexprs={
+                                "BLOCK_N": block,
+                                "ONE_PASS": one_pass,
+                                "STORE_RSTD": store_rstd,
+                            },
+                            options=options,
+                        )
                     )
-                )
             for block, one_pass, options in aot_variants("add_rms_norm_bwd", arch):
                 specs.append(
                     AotSpec(
