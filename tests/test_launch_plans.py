@@ -18,7 +18,6 @@ pytest.importorskip("triton")
 np = pytest.importorskip("numpy")
 
 from _kernel_testing import DEVICE, ON_GPU, expected_impl, need_triton  # noqa: E402
-
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from greta_core import configs  # noqa: E402
@@ -305,7 +304,7 @@ class _GretaOpsSeen(TorchDispatchMode):
         super().__init__()
         self.seen: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "greta":
             self.seen.append(func._opname)
         return func(*args, **(kwargs or {}))
