@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from greta_core.kernels.rms_norm import rms_norm_bwd_rows, weight_dtypes
+from greta_core.kernels.rms_norm import fwd_variants, rms_norm_bwd_rows, weight_dtypes
 
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -104,36 +104,29 @@ def aot_specs(arch: str) -> list:
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for block, one_pass, options in aot_variants("add_rms_norm", arch):
-                for store_rstd in (True, False):
-                    specs.append(
-                        AotSpec(
-                            name=(
-                                f"add_rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
-                                f"one_pass={one_pass},store_rstd={store_rstd}]"
-                            ),
-                            kernel=add_rms_norm_fwd_kernel,
-                            signature={
-                                "x_ptr": f"*{dtype}",
-                                "res_ptr": f"*{dtype}",
-                                "w_ptr": f"*{wdtype}",
-                                "n_cols": "i32",
-                                "stride_x": "i32",
-                                "stride_r": "i32",
-                                "eps": "fp32",
-                                "y_ptr": f"*{dtype}",
-                                "s_ptr": f"*{dtype}",
-                                # Without STORE_RSTD the plan passes y's pointer here.
-                                "rstd_ptr": "*fp32" if store_rstd else f"*{dtype}",
-                            },
-                            constexprs={
-                                "BLOCK_N": block,
-                                "ONE_PASS": one_pass,
-                                "STORE_RSTD": store_rstd,
-                            },
-                            options=options,
-                        )
+            for variant, constexprs, stat, options in fwd_variants(
+                "add_rms_norm", arch, dtype, "STORE_RSTD"
+            ):
+                specs.append(
+                    AotSpec(
+                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},{variant}]",
+                        kernel=add_rms_norm_fwd_kernel,
+                        signature={
+                            "x_ptr": f"*{dtype}",
+                            "res_ptr": f"*{dtype}",
+                            "w_ptr": f"*{wdtype}",
+                            "n_cols": "i32",
+                            "stride_x": "i32",
+                            "stride_r": "i32",
+                            "eps": "fp32",
+                            "y_ptr": f"*{dtype}",
+                            "s_ptr": f"*{dtype}",
+                            "rstd_ptr": stat,
+                        },
+                        constexprs=constexprs,
+                        options=options,
                     )
+                )
             for block, one_pass, options in aot_variants("add_rms_norm_bwd", arch):
                 specs.append(
                     AotSpec(

@@ -160,25 +160,20 @@ def layer_norm_bwd_kernel(
 
 
 def aot_specs(arch: str) -> list:
-    import itertools
-
     from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
-    from greta_core.kernels.rms_norm import weight_dtypes
+    from greta_core.kernels.rms_norm import fwd_variants, weight_dtypes
 
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for block, one_pass, options in aot_variants("layer_norm", arch):
-                for has_bias, stats in itertools.product((True, False), repeat=2):
-                    # Without STORE_STATS the plan passes y's pointer for mean and rstd.
-                    stat = "*fp32" if stats else f"*{dtype}"
+            for variant, constexprs, stat, options in fwd_variants(
+                "layer_norm", arch, dtype, "STORE_STATS"
+            ):
+                for has_bias in (True, False):
                     specs.append(
                         AotSpec(
-                            name=(
-                                f"layer_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
-                                f"one_pass={one_pass},bias={has_bias},store_stats={stats}]"
-                            ),
+                            name=f"layer_norm_fwd[{dtype},w={wdtype},bias={has_bias},{variant}]",
                             kernel=layer_norm_fwd_kernel,
                             signature={
                                 "x_ptr": f"*{dtype}",
@@ -191,12 +186,7 @@ def aot_specs(arch: str) -> list:
                                 "mean_ptr": stat,
                                 "rstd_ptr": stat,
                             },
-                            constexprs={
-                                "BLOCK_N": block,
-                                "ONE_PASS": one_pass,
-                                "HAS_BIAS": has_bias,
-                                "STORE_STATS": stats,
-                            },
+                            constexprs={**constexprs, "HAS_BIAS": has_bias},
                             options=options,
                         )
                     )
