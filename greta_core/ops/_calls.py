@@ -190,7 +190,7 @@ def forward_calls(
     """(with stats, y only): a norm's forward for a call a backward may follow, and for one
     no backward follows (the raw API, a torch.ops front's no-grad path), whose plan neither
     stores nor allocates the saved statistics (one allocation or two fewer per call).
-    `resolve` takes them as its keyword ``stats``."""
+    `resolve` gets which of the two as its keyword ``stats``."""
     with_stats, y_only = (
         ForwardCall(functools.partial(resolve, stats=stats), n_tensors, plan_inputs, inputs)
         for stats in (True, False)
