@@ -11,6 +11,7 @@ each device, and launch hooks honoured.
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -498,27 +499,93 @@ def test_gpu_direct_launch_is_bit_identical_to_tritons_path(
         assert torch.equal(y, first)
 
 
-@pytest.mark.gpu
-def test_gpu_ready_launch_is_the_hot_path_and_bit_identical() -> None:
-    import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
-    from greta_core import raw, reference
-    from greta_core.ops import _calls, rms_norm
+@dataclass(frozen=True)
+class _Front:
+    """An op with a torch.ops front on the eager hot path, on small bf16 CUDA tensors."""
 
-    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
-    rms_norm._y_call.clear()
-    want = raw.rms_norm(x, w)  # the ordinary path; the kernel is captured, the launch kept
-    (ready,) = [r for r in rms_norm._y_call._ready.values() if type(r) is _calls.ReadyLaunch]
+    y_call: Any  # the ops module's ForwardCall of the plan no backward follows
+    tensors: tuple[Any, ...]
+    raw: Any  # the raw API: no backward follows
+    front: Any  # torch.ops.greta's
+    if_eager: Any  # the front's hot path
+    reference: Any  # the torch reference of what raw returns
+    full: Any  # the plan a backward needs: (outputs..., statistics...); None: the same plan
+    grad_at: int  # a tensor that may want grad (the weight, or up)
+
+
+_FRONT_OPS = ["rms_norm", "layer_norm", "layer_norm_no_bias", "add_rms_norm", "swiglu", "geglu"]
+
+
+def _front(op: str) -> _Front:
+    import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
+    from greta_core import reference
+    from greta_core.ops import add_rms_norm, layer_norm, rms_norm, swiglu
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    x, r, w, b = rand(8, 256), rand(8, 256), rand(256), rand(256)
+    ops = torch.ops.greta
+    if op == "rms_norm":
+        return _Front(
+            rms_norm._y_call, (x, w), rms_norm.rms_norm, lambda *t: ops.rms_norm(*t, 1e-6),
+            rms_norm.rms_norm_if_eager, lambda *t: reference.rms_norm(*t, 1e-6),
+            rms_norm.rms_norm_fwd, 1,
+        )  # fmt: skip
+    if op.startswith("layer_norm"):
+        bias = b if op == "layer_norm" else None
+        return _Front(
+            layer_norm._y_call, (x, w, bias), layer_norm.layer_norm,
+            lambda *t: ops.layer_norm(*t, 1e-5), layer_norm.layer_norm_if_eager,
+            lambda *t: reference.layer_norm_fwd(*t, 1e-5)[0], layer_norm.layer_norm_fwd, 1,
+        )  # fmt: skip
+    if op == "add_rms_norm":
+        return _Front(
+            add_rms_norm._y_call, (x, r, w), add_rms_norm.add_rms_norm,
+            lambda *t: ops.add_rms_norm(*t, 1e-6), add_rms_norm.add_rms_norm_if_eager,
+            lambda *t: reference.add_rms_norm_fwd(*t, 1e-6)[:2], add_rms_norm.add_rms_norm_fwd,
+            2,
+        )  # fmt: skip
+    activation = swiglu.OPS[op]
+    return _Front(
+        swiglu._fwd_call, (x, r), lambda *t: swiglu.glu(op, *t), getattr(ops, op),
+        lambda *t: swiglu.glu_if_eager(op, *t), lambda *t: reference.glu(*t, activation),
+        None, 1,
+    )  # fmt: skip
+
+
+def _outputs(result: Any) -> list[Any]:
+    return [result] if isinstance(result, torch.Tensor) else list(result)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", _FRONT_OPS)
+def test_gpu_ready_launch_is_the_hot_path_and_bit_identical(op: str) -> None:
+    from greta_core.ops import _calls
+
+    case = _front(op)
+    t = case.tensors
+    case.y_call.clear()
+    want = _outputs(case.raw(*t))  # the ordinary path; the kernel is captured, the launch kept
+    (ready,) = [r for r in case.y_call._ready.values() if type(r) is _calls.ReadyLaunch]
     if torch.version.hip is None:  # Triton's C launcher, its CudaLauncher wrapper skipped
         assert getattr(ready._fn, "__name__", None) == "launch"
-    # No backward follows these calls: one buffer (y), allocated like x; no rstd.
-    assert [like for like, _, _ in ready._allocs] == [0]
-    got = [raw.rms_norm(x, w) for _ in range(3)] + [torch.ops.greta.rms_norm(x, w, 1e-6)]
-    y_with_rstd, rstd = raw.rms_norm_fwd(x, w)  # the plan a backward needs: same y
+    # No backward follows these calls: only the outputs, each allocated like x; no stats.
+    assert [like for like, _, _ in ready._allocs] == [0] * len(want)
+    got = [case.raw(*t) for _ in range(3)] + [case.front(*t)]
+    full = None if case.full is None else _outputs(case.full(*t))  # with the statistics
     torch.cuda.synchronize()
-    for y in [*got, y_with_rstd]:
-        assert torch.equal(y, want)
-    torch.testing.assert_close(rstd, reference.rms_norm_fwd(x, w, 1e-6)[1])
+    for result in got:
+        for have, expected in zip(_outputs(result), want, strict=True):
+            assert torch.equal(have, expected)
+    for have, expected in zip(want, _outputs(case.reference(*t)), strict=True):
+        torch.testing.assert_close(have, expected)
+    if full is not None:  # the plan a backward needs writes the same outputs
+        assert len(full) > len(want)
+        for have, expected in zip(full, want, strict=False):
+            assert torch.equal(have, expected)
 
 
 @pytest.mark.gpu
@@ -648,29 +715,32 @@ def test_gpu_every_raw_op_matches_tritons_path(
 
 
 @pytest.mark.gpu
-def test_gpu_eager_launch_declines_what_eager_raw_declines() -> None:
-    """The torch.ops front's hot path (launch(eager=True)) launches only where eager_raw
+@pytest.mark.parametrize("op", _FRONT_OPS)
+def test_gpu_eager_launch_declines_what_eager_raw_declines(op: str) -> None:
+    """The torch.ops front's hot path (ForwardCall.if_eager) launches only where eager_raw
     allows the raw launcher: a tensor wanting grad, or a dispatch mode, takes the torch op."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from greta_core import reference
-    from greta_core.ops import _calls, rms_norm
+    from greta_core.ops import _calls
 
     class Passthrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
-    wg = w.clone().requires_grad_()
+    case = _front(op)
+    t = case.tensors
+    wants_grad = list(t)
+    wants_grad[case.grad_at] = t[case.grad_at].clone().requires_grad_()
     for _ in range(2):  # the first call captures, the second takes the ready launch
-        y = rms_norm.rms_norm_if_eager(x, w)
-    torch.testing.assert_close(y, reference.rms_norm_fwd(x, w, 1e-6)[0])
-    assert _calls.eager_raw(x, w)
-    assert not _calls.eager_raw(x, wg) and rms_norm.rms_norm_if_eager(x, wg) is None
+        y = _outputs(case.if_eager(*t))
+    for have, expected in zip(y, _outputs(case.reference(*t)), strict=True):
+        torch.testing.assert_close(have, expected)
+    assert _calls.eager_raw(*t)
+    assert not _calls.eager_raw(*wants_grad) and case.if_eager(*wants_grad) is None
     with torch.no_grad():
-        assert _calls.eager_raw(x, wg)
-        assert torch.equal(rms_norm.rms_norm_if_eager(x, wg), y)
+        assert _calls.eager_raw(*wants_grad)
+        for have, expected in zip(_outputs(case.if_eager(*wants_grad)), y, strict=True):
+            assert torch.equal(have, expected)
     with Passthrough():
-        assert not _calls.eager_raw(x, w) and rms_norm.rms_norm_if_eager(x, w) is None
-    assert rms_norm.rms_norm_if_eager(x.cpu(), w.cpu()) is None
+        assert not _calls.eager_raw(*t) and case.if_eager(*t) is None
+    assert case.if_eager(*(None if v is None else v.cpu() for v in t)) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ pytest.importorskip("triton")
 np = pytest.importorskip("numpy")
 
 from _kernel_testing import DEVICE, ON_GPU, expected_impl, need_triton  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from greta_core import configs  # noqa: E402
 from greta_core.ops import _plan, rms_norm  # noqa: E402
@@ -272,23 +274,112 @@ def test_call_cache_copies_leading_dims_that_do_not_flatten() -> None:
     torch.testing.assert_close(raw.rms_norm(x, w), reference.rms_norm(x, w, 1e-6))
 
 
-def test_composite_op_launches_the_plan_directly_when_eager(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # On a GPU, plain tensors without autograd skip greta::rms_norm_fwd's dispatch; here the
-    # predicate is forced so the interpreter runs that path.
-    need_triton()
-    import greta_core.torch.rms_norm as binding
-    from greta_core import observe, reference
+def _front_and_reference(op: str) -> tuple[Any, Any]:
+    """(the torch.ops.greta call, the torch reference) on small fp32 inputs."""
+    from greta_core import reference
 
-    x, w = torch.randn(4, 32, device=DEVICE), torch.randn(32, device=DEVICE)
-    monkeypatch.setattr(binding, "eager_raw", lambda *t: True)
-    hops = []
-    real = torch.ops.greta.rms_norm_fwd
-    monkeypatch.setattr(torch.ops.greta, "rms_norm_fwd", lambda *a: hops.append(1) or real(*a))
-    y = torch.ops.greta.rms_norm(x, w, 1e-6)
-    assert hops == [] and observe.last_implementation("rms_norm") == expected_impl()
-    torch.testing.assert_close(y, reference.rms_norm(x, w, 1e-6))
-    monkeypatch.setattr(binding, "eager_raw", lambda *t: False)
-    torch.ops.greta.rms_norm(x, w, 1e-6)
-    assert hops == [1]
+    x, r = torch.randn(4, 32, device=DEVICE), torch.randn(4, 32, device=DEVICE)
+    w, b = torch.randn(32, device=DEVICE), torch.randn(32, device=DEVICE)
+    g = torch.ops.greta
+    return {
+        "rms_norm": (lambda: g.rms_norm(x, w, 1e-6), lambda: reference.rms_norm(x, w, 1e-6)),
+        "layer_norm": (
+            lambda: g.layer_norm(x, w, b, 1e-5),
+            lambda: reference.layer_norm_fwd(x, w, b, 1e-5)[0],
+        ),
+        "add_rms_norm": (
+            lambda: g.add_rms_norm(x, r, w, 1e-6),
+            lambda: reference.add_rms_norm_fwd(x, r, w, 1e-6)[:2],
+        ),
+        "swiglu": (lambda: g.swiglu(x, r), lambda: reference.glu(x, r, "silu")),
+        "geglu": (lambda: g.geglu(x, r), lambda: reference.glu(x, r, "gelu_tanh")),
+    }[op]
+
+
+class _GretaOpsSeen(TorchDispatchMode):
+    """Records the greta ops a CompositeImplicitAutograd front calls (the front itself
+    decomposes above the Python dispatch key, so only its hops reach the mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "greta":
+            self.seen.append(func._opname)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm", "swiglu", "geglu"])
+def test_composite_op_launches_the_plan_directly_when_eager(
+    monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    # On a GPU, plain tensors without autograd skip the triton_op's dispatch; here the
+    # predicate is forced so the interpreter runs that path (launch(eager=True) declines
+    # CPU tensors, so ForwardCall.if_eager asks eager_raw and runs the ordinary path).
+    need_triton()
+    import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
+    from greta_core import observe
+    from greta_core.ops import _calls
+
+    front, want = _front_and_reference(op)
+    monkeypatch.setattr(_calls, "eager_raw", lambda *t: True)
+    with _GretaOpsSeen() as mode:
+        got = front()
+    assert mode.seen == [] and observe.last_implementation(op) == expected_impl()
+    torch.testing.assert_close(got, want())
+    monkeypatch.setattr(_calls, "eager_raw", lambda *t: False)
+    with _GretaOpsSeen() as mode:
+        torch.testing.assert_close(front(), want())
+    assert mode.seen == [f"{op}_fwd"]
+
+
+def _norm_forward(op: str) -> tuple[Any, tuple[Any, ...], Any, int]:
+    """(ops module, call arguments, the reference forward, saved statistics): every output
+    of the reference, statistics last."""
+    from greta_core import reference
+    from greta_core.ops import add_rms_norm, layer_norm
+
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    x, r = (torch.randn(3, 40, device=DEVICE, generator=g) for _ in range(2))
+    w, b = (torch.randn(40, device=DEVICE, generator=g) for _ in range(2))
+    return {
+        "rms_norm": (rms_norm, (x, w, 1e-6), lambda: reference.rms_norm_fwd(x, w, 1e-6), 1),
+        "layer_norm": (
+            layer_norm, (x, w, b, 1e-5), lambda: reference.layer_norm_fwd(x, w, b, 1e-5), 2
+        ),
+        "layer_norm_no_bias": (
+            layer_norm, (x, w, None, 1e-5), lambda: reference.layer_norm_fwd(x, w, None, 1e-5), 2
+        ),
+        "add_rms_norm": (
+            add_rms_norm, (x, r, w, 1e-6), lambda: reference.add_rms_norm_fwd(x, r, w, 1e-6), 1
+        ),
+    }[op]  # fmt: skip
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "layer_norm_no_bias", "add_rms_norm"])
+def test_y_only_plan_writes_the_same_outputs_without_the_statistics(
+    monkeypatch: pytest.MonkeyPatch, op: str, one_pass: bool
+) -> None:
+    # A call no backward follows takes the y-only plan: its kernel's stores of the saved
+    # statistics off and their pointers y's own, so a store left on would overwrite y.
+    need_triton()
+    if not one_pass:  # rows of 40 in blocks of 16: the chunked path
+        real = configs.lookup
+        monkeypatch.setattr(
+            configs, "lookup",
+            lambda o, a, f=None: {**real(o, a, f), "MAX_BLOCK_N": 16, "LOOP_BLOCK_N": 16},
+        )  # fmt: skip
+    module, args, reference_fwd, n_stats = _norm_forward(op)
+    with_stats, y_only = module._fwd_call(*args)[0], module._y_call(*args)[0]
+    (launch,) = y_only.launches
+    assert launch.constexprs["ONE_PASS"] is one_pass
+    assert y_only.buffers == with_stats.buffers[:-n_stats]  # the statistics' buffers gone
+    full = module._fwd_call.run(_plan._identity, *args)
+    outputs = module._y_call.run(_plan._identity, *args)
+    assert len(outputs) == len(full) - n_stats
+    for got, want in zip(outputs, full, strict=False):
+        assert torch.equal(got, want)
+    for got, want in zip(full, reference_fwd(), strict=True):
+        torch.testing.assert_close(got, want)

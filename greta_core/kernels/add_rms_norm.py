@@ -1,7 +1,8 @@
 """Residual add fused into RMSNorm: s = x + residual, y = s * rstd(s) * weight.
 
 Writes s (in x's dtype: the new residual stream), y and rstd (fp32, one per row, for the
-backward). The norm is taken of s as stored (rounded to x's dtype), so the result equals
+backward; with STORE_RSTD off, a call no backward follows, rstd_ptr is never read: the plan
+passes y's pointer and allocates two buffers, not three). The norm is taken of s as stored (rounded to x's dtype), so the result equals
 an unfused ``h = x + residual; rms_norm(h)`` in the same dtype. The backward receives the
 gradient of both outputs: ds_total = rms_norm_bwd(dy) + ds, which is also d(residual) and
 d(x); dweight comes back as fp32 per-program partial rows that ``col_sum`` adds.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from greta_core.kernels.rms_norm import rms_norm_bwd_rows, weight_dtypes
+from greta_core.kernels.rms_norm import fwd_variants, rms_norm_bwd_rows, weight_dtypes
 
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -32,6 +33,7 @@ def add_rms_norm_fwd_kernel(
     rstd_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -68,7 +70,8 @@ def add_rms_norm_fwd_kernel(
             sf = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + cols, (sf * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
@@ -101,10 +104,12 @@ def aot_specs(arch: str) -> list:
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for block, one_pass, options in aot_variants("add_rms_norm", arch):
+            for variant, constexprs, stat, options in fwd_variants(
+                "add_rms_norm", arch, dtype, "STORE_RSTD"
+            ):
                 specs.append(
                     AotSpec(
-                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
+                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},{variant}]",
                         kernel=add_rms_norm_fwd_kernel,
                         signature={
                             "x_ptr": f"*{dtype}",
@@ -116,9 +121,9 @@ def aot_specs(arch: str) -> list:
                             "eps": "fp32",
                             "y_ptr": f"*{dtype}",
                             "s_ptr": f"*{dtype}",
-                            "rstd_ptr": "*fp32",
+                            "rstd_ptr": stat,
                         },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
+                        constexprs=constexprs,
                         options=options,
                     )
                 )

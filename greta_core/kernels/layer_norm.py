@@ -1,7 +1,8 @@
 """LayerNorm over the last dim: y = (x - mean) * rstd * weight (+ bias).
 
-fp32 math for every input dtype; forward also writes mean and rstd (fp32, one per row).
-ONE_PASS keeps the row in registers (exact two-moment variance from the registers);
+fp32 math for every input dtype; forward also writes mean and rstd (fp32, one per row) for
+the backward; with STORE_STATS off (a call no backward follows) it does not, and mean_ptr /
+rstd_ptr are never read (the plan passes y's pointer): one allocation, not three. ONE_PASS keeps the row in registers (exact two-moment variance from the registers);
 otherwise BLOCK_N chunks are read three times (mean, variance, output). HAS_BIAS=False
 ignores ``b_ptr`` (callers pass any valid pointer). The backward writes dx and one fp32
 partial row of dweight (and dbias) per program; ``col_sum`` adds the partials.
@@ -29,6 +30,7 @@ def layer_norm_fwd_kernel(
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -68,8 +70,9 @@ def layer_norm_fwd_kernel(
             if HAS_BIAS:
                 y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
@@ -159,19 +162,18 @@ def layer_norm_bwd_kernel(
 def aot_specs(arch: str) -> list:
     from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
-    from greta_core.kernels.rms_norm import weight_dtypes
+    from greta_core.kernels.rms_norm import fwd_variants, weight_dtypes
 
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for block, one_pass, options in aot_variants("layer_norm", arch):
+            for variant, constexprs, stat, options in fwd_variants(
+                "layer_norm", arch, dtype, "STORE_STATS"
+            ):
                 for has_bias in (True, False):
                     specs.append(
                         AotSpec(
-                            name=(
-                                f"layer_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
-                                f"one_pass={one_pass},bias={has_bias}]"
-                            ),
+                            name=f"layer_norm_fwd[{dtype},w={wdtype},bias={has_bias},{variant}]",
                             kernel=layer_norm_fwd_kernel,
                             signature={
                                 "x_ptr": f"*{dtype}",
@@ -181,14 +183,10 @@ def aot_specs(arch: str) -> list:
                                 "stride_x": "i32",
                                 "eps": "fp32",
                                 "y_ptr": f"*{dtype}",
-                                "mean_ptr": "*fp32",
-                                "rstd_ptr": "*fp32",
+                                "mean_ptr": stat,
+                                "rstd_ptr": stat,
                             },
-                            constexprs={
-                                "BLOCK_N": block,
-                                "ONE_PASS": one_pass,
-                                "HAS_BIAS": has_bias,
-                            },
+                            constexprs={**constexprs, "HAS_BIAS": has_bias},
                             options=options,
                         )
                     )

@@ -9,6 +9,9 @@ one fp32 partial row of dweight per program; ``col_sum`` adds the partials.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import triton
 import triton.language as tl
 
@@ -160,6 +163,21 @@ def weight_dtypes(dtype: str) -> tuple[str, ...]:
     return (dtype,) if dtype == "fp32" else (dtype, "fp32")
 
 
+def fwd_variants(
+    op: str, arch: str, dtype: str, store_flag: str
+) -> Iterator[tuple[str, dict[str, Any], str, dict[str, Any]]]:
+    """(name part, constexprs, saved statistics' pointer type, options) for the AOT specs of
+    a norm's forward: every block the table can pick, with and without the stores of the
+    statistics its backward reads (constexpr `store_flag`; without them the plan passes y's
+    pointer for the statistics)."""
+    from greta_core.configs.blocks import aot_variants
+
+    for block, one_pass, options in aot_variants(op, arch):
+        for store, stat in ((True, "*fp32"), (False, f"*{dtype}")):
+            name = f"BLOCK_N={block},one_pass={one_pass},{store_flag.lower()}={store}"
+            yield name, {"BLOCK_N": block, "ONE_PASS": one_pass, store_flag: store}, stat, options
+
+
 def aot_specs(arch: str) -> list:
     from greta_core.configs.blocks import aot_variants
     from greta_core.kernels._aot import AotSpec
@@ -167,33 +185,26 @@ def aot_specs(arch: str) -> list:
     specs = []
     for dtype in DTYPES:
         for wdtype in weight_dtypes(dtype):
-            for block, one_pass, options in aot_variants("rms_norm", arch):
-                for store_rstd in (True, False):
-                    specs.append(
-                        AotSpec(
-                            name=(
-                                f"rms_norm_fwd[{dtype},w={wdtype},BLOCK_N={block},"
-                                f"one_pass={one_pass},store_rstd={store_rstd}]"
-                            ),
-                            kernel=rms_norm_fwd_kernel,
-                            signature={
-                                "x_ptr": f"*{dtype}",
-                                "w_ptr": f"*{wdtype}",
-                                "n_cols": "i32",
-                                "stride_x": "i32",
-                                "eps": "fp32",
-                                "y_ptr": f"*{dtype}",
-                                # Without STORE_RSTD the plan passes y's pointer here.
-                                "rstd_ptr": "*fp32" if store_rstd else f"*{dtype}",
-                            },
-                            constexprs={
-                                "BLOCK_N": block,
-                                "ONE_PASS": one_pass,
-                                "STORE_RSTD": store_rstd,
-                            },
-                            options=options,
-                        )
+            for variant, constexprs, stat, options in fwd_variants(
+                "rms_norm", arch, dtype, "STORE_RSTD"
+            ):
+                specs.append(
+                    AotSpec(
+                        name=f"rms_norm_fwd[{dtype},w={wdtype},{variant}]",
+                        kernel=rms_norm_fwd_kernel,
+                        signature={
+                            "x_ptr": f"*{dtype}",
+                            "w_ptr": f"*{wdtype}",
+                            "n_cols": "i32",
+                            "stride_x": "i32",
+                            "eps": "fp32",
+                            "y_ptr": f"*{dtype}",
+                            "rstd_ptr": stat,
+                        },
+                        constexprs=constexprs,
+                        options=options,
                     )
+                )
             for block, one_pass, options in aot_variants("rms_norm_bwd", arch):
                 specs.append(
                     AotSpec(

@@ -147,6 +147,57 @@ class CallCache:
         self._ready.clear()
 
 
+# resolution, the call's arguments -> (plan, the plan's inputs) for the ordinary path (rows
+# copied where they do not flatten).
+OrdinaryInputs = Callable[[Any, tuple[Any, ...]], "tuple[Plan, tuple[Any, ...]]"]
+
+
+class ForwardCall(CallCache):
+    """A forward's :class:`CallCache` that runs the whole call: the ready launch, else the
+    ordinary path (resolve, `inputs`, ``_plan.run``)."""
+
+    def __init__(
+        self,
+        resolve: Callable[..., Any],
+        n_tensors: int,
+        plan_inputs: PlanInputs,
+        inputs: OrdinaryInputs,
+    ):
+        super().__init__(resolve, n_tensors, plan_inputs=plan_inputs)
+        self._inputs = inputs
+
+    def run(self, wrap: Any, *args: Any) -> tuple[Any, ...]:
+        """The call's result buffers. Raises what validation raises."""
+        done = self.launch(wrap, *args)
+        if done is not None:
+            return done
+        plan, inputs = self._inputs(self(*args), args)
+        return run(plan, inputs, wrap=wrap)
+
+    def if_eager(self, *args: Any) -> tuple[Any, ...] | None:
+        """:meth:`run` for a call :func:`eager_raw` allows (a torch.ops front's hot path:
+        ``launch(eager=True)`` makes its checks in the key's pass), else None: the front
+        then calls its torch op."""
+        done = self.launch(_identity, *args, eager=True)
+        if done is None and eager_raw(*args[: self._n]):  # no ready launch (rows copied)
+            return self.run(_identity, *args)
+        return done
+
+
+def forward_calls(
+    resolve: Callable[..., Any], n_tensors: int, plan_inputs: PlanInputs, inputs: OrdinaryInputs
+) -> tuple[ForwardCall, ForwardCall]:
+    """(with stats, y only): a norm's forward for a call a backward may follow, and for one
+    no backward follows (the raw API, a torch.ops front's no-grad path), whose plan neither
+    stores nor allocates the saved statistics (one allocation or two fewer per call).
+    `resolve` gets which of the two as its keyword ``stats``."""
+    with_stats, y_only = (
+        ForwardCall(functools.partial(resolve, stats=stats), n_tensors, plan_inputs, inputs)
+        for stats in (True, False)
+    )
+    return with_stats, y_only
+
+
 class ReadyLaunch:
     """A single-launch plan with plain buffers, its kernel captured by the direct launcher
     (``ops/_direct.py``) for one specialization: allocate the buffers, launch, record.

@@ -10,7 +10,7 @@ from typing import Any
 from greta_core.errors import GretaInputError
 from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel, add_rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import CallCache
+from greta_core.ops._calls import forward_calls
 from greta_core.ops._plan import (
     Buffer,
     In,
@@ -82,18 +82,23 @@ def validate_bwd(dy: Any, ds: Any, s: Any, weight: Any, rstd: Any, reference: bo
 
 @memo
 def plan_fwd(
-    shape: tuple[int, ...], stride_x: int, stride_r: int, dtype: str, eps: float, arch: str
-) -> Plan:
-    """Inputs (x2, residual2 [rows, N], weight); buffers: y, s (x's shape), rstd fp32 [rows]."""
+    shape: tuple[int, ...], stride_x: int, stride_r: int, dtype: str, eps: float, arch: str,
+    stats: bool = True,
+) -> Plan:  # fmt: skip
+    """Inputs (x2, residual2 [rows, N], weight); buffers: y, s (x's shape), rstd fp32 [rows]
+    (with `stats`: the backward needs it; a call no backward follows skips it and its store)."""
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(OP, arch, n_cols)
     launch = Launch(
         add_rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2), n_cols, stride_x, stride_r, eps, Out(0), Out(1), Out(2)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
+        (In(0), In(1), In(2), n_cols, stride_x, stride_r, eps, Out(0), Out(1),
+         Out(2 if stats else 0)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats}, rp.options,
     )  # fmt: skip
-    buffers = (Buffer(shape, dtype), Buffer(shape, dtype), Buffer((n_rows,), "float32"))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), (0, 1, 2))
+    buffers = (Buffer(shape, dtype), Buffer(shape, dtype))
+    if stats:
+        buffers += (Buffer((n_rows,), "float32"),)
+    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
 @memo
@@ -122,7 +127,9 @@ def plan_bwd(
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
 
-def _resolve_fwd(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Plan, bool, bool]:
+def _resolve_fwd(
+    x: Any, residual: Any, weight: Any, eps: float, stats: bool
+) -> tuple[Plan, bool, bool]:
     """(plan, whether x / residual must be copied to be seen as [rows, N]) for one call
     signature."""
     arch = validate(x, residual, weight)
@@ -131,8 +138,9 @@ def _resolve_fwd(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Plan, 
     sr = row_stride(shape, tuple(residual.stride()))
     n = shape[-1]
     plan = plan_fwd(
-        shape, n if sx is None else sx, n if sr is None else sr, dtype_name(x.dtype), eps, arch
-    )
+        shape, n if sx is None else sx, n if sr is None else sr, dtype_name(x.dtype), eps, arch,
+        stats,
+    )  # fmt: skip
     return plan, sx is None, sr is None
 
 
@@ -141,7 +149,19 @@ def _given_inputs(resolved: tuple[Plan, bool, bool]) -> tuple[Plan, tuple[int, .
     return None if copy_x or copy_r else (plan, (0, 1, 2))
 
 
-_fwd_call = CallCache(_resolve_fwd, n_tensors=3, plan_inputs=_given_inputs)
+def _inputs(
+    resolved: tuple[Plan, bool, bool], args: tuple[Any, ...]
+) -> tuple[Plan, tuple[Any, ...]]:
+    (plan, copy_x, copy_r), (x, residual, weight, _) = resolved, args
+    return plan, (
+        rows_view(x) if copy_x else x,
+        rows_view(residual) if copy_r else residual,
+        weight,
+    )
+
+
+# y and s only (_y_call): the raw API and torch.ops.greta's no-grad path (see ops/_calls.py).
+_fwd_call, _y_call = forward_calls(_resolve_fwd, 3, _given_inputs, _inputs)
 
 
 def add_rms_norm_fwd(
@@ -151,15 +171,7 @@ def add_rms_norm_fwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    eps = float(eps)
-    # Hot path: one lookup of signature and alignment (see ops/_calls.py).
-    done = _fwd_call.launch(wrap, x, residual, weight, eps)
-    if done is not None:
-        return done
-    plan, copy_x, copy_r = _fwd_call(x, residual, weight, eps)
-    x2 = rows_view(x) if copy_x else x
-    r2 = rows_view(residual) if copy_r else residual
-    return run(plan, (x2, r2, weight), wrap=wrap)
+    return _fwd_call.run(wrap, x, residual, weight, float(eps))
 
 
 def add_rms_norm(x: Any, residual: Any, weight: Any, eps: float = 1e-6) -> tuple[Any, Any]:
@@ -167,8 +179,16 @@ def add_rms_norm(x: Any, residual: Any, weight: Any, eps: float = 1e-6) -> tuple
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    y, s, _ = add_rms_norm_fwd(x, residual, weight, eps)
+    y, s = _y_call.run(_no_wrap, x, residual, weight, float(eps))  # no rstd in this plan
     return y, s
+
+
+def add_rms_norm_if_eager(
+    x: Any, residual: Any, weight: Any, eps: float = 1e-6
+) -> tuple[Any, Any] | None:
+    """:func:`add_rms_norm` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    return _y_call.if_eager(x, residual, weight, float(eps))  # (y, s): no rstd in this plan
 
 
 def add_rms_norm_bwd(

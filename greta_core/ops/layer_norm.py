@@ -7,7 +7,7 @@ from typing import Any
 
 from greta_core.kernels.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import CallCache
+from greta_core.ops._calls import forward_calls
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
@@ -67,21 +67,26 @@ def validate_bwd(
 
 @memo
 def plan_fwd(
-    shape: tuple[int, ...], stride_x: int, dtype: str, has_bias: bool, eps: float, arch: str
-) -> Plan:
-    """Buffers: y (x's shape and dtype), mean and rstd fp32 [rows]. Without a bias the
-    kernel gets the weight in its place (never read: HAS_BIAS is False)."""
+    shape: tuple[int, ...], stride_x: int, dtype: str, has_bias: bool, eps: float, arch: str,
+    stats: bool = True,
+) -> Plan:  # fmt: skip
+    """Buffers: y (x's shape and dtype), mean and rstd fp32 [rows] (with `stats`: the
+    backward needs them; a call no backward follows skips the buffers and the stores).
+    Without a bias the kernel gets the weight in its place (never read: HAS_BIAS is False)."""
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(OP, arch, n_cols)
+    mean, rstd = (Out(1), Out(2)) if stats else (Out(0), Out(0))
     launch = Launch(
         layer_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2 if has_bias else 1), n_cols, stride_x, eps, Out(0), Out(1), Out(2)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "HAS_BIAS": has_bias}, rp.options,
+        (In(0), In(1), In(2 if has_bias else 1), n_cols, stride_x, eps, Out(0), mean, rstd),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "HAS_BIAS": has_bias,
+         "STORE_STATS": stats},
+        rp.options,
     )  # fmt: skip
-    stat = Buffer((n_rows,), "float32")
-    return Plan(
-        OP, arch, (Buffer(shape, dtype), stat, stat), (launch,) if n_rows else (), (0, 1, 2)
-    )
+    buffers = (Buffer(shape, dtype),)
+    if stats:
+        buffers += (Buffer((n_rows,), "float32"),) * 2
+    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
 @memo
@@ -113,13 +118,16 @@ def launch_fwd(
     run(plan, _inputs(x2, weight, bias), out=(y2, mean, rstd), wrap=wrap)
 
 
-def _resolve_fwd(x: Any, weight: Any, bias: Any | None, eps: float) -> tuple[Plan, bool, bool]:
+def _resolve_fwd(
+    x: Any, weight: Any, bias: Any | None, eps: float, stats: bool
+) -> tuple[Plan, bool, bool]:
     """(plan, whether x must be copied to be seen as [rows, N], whether there is a bias)
     for one call signature."""
     arch = validate(x, weight, bias)
     shape, stride, copies = row_layout(x)
     has_bias = bias is not None
-    return plan_fwd(shape, stride, dtype_name(x.dtype), has_bias, eps, arch), copies, has_bias
+    plan = plan_fwd(shape, stride, dtype_name(x.dtype), has_bias, eps, arch, stats)
+    return plan, copies, has_bias
 
 
 def _given_inputs(resolved: tuple[Plan, bool, bool]) -> tuple[Plan, tuple[int, ...]] | None:
@@ -127,7 +135,15 @@ def _given_inputs(resolved: tuple[Plan, bool, bool]) -> tuple[Plan, tuple[int, .
     return None if copies else (plan, (0, 1, 2) if has_bias else (0, 1))
 
 
-_fwd_call = CallCache(_resolve_fwd, n_tensors=3, plan_inputs=_given_inputs)
+def _ordinary_inputs(
+    resolved: tuple[Plan, bool, bool], args: tuple[Any, ...]
+) -> tuple[Plan, tuple[Any, ...]]:
+    (plan, copies, _), (x, weight, bias, _) = resolved, args
+    return plan, _inputs(rows_view(x) if copies else x, weight, bias)
+
+
+# y only (_y_call): the raw API and torch.ops.greta's no-grad path (see ops/_calls.py).
+_fwd_call, _y_call = forward_calls(_resolve_fwd, 3, _given_inputs, _ordinary_inputs)
 
 
 def layer_norm_fwd(
@@ -137,12 +153,7 @@ def layer_norm_fwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    eps = float(eps)
-    done = _fwd_call.launch(wrap, x, weight, bias, eps)  # hot path: see ops/_calls.py
-    if done is not None:
-        return done
-    plan, copies, _ = _fwd_call(x, weight, bias, eps)
-    return run(plan, _inputs(rows_view(x) if copies else x, weight, bias), wrap=wrap)
+    return _fwd_call.run(wrap, x, weight, bias, float(eps))
 
 
 def layer_norm(x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5) -> Any:
@@ -150,7 +161,16 @@ def layer_norm(x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5) 
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    return layer_norm_fwd(x, weight, bias, eps)[0]
+    return _y_call.run(_no_wrap, x, weight, bias, float(eps))[0]
+
+
+def layer_norm_if_eager(
+    x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5
+) -> Any | None:
+    """:func:`layer_norm` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    done = _y_call.if_eager(x, weight, bias, float(eps))
+    return None if done is None else done[0]
 
 
 def layer_norm_bwd(

@@ -7,7 +7,7 @@ from typing import Any
 
 from greta_core.kernels.rms_norm import rms_norm_bwd_kernel, rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import CallCache
+from greta_core.ops._calls import forward_calls
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import (
@@ -63,20 +63,20 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
 @memo
 def plan_fwd(
     shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch: str,
-    store_rstd: bool = True,
+    stats: bool = True,
 ) -> Plan:  # fmt: skip
-    """Buffers: y (x's shape and dtype), rstd fp32 [rows] (with `store_rstd`: the backward
+    """Buffers: y (x's shape and dtype), rstd fp32 [rows] (with `stats`: the backward
     needs it; a call no backward follows skips the buffer and the store)."""
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(OP, arch, n_cols)
     launch = Launch(
         rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), n_cols, stride_x, eps, Out(0), Out(1 if store_rstd else 0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": store_rstd},
+        (In(0), In(1), n_cols, stride_x, eps, Out(0), Out(1 if stats else 0)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats},
         rp.options,
     )  # fmt: skip
     buffers = (Buffer(shape, dtype),)
-    if store_rstd:
+    if stats:
         buffers += (Buffer((n_rows,), "float32"),)
     return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
@@ -102,15 +102,11 @@ def launch_fwd(
     run(plan, (x2, weight), out=(y2, rstd), wrap=wrap)
 
 
-def _resolve_fwd(x: Any, weight: Any, eps: float, store_rstd: bool = True) -> tuple[Plan, bool]:
+def _resolve_fwd(x: Any, weight: Any, eps: float, stats: bool) -> tuple[Plan, bool]:
     """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
     arch = validate(x, weight)
     shape, stride, copies = row_layout(x)
-    return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch, store_rstd), copies
-
-
-def _resolve_y(x: Any, weight: Any, eps: float) -> tuple[Plan, bool]:
-    return _resolve_fwd(x, weight, eps, store_rstd=False)
+    return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch, stats), copies
 
 
 def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] | None:
@@ -118,9 +114,13 @@ def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] |
     return None if copies else (plan, (0, 1))
 
 
-_fwd_call = CallCache(_resolve_fwd, n_tensors=2, plan_inputs=_given_inputs)
-# y only, for the calls no backward follows (the raw API, torch.ops.greta's no-grad path).
-_y_call = CallCache(_resolve_y, n_tensors=2, plan_inputs=_given_inputs)
+def _inputs(resolved: tuple[Plan, bool], args: tuple[Any, ...]) -> tuple[Plan, tuple[Any, ...]]:
+    (plan, copies), (x, weight, _) = resolved, args
+    return plan, (rows_view(x) if copies else x, weight)
+
+
+# y only (_y_call): the raw API and torch.ops.greta's no-grad path (see ops/_calls.py).
+_fwd_call, _y_call = forward_calls(_resolve_fwd, 2, _given_inputs, _inputs)
 
 
 def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
@@ -128,13 +128,7 @@ def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) 
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    eps = float(eps)
-    # Hot path: one lookup of signature and alignment (see ops/_calls.py).
-    done = _fwd_call.launch(wrap, x, weight, eps)
-    if done is not None:
-        return done
-    plan, copies = _fwd_call(x, weight, eps)
-    return run(plan, (rows_view(x) if copies else x, weight), wrap=wrap)
+    return _fwd_call.run(wrap, x, weight, float(eps))
 
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
@@ -142,18 +136,13 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    eps = float(eps)
-    done = _y_call.launch(_no_wrap, x, weight, eps)  # hot path: see ops/_calls.py
-    if done is not None:
-        return done[0]
-    plan, copies = _y_call(x, weight, eps)
-    return run(plan, (rows_view(x) if copies else x, weight))[0]
+    return _y_call.run(_no_wrap, x, weight, float(eps))[0]
 
 
 def rms_norm_if_eager(x: Any, weight: Any, eps: float = 1e-6) -> Any | None:
     """:func:`rms_norm` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
-    torch.ops front's hot path), else None: the caller then takes its own path."""
-    done = _y_call.launch(_no_wrap, x, weight, float(eps), eager=True)
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    done = _y_call.if_eager(x, weight, float(eps))
     return None if done is None else done[0]
 
 

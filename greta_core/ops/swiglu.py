@@ -9,6 +9,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.swiglu import ACTIVATIONS, glu_bwd_kernel, glu_fwd_kernel, grid
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import ForwardCall, eager_raw
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes
@@ -81,11 +82,36 @@ def plan_bwd_inplace(op: str, shape: tuple[int, ...], dtype: str, arch: str) -> 
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
 
+def _resolve_fwd(gate: Any, up: Any, op: str) -> Plan:
+    return plan_fwd(op, tuple(gate.shape), dtype_name(gate.dtype), validate(op, gate, up))
+
+
+# The kernel takes gate and up as given (validation rejects other strides): no copies.
+_fwd_call = ForwardCall(
+    _resolve_fwd, 2, plan_inputs=lambda plan: (plan, (0, 1)),
+    inputs=lambda plan, args: (plan, args[:2]),
+)  # fmt: skip
+
+
 def glu(op: str, gate: Any, up: Any, wrap: Wrap = _no_wrap) -> Any:
-    arch = validate(op, gate, up)
-    return run(
-        plan_fwd(op, tuple(gate.shape), dtype_name(gate.dtype), arch), (gate, up), wrap=wrap
-    )[0]
+    """act(gate) * up for op "swiglu" or "geglu" (see :data:`OPS`).
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    return _fwd_call.run(wrap, gate, up, op)[0]
+
+
+def glu_if_eager(op: str, gate: Any, up: Any) -> Any | None:
+    """:func:`glu` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the torch.ops
+    front's hot path), else None: the caller then takes its torch op. Any strides, as the
+    torch ops take them: copied only where the raw launch will run (a declined call keeps
+    the training path free of copies its triton_op would make again)."""
+    if not (gate.is_contiguous() and up.is_contiguous()):
+        if not eager_raw(gate, up):
+            return None
+        gate, up = gate.contiguous(), up.contiguous()
+    done = _fwd_call.if_eager(gate, up, op)
+    return None if done is None else done[0]
 
 
 def glu_bwd(op: str, dy: Any, gate: Any, up: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:

@@ -10,9 +10,8 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import add_rms_norm as raw
-from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x, residual, weight, eps):
@@ -85,12 +84,14 @@ _lib.define(
 def _add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if eager_raw(x, residual, weight) and not takes_reference(x):
+    if x.dtype in KERNEL_DTYPES:
         # Plain GPU tensors, no gradient, no tracing (a decode step): the plan launches
-        # without the custom-op dispatch; autograd and torch.compile take add_rms_norm_fwd.
-        y, s, _ = raw.add_rms_norm_fwd(x, residual, weight, eps)
-    else:
-        y, s, _ = torch.ops.greta.add_rms_norm_fwd(x, residual, weight, eps)
+        # without the custom-op dispatch, and without rstd (no backward follows); autograd
+        # and torch.compile take add_rms_norm_fwd.
+        done = raw.add_rms_norm_if_eager(x, residual, weight, eps)
+        if done is not None:
+            return done
+    y, s, _ = torch.ops.greta.add_rms_norm_fwd(x, residual, weight, eps)
     return y, s
 
 

@@ -10,7 +10,6 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import layer_norm as raw
-from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference
 from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
@@ -82,8 +81,10 @@ _lib.define("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e
 def _layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
-    if eager_raw(x, weight, bias) and x.dtype in KERNEL_DTYPES:  # see torch/rms_norm.py
-        return raw.layer_norm_fwd(x, weight, bias, eps)[0]
+    if x.dtype in KERNEL_DTYPES:  # see torch/rms_norm.py (no mean/rstd buffers)
+        y = raw.layer_norm_if_eager(x, weight, bias, eps)
+        if y is not None:
+            return y
     return torch.ops.greta.layer_norm_fwd(x, weight, bias, eps)[0]
 
 

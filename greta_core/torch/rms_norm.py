@@ -10,7 +10,6 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import rms_norm as raw
-from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference
 from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
@@ -80,15 +79,13 @@ _lib.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     if x.dtype in KERNEL_DTYPES:
-        # Plain GPU tensors, no gradient, no tracing or mode: the plan launches without a
-        # second dispatcher hop and the custom-op autograd layer. Autograd, torch.compile
-        # and fake tensors take rms_norm_fwd, so compiled graphs still see the kernel.
-        # No backward follows: the y-only plan (no rstd buffer).
+        # Plain GPU tensors, no gradient, no tracing or mode (ops._calls.eager_raw): the
+        # plan launches without a second dispatcher hop and the custom-op autograd layer.
+        # Autograd, torch.compile and fake tensors take rms_norm_fwd, so compiled graphs
+        # still see the kernel. No backward follows: the y-only plan (no rstd buffer).
         y = raw.rms_norm_if_eager(x, weight, eps)
         if y is not None:
             return y
-        if eager_raw(x, weight):  # a signature without a ready launch (rows copied)
-            return raw.rms_norm(x, weight, eps)
     return torch.ops.greta.rms_norm_fwd(x, weight, eps)[0]
 
 

@@ -13,9 +13,8 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core import reference
 from greta_core.ops import swiglu as raw
-from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import consuming, record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
 
 def _register(op: str) -> None:
@@ -81,10 +80,12 @@ def _register(op: str) -> None:
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
     def user_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        if eager_raw(gate, up) and not takes_reference(gate):
+        if gate.dtype in KERNEL_DTYPES:
             # Plain GPU tensors, no gradient, no tracing (a decode step): the plan launches
             # without the custom-op dispatch; autograd and torch.compile take the triton_op.
-            return raw.glu(op, gate.contiguous(), up.contiguous())
+            y = raw.glu_if_eager(op, gate, up)
+            if y is not None:
+                return y
         return fwd_op(gate, up)
 
     _lib.define(f"{op}(Tensor gate, Tensor up) -> Tensor")
