@@ -380,6 +380,9 @@ def test_y_only_plan_writes_the_same_outputs_without_the_statistics(
     outputs = module._y_call.run(_plan._identity, *args)
     assert len(outputs) == len(full) - n_stats
     for got, want in zip(outputs, full, strict=False):
-        assert torch.equal(got, want)
+        # Two compilations of the kernel: with the stores gone the compiler may contract
+        # the fp32 arithmetic differently (seen for layer_norm on the H100), so a few ulp,
+        # not bit equality; a statistics store left on would put whole values into y.
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for got, want in zip(full, reference_fwd(), strict=True):
         torch.testing.assert_close(got, want)
