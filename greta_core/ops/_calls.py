@@ -333,7 +333,7 @@ def _eager_context() -> tuple[bool, tuple[type, ...]] | None:
     """(grad mode, the plain tensor types) when no torch.compile tracing and no torch
     function or dispatch mode can be involved; None otherwise (or on a torch without
     these hooks)."""
-    probes = _eager_probes()
+    probes = _PROBES or _eager_probes()
     if probes is None:
         return None
     compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
@@ -342,13 +342,17 @@ def _eager_context() -> tuple[bool, tuple[type, ...]] | None:
     return grad_enabled(), plain
 
 
-@functools.cache
+# torch's checks that eager_raw runs on every call, looked up once (a hot path). A module
+# global, not functools.cache: dynamo, tracing a caller, warns about lru_cache wrappers.
+_PROBES: tuple[Any, ...] | None = None
+
+
 def _eager_probes() -> tuple[Any, ...] | None:
-    """torch's checks that eager_raw runs on every call, looked up once (a hot path)."""
+    global _PROBES
     import torch
 
     try:
-        return (
+        _PROBES = (
             torch.compiler.is_compiling,
             torch._C._len_torch_dispatch_stack,
             torch._C._len_torch_function_stack,
@@ -356,5 +360,6 @@ def _eager_probes() -> tuple[Any, ...] | None:
             # Plain tensors only: subclasses (FakeTensor, DTensor...) take the torch op.
             (torch.Tensor, torch.nn.Parameter),
         )
-    except AttributeError:  # a torch without these hooks
+    except AttributeError:  # a torch without these hooks: every call takes the torch op
         return None
+    return _PROBES
