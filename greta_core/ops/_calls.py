@@ -91,11 +91,14 @@ class CallCache:
         """
         if wrap is not _identity and _wrap_triton_enabled():
             return None  # torch is tracing: wrap_triton must see the launch
-        if eager:
-            context = _eager_context()
-            if context is None:
+        if eager:  # _eager_context's checks, inline: the hottest path GRETA has
+            probes = _PROBES or _eager_probes()
+            if probes is None:
                 return None
-            grad, plain = context
+            compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
+            if compiling() or dispatch_modes() or function_modes():
+                return None
+            grad = grad_enabled()
         ptrs: list[int | None] = []
         try:
             key: tuple[Any, ...] = (configs.lookup, *args[self._n :])
@@ -211,9 +214,9 @@ class ReadyLaunch:
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_between", "_device", "_direct", "_empty", "_empty_like", "_fn", "_get_device",
-        "_get_stream", "_grid", "_impl", "_in_pos", "_index", "_op", "_out_pos", "_spec",
-        "_template",
+        "_allocs", "_arch", "_between", "_device", "_direct", "_empty", "_empty_like", "_fn",
+        "_get_device", "_get_stream", "_grid", "_impl", "_in_pos", "_index", "_op", "_out_pos",
+        "_pre_run_hooks", "_quiet", "_spec", "_template",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -249,6 +252,7 @@ class ReadyLaunch:
         if captured is None or any(b.data_ptr() & ALIGN_MASK for b in results):
             return None
         fn, grid, between, tail = captured
+        quiet, pre_run_hooks = direct.usable_parts()
         return cls(
             op=plan.op, impl=implementation(plan.arch), arch=plan.arch,
             allocs=[(_like(inputs, positions, shape, dtype), shape, dtype)
@@ -258,11 +262,13 @@ class ReadyLaunch:
             template=[v if k == _SCALAR else None for k, v in spec] + list(tail),
             in_pos=[(i, positions[v]) for i, (k, v) in enumerate(spec) if k == _IN],
             out_pos=[(i, v) for i, (k, v) in enumerate(spec) if k == _OUT],
-            fn=fn, grid=grid, between=between, spec=spec, direct=direct,
+            fn=fn, grid=grid, between=between, spec=spec, direct=direct, quiet=quiet,
+            pre_run_hooks=pre_run_hooks,
         )  # fmt: skip
 
     def __call__(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
-        if self._get_device() != self._index or not self._direct.usable():
+        # DirectLaunch.usable, inline (one Python call fewer per launch).
+        if self._get_device() != self._index or not self._quiet() or self._pre_run_hooks:
             return None
         empty, empty_like, device = self._empty, self._empty_like, self._device
         bufs = [

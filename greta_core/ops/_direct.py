@@ -238,6 +238,11 @@ class DirectLaunch:
         """False while Triton's own path must run (a hook, debug mode, a pre-run hook)."""
         return self._support.quiet() and not self.kernel.pre_run_hooks
 
+    def usable_parts(self) -> tuple[Callable[[], bool], list[Any]]:
+        """What :meth:`usable` reads (Triton's quiet check, the kernel's pre-run hooks, a
+        list that grows in place), for a hot path that makes the check inline."""
+        return self._support.quiet, self.kernel.pre_run_hooks
+
     def key(self, args: Sequence[Any], device: int) -> tuple[Any, ...]:
         return (device, tensor_key(args, self._slots, self._support.hip))
 
