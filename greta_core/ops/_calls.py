@@ -95,8 +95,11 @@ class CallCache:
             probes = _PROBES or _eager_probes()
             if probes is None:
                 return None
-            compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
-            if compiling() or dispatch_modes() or function_modes():
+            # No compiling() here: eager=True comes only from the torch.ops fronts, which
+            # the dispatcher runs (dynamo never traces into them; a tracer below it holds
+            # fake tensors, caught by the type check, or a dispatch mode, caught here).
+            _, dispatch_modes, function_modes, grad_enabled, plain = probes
+            if dispatch_modes() or function_modes():
                 return None
             grad = grad_enabled()
         ptrs: list[int | None] = []
