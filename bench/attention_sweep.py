@@ -33,7 +33,6 @@ import csv
 import itertools
 import json
 import math
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -414,7 +413,6 @@ def greta_times(prob: Problem, rep: int) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace, clock: Clock) -> int:
     import torch
-    import triton
 
     from greta_core import configs
     from greta_core.arch import device_arch
@@ -570,16 +568,12 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
         summary.append(line)
 
     from greta_core import configs as cfgs
+    from greta_core.bench.metadata import collect
 
     current = cfgs.load_table(arch)["ops"].get("attention", {})
     snippet = table_entries(best, current)
     meta = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": torch.cuda.get_device_name(),
-        "arch": arch,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **collect("attention_sweep", "cuda"),
         "dtype": "bfloat16",
         "budget_s": args.budget_s,
         "wall_s": round(clock.elapsed(), 1),

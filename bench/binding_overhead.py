@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -190,20 +189,6 @@ def interleaved_host_us(
     return out
 
 
-def metadata() -> dict[str, str]:
-    """When and where a host-time run ran (the GPU host's Python, torch, Triton, GPU)."""
-    import torch
-    import triton
-
-    return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "gpu": torch.cuda.get_device_name(),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True, help="name of this run (e.g. the tree)")
@@ -217,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import greta_core
+    from greta_core.bench.metadata import collect
 
     rows: list[dict[str, Any]] = []
     runnable: dict[tuple[str, str], Callable[[], Any]] = {}
@@ -242,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {
         "label": args.label,
         "greta_core": str(Path(greta_core.__file__).parent.parent.name),
-        **metadata(),
+        **collect("binding_overhead", "cuda"),
         "calls": args.calls,
         "rounds": args.rounds,
         "cpu": args.cpu,

@@ -42,6 +42,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from greta_core.bench.metadata import command_line  # noqa: E402
+
 MODES = ("wheel", "jit")
 
 CHILD = r"""
@@ -161,17 +165,7 @@ def main() -> int:
     first_after_install = wheel[0]["first_call_s"]
     result = {
         "bench": "first_kernel_call",
-        # --out as its file name only: no machine-local path in a committed result.
-        "command": " ".join(
-            [
-                "python",
-                "bench/first_kernel_call.py",
-                *(
-                    a.replace(str(args.out.parent), "<out>") if args.out.is_absolute() else a
-                    for a in sys.argv[1:]
-                ),
-            ]
-        ),
+        "command": command_line("bench/first_kernel_call.py", sys.argv[1:], args.out),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "op": args.op,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from binding_overhead import host_us, metadata  # the per-op benchmark's rules
+from binding_overhead import host_us  # the per-op benchmark's timing rule
 
 
 def steps() -> list[tuple[str, Callable[[], Any]]]:
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in steps():
         rows.append({"step": name, "host_us_per_call": round(host_us(fn, args.calls), 2)})
         print(f"{rows[-1]['host_us_per_call']:8.2f} us  {name}")
-    doc = {**metadata(), "calls": args.calls, "steps": rows}
+    from greta_core.bench.metadata import collect
+
+    doc = {**collect("host_path_breakdown", "cuda"), "calls": args.calls, "steps": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

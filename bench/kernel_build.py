@@ -33,20 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from greta_core.bench.metadata import command_line, git_commit  # noqa: E402
 from greta_install.kernel_build import parse_progress  # noqa: E402
 
 FIELDS = ("arch", "jobs", "ok", "kernels", "wall_s", "cpu_s", "peak_rss_mib",
           "first_line_s", "first_progress_s", "loadavg_before", "loadavg_after", "wheel_sha256")  # fmt: skip
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        return out.stdout.strip()
-    except OSError:
-        return ""
 
 
 def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]:
@@ -125,19 +116,9 @@ def main() -> int:
         print(json.dumps({k: runs[-1][k] for k in FIELDS}), flush=True)
     result = {
         "bench": "kernel_build",
-        # --out as its file name only: no machine-local path in a committed result.
-        "command": " ".join(
-            [
-                "python",
-                "bench/kernel_build.py",
-                *(
-                    a.replace(str(args.out.parent), "<out>") if args.out.is_absolute() else a
-                    for a in sys.argv[1:]
-                ),
-            ]
-        ),
+        "command": command_line("bench/kernel_build.py", sys.argv[1:], args.out),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": git_commit(),
+        "commit": git_commit()["commit"],
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

@@ -11,7 +11,6 @@ import argparse
 import itertools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,19 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    import torch
-    import triton
 
     from greta_core.arch import device_arch
+    from greta_core.bench.metadata import collect
 
     arch = device_arch()
     results = [row for shape in SHAPES for row in tune_shape(shape, arch)]
     meta = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": torch.cuda.get_device_name(),
-        "arch": arch,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        **collect("tune_attention_bwd", "cuda"),
         "note": "ms_total = dkdv + dq launches (with buffer zeroing and copies), one kernel varied",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,6 +98,20 @@ SHARED_WHEEL_KERNELS = ("vec_add", "col_sum")
 SHARED_WHEEL_VEC_ADD_BLOCK = 512
 
 
+def build_shared_wheel(out: Path, jobs: int, progress: Any = None) -> dict:
+    """`build_all`'s outcome for the shared wheel's arch, kernels and table, into `out`."""
+    from greta_core.commands.build_kernels import build_all, shipped_table
+
+    table = json.loads(shipped_table(SHARED_WHEEL_ARCH))
+    table["ops"]["vec_add"]["default"]["BLOCK"] = SHARED_WHEEL_VEC_ADD_BLOCK
+    [outcome] = build_all(
+        [SHARED_WHEEL_ARCH], out, only=list(SHARED_WHEEL_KERNELS),
+        configs_text=json.dumps(table), jobs=jobs, progress=progress,
+    )  # fmt: skip
+    assert "fatal" not in outcome, outcome
+    return outcome
+
+
 @pytest.fixture(scope="session")
 def gfx942_wheel(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Build outcome of the shared gfx942 wheel (`build_all`'s dict: wheel, results, ...).
@@ -104,8 +119,6 @@ def gfx942_wheel(tmp_path_factory: pytest.TempPathFactory) -> dict:
     Built once per session: under xdist the workers share the run's base folder and take a
     file lock, so one builds and the others read its outcome."""
     import fcntl
-
-    from greta_core.commands.build_kernels import build_all, shipped_table
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -116,15 +129,5 @@ def gfx942_wheel(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with (base / "shared-gfx942-wheel.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not outcome_file.is_file():
-            table = json.loads(shipped_table(SHARED_WHEEL_ARCH))
-            table["ops"]["vec_add"]["default"]["BLOCK"] = SHARED_WHEEL_VEC_ADD_BLOCK
-            [outcome] = build_all(
-                [SHARED_WHEEL_ARCH],
-                out,
-                only=list(SHARED_WHEEL_KERNELS),
-                configs_text=json.dumps(table),
-                jobs=1,
-            )
-            assert "fatal" not in outcome, outcome
-            outcome_file.write_text(json.dumps(outcome))
+            outcome_file.write_text(json.dumps(build_shared_wheel(out, jobs=1)))
     return json.loads(outcome_file.read_text())

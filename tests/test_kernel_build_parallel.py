@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SHARED_WHEEL_ARCH, SHARED_WHEEL_KERNELS, SHARED_WHEEL_VEC_ADD_BLOCK
+from conftest import build_shared_wheel
 
 from greta_core.kernel_wheels import buildpool
 from greta_install import kernel_build as kb
@@ -39,20 +39,10 @@ def _entries(wheel: str) -> dict[str, bytes]:
 def test_two_workers_build_the_same_wheel_as_one(
     gfx942_wheel: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from greta_core.commands.build_kernels import build_all, shipped_table
-
-    table = json.loads(shipped_table(SHARED_WHEEL_ARCH))
-    table["ops"]["vec_add"]["default"]["BLOCK"] = SHARED_WHEEL_VEC_ADD_BLOCK
     seen: list[tuple[int, int, str]] = []
-    [outcome] = build_all(
-        [SHARED_WHEEL_ARCH],
-        tmp_path,
-        only=list(SHARED_WHEEL_KERNELS),
-        configs_text=json.dumps(table),
-        jobs=2,
-        progress=lambda done, total, res: seen.append((done, total, res.spec)),
+    outcome = build_shared_wheel(
+        tmp_path, jobs=2, progress=lambda done, total, res: seen.append((done, total, res.spec))
     )
-    assert "fatal" not in outcome, outcome
     # Progress: one call per kernel as it finished, counting up to the total.
     total = outcome["compiled"]
     assert [(d, t) for d, t, _ in seen] == [(k, total) for k in range(1, total + 1)]

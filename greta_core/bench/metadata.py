@@ -53,6 +53,13 @@ def git_commit(repo: Path | None = None) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def command_line(script: str, argv: list[str], out: Path) -> str:
+    """The command a result came from, with `out`'s folder shown as ``<out>``: a committed
+    result names no path of the machine it ran on."""
+    args = [a.replace(str(out.parent), "<out>") if out.is_absolute() else a for a in argv]
+    return " ".join(["python", script, *args])
+
+
 def parse_nvidia_driver(text: str) -> str | None:
     """Driver version from `nvidia-smi --query-gpu=driver_version` or /proc/driver/nvidia/version."""
     match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text or "")

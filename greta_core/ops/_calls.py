@@ -91,7 +91,7 @@ class CallCache:
         """
         if wrap is not _identity and _wrap_triton_enabled():
             return None  # torch is tracing: wrap_triton must see the launch
-        if eager:  # _eager_context's checks, inline: the hottest path GRETA has
+        if eager:  # eager_raw's checks, inline: the hottest path GRETA has
             probes = _PROBES or _eager_probes()
             if probes is None:
                 return None
@@ -325,10 +325,13 @@ def eager_raw(*tensors: Any) -> bool:
     same kernel with the same checks. Anything else, or a torch without these hooks, takes
     the torch op.
     """
-    context = _eager_context()
-    if context is None:
+    probes = _PROBES or _eager_probes()
+    if probes is None:
         return False
-    grad, plain = context
+    compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
+    if compiling() or dispatch_modes() or function_modes():
+        return False
+    grad = grad_enabled()
     for t in tensors:
         if t is None:
             continue
@@ -336,19 +339,6 @@ def eager_raw(*tensors: Any) -> bool:
         if type(t) not in plain or not t.is_cuda or (grad and t.requires_grad):
             return False
     return True
-
-
-def _eager_context() -> tuple[bool, tuple[type, ...]] | None:
-    """(grad mode, the plain tensor types) when no torch.compile tracing and no torch
-    function or dispatch mode can be involved; None otherwise (or on a torch without
-    these hooks)."""
-    probes = _PROBES or _eager_probes()
-    if probes is None:
-        return None
-    compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
-    if compiling() or dispatch_modes() or function_modes():
-        return None
-    return grad_enabled(), plain
 
 
 # torch's checks that eager_raw runs on every call, looked up once (a hot path). A module
