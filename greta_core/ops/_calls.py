@@ -116,12 +116,15 @@ class CallCache:
                     key += (None,)
                     ptrs.append(None)
                 else:
-                    if eager and (
-                        type(t) not in plain or not t.is_cuda or (grad and t.requires_grad)
-                    ):
+                    cuda = t.is_cuda
+                    if eager and (type(t) not in plain or not cuda or (grad and t.requires_grad)):
                         return None
                     p = t.data_ptr()
-                    key += (t.dtype, t.device, t.shape, t.stride(), p & ALIGN_MASK == 0)
+                    # (is_cuda, index) for t.device: no torch.device built, hashed, compared.
+                    # Exact for CUDA/ROCm tensors, the only ones a ReadyLaunch is built for;
+                    # another device type's call finds _ORDINARY or nothing, and the
+                    # ordinary path resolves by __call__'s key (t.device itself).
+                    key += (t.dtype, cuda, t.get_device(), t.shape, t.stride(), p & ALIGN_MASK == 0)
                     ptrs.append(p)
             ready = self._ready.get(key)
         except (TypeError, AttributeError, RuntimeError):  # symbolic, not a tensor, no data
