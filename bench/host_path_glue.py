@@ -102,6 +102,7 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         s["torch"], s["calls"], s["y_call"], s["ready"], s["x"], s["w"]
     )  # fmt: skip
     args, ptrs = (x, w, 1e-6), [x.data_ptr(), w.data_ptr()]
+    launch = getattr(ready, "launch", ready)  # ReadyLaunch.__call__ in older trees
     identity = s["plan"]._identity
     eps = 1e-6
     front = _front(y_call)
@@ -112,7 +113,7 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         ("ForwardCall.if_eager", lambda: y_call.if_eager(x, w, eps)),
         ("CallCache.launch(eager=True)", lambda: y_call.launch(identity, x, w, eps, eager=True)),
         ("CallCache.launch (raw)", lambda: y_call.launch(identity, x, w, eps)),
-        ("ReadyLaunch.launch", lambda: ready.launch(args, ptrs)),
+        ("ReadyLaunch.launch", lambda: launch(args, ptrs)),
         ("torch.empty_like(x) (inside the above)", lambda: torch.empty_like(x)),
         ("Support.quiet() (real Triton knobs)", s["support"].quiet),
         ("eager_raw(x, w)", lambda: _calls.eager_raw(x, w)),
