@@ -43,14 +43,11 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     args = (x, w, eps)
     get_device, get_stream = _direct._driver()
     index = get_device()
-    bufs = ready(args, ptrs)
-    a = ready._template.copy()
-    for i, j in ready._in_pos:
-        a[i] = ptrs[j]
-    for i, j in ready._out_pos:
-        a[i] = bufs[j].data_ptr()
-    g0, g1, g2 = ready._grid
+    bufs = ready.launch(args, ptrs)
     stream = get_stream(index)
+    # The launcher's arguments as ReadyLaunch.launch picks them (see ops/_calls.py).
+    fixed = ready._pick([*ready._consts, *ptrs, *(b.data_ptr() for b in bufs), stream])
+    steps.bufs = bufs  # the buffers those pointers name stay allocated
 
     lib = torch.library.Library("greta_probe", "DEF")
     lib.define("noop(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
@@ -68,8 +65,8 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         ("torch.ops.greta.rms_norm", lambda: torch.ops.greta.rms_norm(x, w, eps)),
         ("greta_core.raw.rms_norm", lambda: raw.rms_norm(x, w, eps)),
         ("CallCache.launch (key, lookup, ready)", lambda: call.launch(_identity, x, w, eps)),
-        ("ReadyLaunch.__call__", lambda: ready(args, ptrs)),
-        ("launcher only (fixed pointers)", lambda: ready._fn(g0, g1, g2, stream, *ready._between, *a)),
+        ("ReadyLaunch.launch", lambda: ready.launch(args, ptrs)),
+        ("launcher only (fixed pointers)", lambda: ready._fn(*fixed)),
         ("torch.empty bf16 [4, 64]", lambda: torch.empty((4, 64), dtype=torch.bfloat16, device=x.device)),
         ("torch.empty fp32 [4]", lambda: torch.empty((4,), dtype=torch.float32, device=x.device)),
         ("torch.empty_like(x)", lambda: torch.empty_like(x)),

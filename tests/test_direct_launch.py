@@ -437,6 +437,130 @@ def test_bad_input_raises_on_every_call(ready_setup) -> None:
     assert cache._ready == {}
 
 
+def _mixed_cache(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Kernel]:
+    """A CallCache whose call (a, None, b, scalar) feeds a plan with its inputs permuted
+    (In(0) is b, In(1) is a), scalars between pointers, two outputs referenced out of order
+    and one of them not shaped like any input (torch.empty, not empty_like)."""
+    from greta_core.ops import _calls
+
+    kernel, s = _Kernel(), _support()
+
+    def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
+        slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
+        return _direct.DirectLaunch(k, grid, keywords, slots, (16, 7), s)
+
+    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
+    plan = Plan("fake", "sm_90", (Buffer((4,), "float32"), Buffer((2,), "float16")),
+                (Launch(kernel, (3, 2), (In(1), 64, Out(1), In(0), 3.5, Out(0)), {}),),
+                (0, 1))  # fmt: skip
+    cache = _calls.CallCache(lambda *args: plan, 3, plan_inputs=lambda p: (p, (2, 0)))
+    return cache, kernel
+
+
+def test_ready_launch_assembles_each_pointer_in_its_slot(monkeypatch, device) -> None:
+    cache, kernel = _mixed_cache(monkeypatch)
+    a, b = torch.ones(4), torch.full((4,), 2.0)
+    cache.launch(_plan._identity, a, None, b, "s")  # Triton's path: compiled, captured
+    ((_, triton_args, _),) = kernel.triton_path
+    assert triton_args[0] is a and triton_args[3] is b  # the ordinary path's order
+    for _ in range(2):
+        y0, y1 = cache.launch(_plan._identity, a, None, b, "s")
+        assert (y0.shape, y0.dtype) == ((4,), torch.float32)
+        assert (y1.shape, y1.dtype) == ((2,), torch.float16)
+        head = (3, 2, 1, 1000, "function-handle", "packed", None, None, None)
+        want = (*head, a.data_ptr(), 64, y1.data_ptr(), b.data_ptr(), 3.5, y0.data_ptr(), 16, 7)
+        assert kernel.compiled.launches[-1] == want
+    assert len(kernel.triton_path) == 1 and len(kernel.compiled.launches) == 2
+    device["device"] = 3  # the stream follows the current device; another device declines
+    assert cache.launch(_plan._identity, a, None, b, "s") is None
+
+
+def test_ready_launch_one_output_like_an_input(ready_setup) -> None:
+    from greta_core.ops import _calls
+
+    cache, kernel = ready_setup.cache, ready_setup.kernel
+    x = torch.ones(4)
+    cache.launch(_plan._identity, x)
+    (ready,) = [r for r in cache._ready.values() if type(r) is _calls.ReadyLaunch]
+    assert ready._one == 0  # the single-output path: allocated like the call's tensor 0
+    (y,) = cache.launch(_plan._identity, x)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.data_ptr() != x.data_ptr()
+    assert kernel.compiled.launches[-1][9:12] == (x.data_ptr(), 64, y.data_ptr())
+
+
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_misaligned_output_takes_the_direct_launcher(
+    monkeypatch: pytest.MonkeyPatch, device, ready_setup, outputs: int
+) -> None:
+    """A fresh buffer off 16-byte alignment is another specialization: the ready launch
+    hands the call to the direct launcher (Triton's path for a new key) with every tensor
+    in its slot."""
+    if outputs == 1:
+        cache, kernel = ready_setup.cache, ready_setup.kernel
+        call: tuple[Any, ...] = (torch.ones(4),)
+    else:
+        cache, kernel = _mixed_cache(monkeypatch)
+        call = (torch.ones(4), None, torch.full((4,), 2.0), "s")
+    cache.launch(_plan._identity, *call)
+    cache.launch(_plan._identity, *call)
+    launches = len(kernel.compiled.launches)
+    base = torch.empty(64)
+    monkeypatch.setattr(torch, "empty_like", lambda t: base[1 : 1 + t.numel()].view(t.shape))
+    monkeypatch.setattr(torch, "empty", lambda shape, dtype, device: base[1:].view(dtype)[:2])
+    from greta_core.ops import _calls
+
+    for ready in cache._ready.values():
+        ready._empty_like, ready._empty = torch.empty_like, torch.empty
+    bufs = cache.launch(_plan._identity, *call)
+    assert bufs[0].data_ptr() & _calls.ALIGN_MASK
+    assert len(kernel.compiled.launches) == launches  # not the ready launch's kernel
+    _, args, _ = kernel.triton_path[-1]
+    if outputs == 1:
+        assert args == (call[0], 64, bufs[0])
+    else:
+        assert args == (call[0], 64, bufs[1], call[2], 3.5, bufs[0])
+
+
+def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) -> None:
+    """launch(eager=True) makes eager_raw's checks in the key's pass: tensors standing in
+    for CUDA ones (a subclass reporting is_cuda, counted plain) launch; a tensor wanting
+    grad while grad mode is on, a dispatch mode, a subclass not counted plain, or a CPU
+    tensor decline (None: the front takes its torch op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from greta_core.ops import _calls
+
+    class CudaLike(torch.Tensor):
+        is_cuda = True
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+    class Other(CudaLike):
+        pass
+
+    probes = _calls._PROBES or _calls._eager_probes()
+    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike)))
+    cache, kernel = ready_setup.cache, ready_setup.kernel
+    x = torch.ones(4).as_subclass(CudaLike)
+    cache.launch(_plan._identity, x, eager=True)  # Triton's path; the launch captured
+    (y,) = cache.launch(_plan._identity, x, eager=True)
+    assert kernel.compiled.launches[-1][9:12] == (x.data_ptr(), 64, y.data_ptr())
+    n = len(kernel.compiled.launches)
+    wants_grad = torch.ones(4).as_subclass(CudaLike).requires_grad_()
+    assert cache.launch(_plan._identity, wants_grad, eager=True) is None
+    with torch.no_grad():
+        assert cache.launch(_plan._identity, wants_grad, eager=True) is not None
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert cache.launch(_plan._identity, x, eager=True) is None
+    assert cache.launch(_plan._identity, torch.ones(4).as_subclass(Other), eager=True) is None
+    assert cache.launch(_plan._identity, torch.ones(4), eager=True) is None
+    assert len(kernel.compiled.launches) == n + 1  # only the no_grad call launched
+
+
 # --- GPU: against Triton's own path --------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ See docs/en/architecture.md ("the eager hot path") and ``ops/rms_norm.py`` for t
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,11 @@ class CallCache:
         :func:`eager_raw` would allow it; None also when it would not (the same checks,
         made in the key's pass over the tensors: one pass, not two, on the hot path).
         """
+        return self.launch_args(wrap, eager, args)
+
+    def launch_args(self, wrap: Any, eager: bool, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """:meth:`launch` with the call's arguments as one tuple (no repacking: the hot
+        paths of :class:`ForwardCall` call this)."""
         if wrap is not _identity and _wrap_triton_enabled():
             return None  # torch is tracing: wrap_triton must see the launch
         if eager:  # eager_raw's checks, inline: the hottest path GRETA has
@@ -110,12 +116,15 @@ class CallCache:
                     key += (None,)
                     ptrs.append(None)
                 else:
-                    if eager and (
-                        type(t) not in plain or not t.is_cuda or (grad and t.requires_grad)
-                    ):
+                    cuda = t.is_cuda
+                    if eager and (type(t) not in plain or not cuda or (grad and t.requires_grad)):
                         return None
                     p = t.data_ptr()
-                    key += (t.dtype, t.device, t.shape, t.stride(), p & ALIGN_MASK == 0)
+                    # (is_cuda, index) for t.device: no torch.device built, hashed, compared.
+                    # Exact for CUDA/ROCm tensors, the only ones a ReadyLaunch is built for;
+                    # another device type's call finds _ORDINARY or nothing, and the
+                    # ordinary path resolves by __call__'s key (t.device itself).
+                    key += (t.dtype, cuda, t.get_device(), t.shape, t.stride(), p & ALIGN_MASK == 0)
                     ptrs.append(p)
             ready = self._ready.get(key)
         except (TypeError, AttributeError, RuntimeError):  # symbolic, not a tensor, no data
@@ -124,7 +133,7 @@ class CallCache:
             return self._prepare(key, args)
         if ready is _ORDINARY:
             return None
-        return ready(args, ptrs)
+        return ready.launch(args, ptrs)
 
     def _prepare(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         resolved = self(*args)
@@ -138,7 +147,7 @@ class CallCache:
             return None
         inputs = tuple([args[i] for i in positions])
         results = run(plan, inputs)
-        ready = ReadyLaunch.build(plan, inputs, positions, results)
+        ready = ReadyLaunch.build(plan, inputs, positions, results, self._n)
         if ready is not None:  # None until Triton's path has compiled and captured it
             self._store(key, ready)
         return results
@@ -174,7 +183,7 @@ class ForwardCall(CallCache):
 
     def run(self, wrap: Any, *args: Any) -> tuple[Any, ...]:
         """The call's result buffers. Raises what validation raises."""
-        done = self.launch(wrap, *args)
+        done = self.launch_args(wrap, False, args)
         if done is not None:
             return done
         plan, inputs = self._inputs(self(*args), args)
@@ -184,7 +193,7 @@ class ForwardCall(CallCache):
         """:meth:`run` for a call :func:`eager_raw` allows (a torch.ops front's hot path:
         ``launch(eager=True)`` makes its checks in the key's pass), else None: the front
         then calls its torch op."""
-        done = self.launch(_identity, *args, eager=True)
+        done = self.launch_args(_identity, True, args)
         if done is None and eager_raw(*args[: self._n]):  # no ready launch (rows copied)
             return self.run(_identity, *args)
         return done
@@ -214,12 +223,17 @@ class ReadyLaunch:
     alignment (fresh buffers: 16-byte aligned unless an unusual allocator says otherwise)
     and the current device. Pointers reach Triton's launcher as integers (as
     ``data_ptr()`` gives them; the launcher accepts both).
+
+    The launcher's arguments are assembled at build time as one pick (``_pick``, an
+    ``operator.itemgetter``) from ``_consts + pointers + output pointers + [stream]``: the
+    grid, the arguments between stream and kernel, the scalars and trailing parameters are
+    fixed per launch, so a call only appends what changes and picks in one C call.
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_between", "_device", "_direct", "_empty", "_empty_like", "_fn",
-        "_get_device", "_get_stream", "_grid", "_impl", "_in_pos", "_index", "_op", "_out_pos",
-        "_pre_run_hooks", "_quiet", "_spec", "_template",
+        "_allocs", "_arch", "_by_input", "_consts", "_device", "_direct", "_empty",
+        "_empty_like", "_fn", "_get_device", "_get_stream", "_impl", "_index", "_one", "_op",
+        "_pick", "_pre_run_hooks", "_quiet", "_spec",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -240,8 +254,10 @@ class ReadyLaunch:
     @classmethod
     def build(
         cls, plan: Plan, inputs: tuple[Any, ...], positions: tuple[int, ...],
-        results: tuple[Any, ...],
+        results: tuple[Any, ...], n_tensors: int,
     ) -> ReadyLaunch | None:  # fmt: skip
+        """`n_tensors`: how many pointers the call passes (its tensor arguments, None
+        included), ahead of the outputs' in the pick's source."""
         import torch
 
         form = _torch_form(plan)
@@ -256,43 +272,69 @@ class ReadyLaunch:
             return None
         fn, grid, between, tail = captured
         quiet, pre_run_hooks = direct.usable_parts()
+        allocs = [(_like(inputs, positions, shape, dtype), shape, dtype)
+                  for shape, dtype in form.plain]  # fmt: skip
+        # The pick's source: [grid, between, scalars, tail] + the call's pointers + the
+        # outputs' + [stream]; the launcher's order: grid, stream, between, kernel, tail.
+        scalars = [v for k, v in spec if k == _SCALAR]
+        consts = [*grid, *between, *scalars, *tail]
+        n_head, at_ptr = len(grid) + len(between), len(consts)
+        at_out, n_scalars = at_ptr + n_tensors, 0
+        order = [0, 1, 2, at_out + len(allocs), *range(3, n_head)]
+        for k, v in spec:
+            if k == _IN:
+                order.append(at_ptr + positions[v])
+            elif k == _OUT:
+                order.append(at_out + v)
+            else:
+                order.append(n_head + n_scalars)
+                n_scalars += 1
+        order += range(n_head + n_scalars, at_ptr)
         return cls(
-            op=plan.op, impl=implementation(plan.arch), arch=plan.arch,
-            allocs=[(_like(inputs, positions, shape, dtype), shape, dtype)
-                    for shape, dtype in form.plain],
+            op=plan.op, impl=implementation(plan.arch), arch=plan.arch, allocs=allocs,
+            one=allocs[0][0] if len(allocs) == 1 else None,
             empty=form.empty, empty_like=torch.empty_like, device=inputs[0].device, index=index,
             get_device=_direct.current_device_getter(get_device), get_stream=get_stream,
-            template=[v if k == _SCALAR else None for k, v in spec] + list(tail),
-            in_pos=[(i, positions[v]) for i, (k, v) in enumerate(spec) if k == _IN],
-            out_pos=[(i, v) for i, (k, v) in enumerate(spec) if k == _OUT],
-            fn=fn, grid=grid, between=between, spec=spec, direct=direct, quiet=quiet,
-            pre_run_hooks=pre_run_hooks,
+            consts=consts, pick=operator.itemgetter(*order),
+            by_input={i: positions[v] for i, (k, v) in enumerate(spec) if k == _IN},
+            fn=fn, spec=spec, direct=direct, quiet=quiet, pre_run_hooks=pre_run_hooks,
         )  # fmt: skip
 
-    def __call__(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
+    def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
+        """The buffers, launched; None where the ordinary path must run (another current
+        device, a Triton hook or pre-run hook). `ptrs`: the call's tensors' addresses."""
         # DirectLaunch.usable, inline (one Python call fewer per launch).
         if self._get_device() != self._index or not self._quiet() or self._pre_run_hooks:
             return None
+        src = self._consts + ptrs
+        like = self._one
+        if like is not None:  # one output allocated like an input: most forwards
+            y = self._empty_like(args[like])
+            p = y.data_ptr()
+            if p & ALIGN_MASK:  # another specialization: the direct launcher picks it
+                return self._by_direct(args, [y])
+            src.append(p)
+            src.append(self._get_stream(self._index))
+            self._fn(*self._pick(src))
+            record(self._op, self._impl, self._arch)
+            return (y,)
         empty, empty_like, device = self._empty, self._empty_like, self._device
         bufs = [
             empty(shape, dtype=dtype, device=device) if like is None else empty_like(args[like])
             for like, shape, dtype in self._allocs
         ]
-        a = self._template.copy()
-        for i, j in self._in_pos:
-            a[i] = ptrs[j]
-        for i, j in self._out_pos:
-            p = bufs[j].data_ptr()
-            if p & ALIGN_MASK:  # another specialization: the direct launcher picks it
+        for b in bufs:
+            p = b.data_ptr()
+            if p & ALIGN_MASK:
                 return self._by_direct(args, bufs)
-            a[i] = p
-        g0, g1, g2 = self._grid
-        self._fn(g0, g1, g2, self._get_stream(self._index), *self._between, *a)
+            src.append(p)
+        src.append(self._get_stream(self._index))
+        self._fn(*self._pick(src))
         record(self._op, self._impl, self._arch)
         return tuple(bufs)
 
     def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
-        by_input = dict(self._in_pos)
+        by_input = self._by_input
         launch_args = [
             args[by_input[i]] if k == _IN else bufs[v] if k == _OUT else v
             for i, (k, v) in enumerate(self._spec)

@@ -103,10 +103,13 @@ class Support:
 
     def quiet(self) -> bool:
         """No launch hook, debug mode or instrumentation that Triton's own path would honour."""
-        runtime = self.knobs.runtime
+        # Each hook unset, or an empty HookChain (hook_chain None: no chain qualifies). One
+        # expression, no helper call: this runs on every ready launch.
+        runtime, chain = self.knobs.runtime, self.hook_chain
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         return (
-            _empty_hook(runtime.launch_enter_hook, self.hook_chain)
-            and _empty_hook(runtime.launch_exit_hook, self.hook_chain)
+            (enter is None or (type(enter) is chain and not enter.calls))
+            and (leave is None or (type(leave) is chain and not leave.calls))
             and not runtime.debug
             and not self.knobs.compilation.instrumentation_mode
         )
@@ -121,10 +124,6 @@ class Support:
         if not callable(launcher) or function is None or not hasattr(compiled, "packed_metadata"):
             return None
         return launcher, function, compiled.packed_metadata
-
-
-def _empty_hook(hook: Any, chain: type | None) -> bool:
-    return hook is None or (chain is not None and type(hook) is chain and not hook.calls)
 
 
 @functools.cache
