@@ -490,3 +490,31 @@ def test_y_only_plan_writes_the_same_outputs_without_the_statistics(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for got, want in zip(full, reference_fwd(), strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("given", ["", "q", "kv", "q+kv"])
+def test_attention_ready_launch_inputs_are_the_plans_inputs(given: str) -> None:
+    # A ready launch passes the call's argument at positions[i] as the plan's In(i): with
+    # one length missing, In(3) is whichever length the call gave.
+    need_triton()
+    from greta_core.ops import attention
+
+    q = torch.randn(2, 2, 3, 64, device=DEVICE, dtype=torch.float16)
+    kv = torch.randn(2, 1, 4, 64, device=DEVICE, dtype=torch.float16)
+    names = given.split("+")
+    q_lens = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE) if "q" in names else None
+    kv_lens = torch.tensor([4, 2], dtype=torch.int32, device=DEVICE) if "kv" in names else None
+    args = (q, kv, kv, q_lens, kv_lens, True, None)
+    plan, positions = attention._given_inputs(attention._fwd_call(*args))  # the ready launch's
+    ready_inputs = tuple(args[i] for i in positions)
+    _, inputs = attention._call_inputs((plan, positions), args)  # the ordinary path's
+    assert inputs == ready_inputs == (q, kv, kv, *(t for t in (q_lens, kv_lens) if t is not None))
+    (launch,) = plan.launches
+    lens_args = launch.args[3:5]  # the kernel's (q_lens, kv_lens) parameters
+    if given:
+        named = {"q": q_lens, "kv": kv_lens}
+        for name, arg in zip(("q", "kv"), lens_args, strict=True):
+            if type(arg) is In:
+                assert ready_inputs[arg.index] is named[name]
+            else:  # the plan's own full-length vector for the one not given
+                assert name not in names and type(arg) is Out
