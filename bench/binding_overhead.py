@@ -63,6 +63,9 @@ def cases() -> list[tuple[Case, Callable[[], Any] | None, str]]:
     )
     q = torch.randn(1, 8, 1, 64, device=dev, dtype=bf16)  # a decode step: one query token
     kv = torch.randn(1, 8, 128, 64, device=dev, dtype=bf16)
+    # A 1B Llama's decode step (32 query heads over 8 KV heads, 512 cached tokens).
+    q_gqa = torch.randn(1, 32, 1, 64, device=dev, dtype=bf16)
+    k_gqa, v_gqa = (torch.randn(1, 8, 512, 64, device=dev, dtype=bf16) for _ in range(2))
     xr = torch.randn(1, 1, 8, 64, device=dev, dtype=bf16)  # rope: [B, S, H, D]
     cos, sin = (
         torch.randn(1, 32, device=dev, dtype=bf16),
@@ -73,6 +76,9 @@ def cases() -> list[tuple[Case, Callable[[], Any] | None, str]]:
         x1, x2 = x.chunk(2, dim=-1)
         c, s = cos[None, :, None, :], sin[None, :, None, :]
         return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+    def sdpa_gqa():  # SDPA repeats no KV heads itself with enable_gqa (torch >= 2.5)
+        return F.scaled_dot_product_attention(q_gqa, k_gqa, v_gqa, enable_gqa=True)
 
     ops = torch.ops.greta
     groups: list[tuple[str, str, Callable[[], Any], str, Callable[[], Any]]] = [
@@ -97,11 +103,14 @@ def cases() -> list[tuple[Case, Callable[[], Any] | None, str]]:
         ("attention", "F.scaled_dot_product_attention (vendor)",
          lambda: F.scaled_dot_product_attention(q, kv, kv), "attention",
          lambda: raw.attention(q, kv, kv)),
+        ("attention_gqa_decode", "F.scaled_dot_product_attention(enable_gqa) (vendor)",
+         sdpa_gqa, "attention", lambda: raw.attention(q_gqa, k_gqa, v_gqa)),
     ]  # fmt: skip
-    greta_args = {
+    greta_args = {  # per group: torch.ops.greta's arguments
         "vec_add": (x, x), "rms_norm": (x, w, 1e-6), "layer_norm": (x, w, b, 1e-5),
         "softmax": (x,), "add_rms_norm": (x, r, w, 1e-6), "swiglu": (x, r),
         "rope": (xr, cos, sin), "matmul": (a2, b2), "attention": (q, kv, kv),
+        "attention_gqa_decode": (q_gqa, k_gqa, v_gqa, False),
     }  # fmt: skip
     out: list[tuple[Case, Callable[[], Any] | None, str]] = [
         (
@@ -112,10 +121,11 @@ def cases() -> list[tuple[Case, Callable[[], Any] | None, str]]:
     ]
     for group, vendor_name, vendor, op, raw_call in groups:
         out.append(((group, "vendor", vendor_name), vendor, ""))
-        op_call = _op_call(ops, op, greta_args[op]) if hasattr(ops, op) else None
+        op_call = _op_call(ops, op, greta_args[group]) if hasattr(ops, op) else None
         why = "" if op_call else "not in this tree"
-        out.append(((group, "torch.ops.greta", f"torch.ops.greta.{op}"), op_call, why))
-        name = f"greta_core.raw.{op}"
+        shape = "" if group == op else f" ({group})"  # a second shape of one op
+        out.append(((group, "torch.ops.greta", f"torch.ops.greta.{op}{shape}"), op_call, why))
+        name = f"greta_core.raw.{op}{shape}"
         if hasattr(raw, op):
             out.append(((group, "raw", name), raw_call, ""))
         else:

@@ -29,8 +29,9 @@ def _stub_gpu() -> None:
 
     import greta_core.ops._direct as direct
     import greta_core.ops._rows as rows
+    import greta_core.ops.attention as attention_ops
     import greta_core.ops.vec_add as vec_add
-    from greta_core.kernels import add_rms_norm, layer_norm, rms_norm, softmax
+    from greta_core.kernels import add_rms_norm, attention, layer_norm, rms_norm, rope, softmax
     from greta_core.kernels import vec_add as vec_add_kernels
 
     class Compiled:  # what JITFunction.run returns, launching nothing
@@ -46,7 +47,9 @@ def _stub_gpu() -> None:
     direct._driver = lambda: ((lambda: 0), (lambda d: 0))
     rows.launch_arch = lambda op, t: "sm_90"
     vec_add.launch_arch = lambda op, t: "sm_90"
-    for module in (rms_norm, softmax, vec_add_kernels, layer_norm, add_rms_norm):
+    attention_ops.launch_arch = lambda op, t: "sm_90"
+    kernels = (rms_norm, softmax, vec_add_kernels, layer_norm, add_rms_norm, rope, attention)
+    for module in kernels:
         for name in dir(module):
             if type(kernel := getattr(module, name)) is JITFunction:
                 kernel.run = lambda *a, **kw: compiled
@@ -78,12 +81,20 @@ def main(argv: list[str] | None = None) -> int:
 
     x, r = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16)
     w, b = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    # rope on HF's transposed q ([B, H, S, D] seen as [B, S, H, D]), half tables [B, S, D/2];
+    # attention as a 1B Llama's decode step (32 query heads over 8, 512 cached tokens).
+    xr = torch.randn(1, 32, 1, 64, dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = (torch.randn(1, 1, 64, dtype=torch.bfloat16)[..., :32] for _ in range(2))
+    q = torch.randn(1, 32, 1, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 8, 512, 64, dtype=torch.bfloat16) for _ in range(2))
     cases: dict[str, Callable[[], Any]] = {
         "raw.rms_norm": lambda: raw.rms_norm(x, w, 1e-6),
         "raw.softmax": lambda: raw.softmax(x),
         "raw.vec_add": lambda: raw.vec_add(x, x),
         "raw.layer_norm": lambda: raw.layer_norm(x, w, b, 1e-5),
         "raw.add_rms_norm": lambda: raw.add_rms_norm(x, r, w, 1e-6),
+        "raw.rope": lambda: raw.rope(xr, cos, sin),
+        "raw.attention (GQA decode)": lambda: raw.attention(q, k, v),
         "eager_raw(x, w)": lambda: eager_raw(x, w),
         "torch.empty x2 (alloc floor)": lambda: (
             torch.empty((4, 64), dtype=torch.bfloat16, device=x.device),

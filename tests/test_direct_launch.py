@@ -635,15 +635,21 @@ class _Front:
     reference: Any  # the torch reference of what raw returns
     full: Any  # the plan a backward needs: (outputs..., statistics...); None: the same plan
     grad_at: int  # a tensor that may want grad (the weight, or up)
+    # Per buffer of the ready launch, the argument it is allocated like (None: by shape);
+    # None here: every output like the first argument.
+    allocs: tuple[int | None, ...] | None = None
 
 
-_FRONT_OPS = ["rms_norm", "layer_norm", "layer_norm_no_bias", "add_rms_norm", "swiglu", "geglu"]
+_FRONT_OPS = [
+    "rms_norm", "layer_norm", "layer_norm_no_bias", "add_rms_norm", "swiglu", "geglu", "rope",
+    "attention",
+]  # fmt: skip
 
 
 def _front(op: str) -> _Front:
     import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
     from greta_core import reference
-    from greta_core.ops import add_rms_norm, layer_norm, rms_norm, swiglu
+    from greta_core.ops import add_rms_norm, attention, layer_norm, rms_norm, rope, swiglu
 
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -672,6 +678,20 @@ def _front(op: str) -> _Front:
             lambda *t: reference.add_rms_norm_fwd(*t, 1e-6)[:2], add_rms_norm.add_rms_norm_fwd,
             2,
         )  # fmt: skip
+    if op == "rope":  # x as HF hands it: a transposed view (strided), cos/sin [S, D/2]
+        xr = rand(2, 4, 16, 64).transpose(1, 2)
+        cos, sin = rand(16, 32), rand(16, 32)
+        return _Front(
+            rope._rope_call, (xr, cos, sin), rope.rope, ops.rope, rope.rope_if_eager,
+            reference.rope, None, 0, (None,),
+        )  # fmt: skip
+    if op == "attention":  # a decode step with GQA: one query token, 32 heads over 8
+        # The ready launch allocates o like q, and the logsumexp (unused here) by shape.
+        q, kv = rand(1, 32, 1, 64), rand(1, 8, 512, 64)
+        return _Front(
+            attention._fwd_call, (q, kv, kv * 0.5), attention.attention, ops.attention,
+            attention.attention_if_eager, reference.attention, None, 0, (0, None),
+        )  # fmt: skip
     activation = swiglu.OPS[op]
     return _Front(
         swiglu._fwd_call, (x, r), lambda *t: swiglu.glu(op, *t), getattr(ops, op),
@@ -697,7 +717,8 @@ def test_gpu_ready_launch_is_the_hot_path_and_bit_identical(op: str) -> None:
     if torch.version.hip is None:  # Triton's C launcher, its CudaLauncher wrapper skipped
         assert getattr(ready._fn, "__name__", None) == "launch"
     # No backward follows these calls: only the outputs, each allocated like x; no stats.
-    assert [like for like, _, _ in ready._allocs] == [0] * len(want)
+    allocs = [0] * len(want) if case.allocs is None else list(case.allocs)
+    assert [like for like, _, _ in ready._allocs] == allocs
     got = [case.raw(*t) for _ in range(3)] + [case.front(*t)]
     full = None if case.full is None else _outputs(case.full(*t))  # with the statistics
     torch.cuda.synchronize()

@@ -118,6 +118,47 @@ def test_torch_rope_ops_autograd_opcheck() -> None:
     torch.library.opcheck(torch.ops.greta.rope_positions.default, (x, posd, 10000.0))
 
 
+def test_torch_compile_graphs_hold_the_rope_kernel_op() -> None:
+    """Dynamo records greta::rope; AOTAutograd decomposes it into the triton_op
+    greta::rope_fwd, forward and backward (the inverse rotation): on a GPU both graphs
+    launch the Triton kernel (on the CPU the triton_op traces its torch reference)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[set[str]] = []
+
+    def grab(gm, _example_inputs):  # type: ignore[no-untyped-def]
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    aot = aot_autograd(fw_compiler=grab, bw_compiler=grab)
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        grab(gm, example_inputs)
+        return aot(gm, example_inputs)
+
+    b, s, h, d = 2, 3, 2, 8
+    ang = torch.rand(s, d // 2, device=DEVICE) * 3
+    cos, sin = ang.cos(), ang.sin()
+
+    def f(x):  # type: ignore[no-untyped-def]
+        return torch.ops.greta.rope(x, cos, sin) * 2
+
+    x = torch.randn(b, s, h, d, device=DEVICE, requires_grad=True)
+    dy = torch.randn_like(x)
+    torch._dynamo.reset()
+    y = torch.compile(f, fullgraph=True, backend=backend)(x)
+    (gx,) = torch.autograd.grad(y, x, dy)
+    torch._dynamo.reset()
+    dynamo, forward, backward = graphs
+    assert "greta.rope" in dynamo, sorted(dynamo)
+    if ON_GPU:
+        for graph in (forward, backward):
+            assert any("triton_kernel_wrapper" in t for t in graph), sorted(graph)
+    assert_close(y, 2 * _ref(x.detach(), cos, sin), torch.float32)
+    assert_close(gx, _ref(2 * dy, cos, sin, inverse=True), torch.float32)
+
+
 def test_jax_rope_and_grad() -> None:
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

@@ -280,6 +280,11 @@ def _front_and_reference(op: str) -> tuple[Any, Any]:
 
     x, r = torch.randn(4, 32, device=DEVICE), torch.randn(4, 32, device=DEVICE)
     w, b = torch.randn(32, device=DEVICE), torch.randn(32, device=DEVICE)
+    xr = torch.randn(2, 4, 3, 16, device=DEVICE).transpose(1, 2)  # [B, S=3, H=4, D]
+    cos, sin = torch.randn(3, 8, device=DEVICE), torch.randn(3, 8, device=DEVICE)
+    pos = torch.arange(3, device=DEVICE) + 5
+    q = torch.randn(1, 4, 1, 64, device=DEVICE, dtype=torch.float16)
+    kv = torch.randn(1, 2, 5, 64, device=DEVICE, dtype=torch.float16)
     g = torch.ops.greta
     return {
         "rms_norm": (lambda: g.rms_norm(x, w, 1e-6), lambda: reference.rms_norm(x, w, 1e-6)),
@@ -293,7 +298,22 @@ def _front_and_reference(op: str) -> tuple[Any, Any]:
         ),
         "swiglu": (lambda: g.swiglu(x, r), lambda: reference.glu(x, r, "silu")),
         "geglu": (lambda: g.geglu(x, r), lambda: reference.glu(x, r, "gelu_tanh")),
+        # rope on a strided view (HF's transposed q/k), cos/sin [S, D/2].
+        "rope": (lambda: g.rope(xr, cos, sin), lambda: reference.rope(xr, cos, sin)),
+        "rope_positions": (
+            lambda: g.rope_positions(xr, pos, 500.0, True),
+            lambda: reference.rope_positions(xr, pos, 500.0, True),
+        ),
+        # A decode-shaped GQA call: one query token, fp16 (the kernel's dtypes).
+        "attention": (
+            lambda: g.attention(q, kv, kv * 0.5, False, 0.2),
+            lambda: reference.attention(q, kv, kv * 0.5, False, 0.2),
+        ),
     }[op]
+
+
+# The triton_op each front calls when it does not launch itself.
+_FRONT_TORCH_OP = {"attention": "attention_with_lse"}
 
 
 class _GretaOpsSeen(TorchDispatchMode):
@@ -310,7 +330,11 @@ class _GretaOpsSeen(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm", "swiglu", "geglu"])
+@pytest.mark.parametrize(
+    "op",
+    ["rms_norm", "layer_norm", "add_rms_norm", "swiglu", "geglu", "rope", "rope_positions",
+     "attention"],
+)  # fmt: skip
 def test_composite_op_launches_the_plan_directly_when_eager(
     monkeypatch: pytest.MonkeyPatch, op: str
 ) -> None:
@@ -323,15 +347,95 @@ def test_composite_op_launches_the_plan_directly_when_eager(
     from greta_core.ops import _calls
 
     front, want = _front_and_reference(op)
+    tol = {"rtol": 5e-3, "atol": 5e-3} if op == "attention" else {}  # fp16
     monkeypatch.setattr(_calls, "eager_raw", lambda *t: True)
     with _GretaOpsSeen() as mode:
         got = front()
     assert mode.seen == [] and observe.last_implementation(op) == expected_impl()
-    torch.testing.assert_close(got, want())
+    torch.testing.assert_close(got, want(), **tol)
     monkeypatch.setattr(_calls, "eager_raw", lambda *t: False)
     with _GretaOpsSeen() as mode:
-        torch.testing.assert_close(front(), want())
-    assert mode.seen == [f"{op}_fwd"]
+        by_torch_op = front()
+    assert mode.seen == [_FRONT_TORCH_OP.get(op, f"{op}_fwd")]
+    torch.testing.assert_close(by_torch_op, want(), **tol)
+    if op in ("rope", "rope_positions", "attention"):  # one plan either way: the same kernel
+        assert torch.equal(got, by_torch_op)
+
+
+@pytest.mark.parametrize("op", ["rope", "rope_positions", "attention"])
+def test_composite_op_takes_its_torch_op_for_cpu_tensors_and_autograd(op: str) -> None:
+    # The real predicate: CPU tensors never launch from the front, and a tensor wanting
+    # grad keeps the triton_op's autograd (eager_raw's GPU cases: tests/test_direct_launch.py).
+    need_triton()
+    import greta_core.torch  # noqa: F401
+
+    front, _ = _front_and_reference(op)
+    with _GretaOpsSeen() as mode:
+        front()
+    assert mode.seen == [_FRONT_TORCH_OP.get(op, f"{op}_fwd")]
+    x = torch.randn(1, 2, 2, 8, device=DEVICE, requires_grad=True)
+    c, s = torch.randn(2, 4, device=DEVICE), torch.randn(2, 4, device=DEVICE)
+    y = torch.ops.greta.rope(x, c, s)
+    assert "greta_rope_fwd" in y.grad_fn.name()  # the triton_op's autograd
+    (gx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    from greta_core import reference
+
+    # The rotation is orthogonal: the gradient is the inverse rotation of dy.
+    torch.testing.assert_close(gx, reference.rope(torch.ones_like(x), c, s, True))
+
+
+@pytest.mark.parametrize("op", ["rope", "rope_positions", "attention"])
+def test_raw_call_validates_once_per_signature_and_raises_every_time(
+    monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    need_triton()
+    from greta_core import raw
+    from greta_core.errors import GretaInputError
+    from greta_core.ops import attention, rope
+
+    module = attention if op == "attention" else rope
+    check = "validate_positions" if op == "rope_positions" else "validate"
+    seen = []
+    real = getattr(module, check)
+    monkeypatch.setattr(module, check, lambda *a, **k: seen.append(1) or real(*a, **k))
+    for cache in (attention._fwd_call, rope._rope_call, rope._positions_call):
+        cache.clear()  # no signature cached by an earlier test
+    if op == "attention":
+        q = torch.randn(1, 2, 3, 64, device=DEVICE, dtype=torch.float16)
+        kv = torch.randn(1, 1, 4, 64, device=DEVICE, dtype=torch.float16)
+        call = lambda t: raw.attention(q, t, t)  # noqa: E731
+        good, bad = kv, kv[..., :32]
+    else:
+        x = torch.randn(1, 3, 2, 8, device=DEVICE)
+        if op == "rope":
+            c = torch.randn(3, 4, device=DEVICE)
+            call = lambda t: raw.rope(x, t, t)  # noqa: E731
+            good, bad = c, torch.randn(4, 4, device=DEVICE)
+        else:
+            call = lambda t: raw.rope_positions(x, t, 100.0)  # noqa: E731
+            good, bad = torch.arange(3, device=DEVICE), torch.arange(3.0, device=DEVICE)
+    first = call(good)
+    assert torch.equal(call(good), first) and seen == [1]
+    for _ in range(2):  # bad input is never cached: it raises every time
+        with pytest.raises(GretaInputError):
+            call(bad)
+    assert seen == [1, 1, 1]
+
+
+def test_attention_length_values_are_checked_on_every_call() -> None:
+    # A negative length is a value, not part of the call signature: a cached signature
+    # still gets the check (CPU tensors, where reading the values is free).
+    need_triton()
+    from greta_core import raw
+    from greta_core.errors import GretaInputError
+
+    q = torch.randn(2, 2, 3, 64, dtype=torch.float16)
+    kv = torch.randn(2, 1, 4, 64, dtype=torch.float16)
+    ok = torch.tensor([4, 2], dtype=torch.int32)
+    raw.attention(q, kv, kv, kv_lens=ok)
+    raw.attention(q, kv, kv, kv_lens=ok)
+    with pytest.raises(GretaInputError, match="negative length"):
+        raw.attention(q, kv, kv, kv_lens=torch.tensor([4, -1], dtype=torch.int32))
 
 
 def _norm_forward(op: str) -> tuple[Any, tuple[Any, ...], Any, int]:
@@ -386,3 +490,31 @@ def test_y_only_plan_writes_the_same_outputs_without_the_statistics(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for got, want in zip(full, reference_fwd(), strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("given", ["", "q", "kv", "q+kv"])
+def test_attention_ready_launch_inputs_are_the_plans_inputs(given: str) -> None:
+    # A ready launch passes the call's argument at positions[i] as the plan's In(i): with
+    # one length missing, In(3) is whichever length the call gave.
+    need_triton()
+    from greta_core.ops import attention
+
+    q = torch.randn(2, 2, 3, 64, device=DEVICE, dtype=torch.float16)
+    kv = torch.randn(2, 1, 4, 64, device=DEVICE, dtype=torch.float16)
+    names = given.split("+")
+    q_lens = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE) if "q" in names else None
+    kv_lens = torch.tensor([4, 2], dtype=torch.int32, device=DEVICE) if "kv" in names else None
+    args = (q, kv, kv, q_lens, kv_lens, True, None)
+    plan, positions = attention._given_inputs(attention._fwd_call(*args))  # the ready launch's
+    ready_inputs = tuple(args[i] for i in positions)
+    _, inputs = attention._call_inputs((plan, positions), args)  # the ordinary path's
+    assert inputs == ready_inputs == (q, kv, kv, *(t for t in (q_lens, kv_lens) if t is not None))
+    (launch,) = plan.launches
+    lens_args = launch.args[3:5]  # the kernel's (q_lens, kv_lens) parameters
+    if given:
+        named = {"q": q_lens, "kv": kv_lens}
+        for name, arg in zip(("q", "kv"), lens_args, strict=True):
+            if type(arg) is In:
+                assert ready_inputs[arg.index] is named[name]
+            else:  # the plan's own full-length vector for the one not given
+                assert name not in names and type(arg) is Out

@@ -6,6 +6,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.attention import attention_fwd_kernel, features
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
@@ -57,13 +58,21 @@ def check_shapes(
             raise GretaInputError(
                 f"attention: argument '{name}' has shape {tuple(lens.shape)}; expected ({batch},)"
             )
-        # Real CPU tensors only: a traced (fake) one has no values to read.
+    check_same_device("attention", q=q, k=k, v=v, q_lens=q_lens, kv_lens=kv_lens)
+    check_length_values(q_lens, kv_lens)
+
+
+def check_length_values(q_lens: Any | None, kv_lens: Any | None) -> None:
+    """Negative lengths of real CPU tensors (a traced, fake, one has no values to read).
+    Value checks, not signature ones: the raw API runs this on every call, cached or not."""
+    import torch
+
+    for name, lens in (("q_lens", q_lens), ("kv_lens", kv_lens)):
         concrete = type(lens) is torch.Tensor and lens.device.type == "cpu"
         if concrete and lens.numel() and int(lens.min()) < 0:
             raise GretaInputError(
                 f"attention: argument '{name}' holds a negative length ({int(lens.min())})"
             )
-    check_same_device("attention", q=q, k=k, v=v, q_lens=q_lens, kv_lens=kv_lens)
 
 
 def validate(q: Any, k: Any, v: Any, q_lens: Any | None = None, kv_lens: Any | None = None) -> str:
@@ -157,6 +166,36 @@ def launch(
     run(plan, _inputs(q, k, v, q_lens, kv_lens), out=(out, lse), wrap=wrap)
 
 
+def _resolve(
+    q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None, causal: bool,
+    scale: float | None,
+) -> tuple[Plan, tuple[int, ...]]:  # fmt: skip
+    """(plan, positions in the call's arguments of the plan's inputs) for one signature."""
+    arch = validate(q, k, v, q_lens, kv_lens)
+    if arch == "cpu":
+        _interp_compat.apply()
+    plan = _plan_for(q, k, v, causal, scale, lens_key(q_lens, kv_lens), arch)
+    given = (q_lens, kv_lens)
+    return plan, (0, 1, 2, *(3 + i for i in (0, 1) if given[i] is not None))
+
+
+def _given_inputs(resolved: tuple[Plan, tuple[int, ...]]) -> tuple[Plan, tuple[int, ...]]:
+    # The plan takes q, k, v and the lengths as given; a plan that fills a missing length
+    # vector has a buffer that is no plain result, and ForwardCall keeps no ready launch.
+    return resolved
+
+
+def _call_inputs(
+    resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]
+) -> tuple[Plan, tuple[Any, ...]]:
+    plan, positions = resolved
+    return plan, tuple([args[i] for i in positions])
+
+
+# Call signature (q, k, v, q_lens, kv_lens, causal, scale): the lengths may be None.
+_fwd_call = ForwardCall(_resolve, 5, _given_inputs, _call_inputs)
+
+
 def attention_with_lse(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
     q_lens: Any | None = None, kv_lens: Any | None = None, wrap: Wrap = _no_wrap,
@@ -165,11 +204,21 @@ def attention_with_lse(
 
     Raises GretaInputError for a wrong shape, dtype, device, layout or length.
     """
-    arch = validate(q, k, v, q_lens, kv_lens)
-    if arch == "cpu":
-        _interp_compat.apply()
-    plan = _plan_for(q, k, v, causal, scale, lens_key(q_lens, kv_lens), arch)
-    return run(plan, _inputs(q, k, v, q_lens, kv_lens), wrap=wrap)
+    if q_lens is not None or kv_lens is not None:
+        check_length_values(q_lens, kv_lens)
+    return _fwd_call.run(wrap, q, k, v, q_lens, kv_lens, causal, scale)
+
+
+def attention_if_eager(
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    q_lens: Any | None = None, kv_lens: Any | None = None,
+) -> Any | None:  # fmt: skip
+    """:func:`attention` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    if q_lens is not None or kv_lens is not None:
+        check_length_values(q_lens, kv_lens)
+    done = _fwd_call.if_eager(q, k, v, q_lens, kv_lens, causal, scale)
+    return None if done is None else done[0]
 
 
 def attention(

@@ -7,7 +7,8 @@ from greta_core import configs
 from greta_core.configs.blocks import rope_blocks
 from greta_core.kernels.rope import rope_kernel, rope_positions_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
+from greta_core.ops._calls import ForwardCall, OrdinaryInputs, PlanInputs
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes, param_dtypes
 from greta_core.ops._validate import (
@@ -134,18 +135,51 @@ def plan_rope_positions(
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
 
+def _resolve_rope(x: Any, cos: Any, sin: Any, inverse: bool) -> Plan:
+    arch = validate(x, cos, sin)
+    return plan_rope(
+        tuple(x.shape), tuple(x.stride()), table_strides(cos, 1), dtype_name(x.dtype),
+        bool(inverse), arch,
+    )  # fmt: skip
+
+
+def _resolve_positions(x: Any, positions: Any, theta: float, inverse: bool) -> Plan:
+    arch = validate_positions(x, positions, theta)
+    return plan_rope_positions(
+        tuple(x.shape), tuple(x.stride()), table_strides(positions, 0), float(theta),
+        dtype_name(x.dtype), bool(inverse), arch,
+    )  # fmt: skip
+
+
+def _given(n_tensors: int) -> tuple[PlanInputs, OrdinaryInputs]:
+    """The plans take the call's tensors as given (any strides, no copy): every signature
+    may get a ready launch, and the ordinary path passes the tensors on."""
+    positions = tuple(range(n_tensors))
+    return (
+        lambda plan: (plan, positions),
+        lambda plan, args: (plan, args[:n_tensors]),
+    )
+
+
+# Call signature (x, cos, sin, inverse) / (x, positions, theta, inverse): see ops/_calls.py.
+_rope_call = ForwardCall(_resolve_rope, 3, *_given(3))
+_positions_call = ForwardCall(_resolve_positions, 2, *_given(2))
+
+
 def rope(x: Any, cos: Any, sin: Any, *, inverse: bool = False, wrap: Wrap = _no_wrap) -> Any:
     """Rotate-half RoPE of x [batch, seq, heads, head_dim] (any strides) by cos/sin
     ([seq, head_dim/2] or [batch|1, seq, head_dim/2]); inverse=True rotates back.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(x, cos, sin)
-    plan = plan_rope(
-        tuple(x.shape), tuple(x.stride()), table_strides(cos, 1), dtype_name(x.dtype),
-        bool(inverse), arch,
-    )  # fmt: skip
-    return run(plan, (x, cos, sin), wrap=wrap)[0]
+    return _rope_call.run(wrap, x, cos, sin, bool(inverse))[0]
+
+
+def rope_if_eager(x: Any, cos: Any, sin: Any, inverse: bool = False) -> Any | None:
+    """:func:`rope` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    done = _rope_call.if_eager(x, cos, sin, bool(inverse))
+    return None if done is None else done[0]
 
 
 def rope_positions(
@@ -157,9 +191,13 @@ def rope_positions(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout, or theta <= 1.
     """
-    arch = validate_positions(x, positions, theta)
-    plan = plan_rope_positions(
-        tuple(x.shape), tuple(x.stride()), table_strides(positions, 0), float(theta),
-        dtype_name(x.dtype), bool(inverse), arch,
-    )  # fmt: skip
-    return run(plan, (x, positions), wrap=wrap)[0]
+    return _positions_call.run(wrap, x, positions, theta, bool(inverse))[0]
+
+
+def rope_positions_if_eager(
+    x: Any, positions: Any, theta: float = 10000.0, inverse: bool = False
+) -> Any | None:
+    """:func:`rope_positions` for a call ``eager_raw`` allows, else None (see
+    :func:`rope_if_eager`)."""
+    done = _positions_call.if_eager(x, positions, theta, bool(inverse))
+    return None if done is None else done[0]

@@ -17,7 +17,6 @@ from greta_core import reference as ref
 from greta_core.observe import record
 from greta_core.ops import attention as raw
 from greta_core.ops import attention_bwd as raw_bwd
-from greta_core.ops._calls import eager_raw
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16)
@@ -144,10 +143,13 @@ def _attention(
     q_lens: torch.Tensor | None = None,
     kv_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if eager_raw(q, k, v, q_lens, kv_lens) and q.dtype in _TRITON_DTYPES:
-        # Plain GPU tensors, no gradient, no tracing (a decode step): the plan launches
-        # without the custom-op dispatch; autograd and torch.compile take the triton_op.
-        return raw.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
+    if q.dtype in _TRITON_DTYPES:
+        # Plain GPU tensors, no gradient, no tracing or mode (a decode step; the checks of
+        # ops._calls.eager_raw): the plan's ready launch, without the custom-op dispatch.
+        # Autograd and torch.compile take the triton_op.
+        out = raw.attention_if_eager(q, k, v, causal, scale, q_lens, kv_lens)
+        if out is not None:
+            return out
     return torch.ops.greta.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
 
 

@@ -1,6 +1,10 @@
 """greta::rope (x, cos, sin) and greta::rope_positions (x, positions, theta): rotate-half
-RoPE on [batch, seq, heads, head_dim]; the backward is the inverse rotation (same ops with
-inverse=True). cos/sin/positions get no gradient."""
+RoPE on [batch, seq, heads, head_dim]; cos/sin/positions get no gradient.
+
+Each is a CompositeImplicitAutograd op (user-facing; its eager hot path launches the plan
+directly, see ops/_calls.py) over a triton_op (greta::rope_fwd, greta::rope_positions_fwd)
+that carries autograd (the backward is the inverse rotation: the same op with
+inverse=True) and torch.compile, so compiled graphs still see the kernel."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import rope as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
 
 def _reference(x, cos, sin, inverse):
@@ -27,8 +31,8 @@ def _reference_positions(x, positions, theta, inverse):
     return reference.rope_positions(x, positions, theta, inverse)
 
 
-@triton_op("greta::rope", mutates_args=())
-def rope(
+@triton_op("greta::rope_fwd", mutates_args=())
+def rope_fwd(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
 ) -> torch.Tensor:
     if takes_reference(x):
@@ -36,15 +40,15 @@ def rope(
     return raw.rope(x, cos, sin, inverse=inverse, wrap=wrap_triton)
 
 
-@rope.register_kernel("cpu")
-def _rope_cpu(x, cos, sin, inverse=False):
+@rope_fwd.register_kernel("cpu")
+def _rope_fwd_cpu(x, cos, sin, inverse=False):
     if run_triton_on_cpu(x, cos, sin):
         return raw.rope(x, cos, sin, inverse=inverse)
     return _reference(x, cos, sin, inverse)
 
 
-@triton_op("greta::rope_positions", mutates_args=())
-def rope_positions(
+@triton_op("greta::rope_positions_fwd", mutates_args=())
+def rope_positions_fwd(
     x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, inverse: bool = False
 ) -> torch.Tensor:
     if takes_reference(x):
@@ -52,8 +56,8 @@ def rope_positions(
     return raw.rope_positions(x, positions, theta, inverse=inverse, wrap=wrap_triton)
 
 
-@rope_positions.register_kernel("cpu")
-def _rope_positions_cpu(x, positions, theta=10000.0, inverse=False):
+@rope_positions_fwd.register_kernel("cpu")
+def _rope_positions_fwd_cpu(x, positions, theta=10000.0, inverse=False):
     if run_triton_on_cpu(x):
         return raw.rope_positions(x, positions, theta, inverse=inverse)
     return _reference_positions(x, positions, theta, inverse)
@@ -67,6 +71,7 @@ def _setup_rope(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
 
 def _backward_rope(ctx: Any, dy: torch.Tensor):
     cos, sin = ctx.saved_tensors
+    # The public op: an eager backward (no create_graph) takes its hot path too.
     return torch.ops.greta.rope(dy, cos, sin, not ctx.inverse), None, None, None
 
 
@@ -82,5 +87,38 @@ def _backward_positions(ctx: Any, dy: torch.Tensor):
     return dx, None, None, None
 
 
-rope.register_autograd(_backward_rope, setup_context=_setup_rope)
-rope_positions.register_autograd(_backward_positions, setup_context=_setup_positions)
+rope_fwd.register_autograd(_backward_rope, setup_context=_setup_rope)
+rope_positions_fwd.register_autograd(_backward_positions, setup_context=_setup_positions)
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+_lib.define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse=False) -> Tensor")
+_lib.define("rope_positions(Tensor x, Tensor positions, float theta=10000.0, bool inverse=False)"
+            " -> Tensor")  # fmt: skip
+
+
+def _rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    if x.dtype in KERNEL_DTYPES:
+        # Plain GPU tensors, no gradient, no tracing or mode (ops._calls.eager_raw): the
+        # plan's ready launch, without a second dispatcher hop and the custom-op autograd
+        # layer. Autograd, torch.compile and fake tensors take rope_fwd.
+        y = raw.rope_if_eager(x, cos, sin, inverse)
+        if y is not None:
+            return y
+    return torch.ops.greta.rope_fwd(x, cos, sin, inverse)
+
+
+def _rope_positions(
+    x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, inverse: bool = False
+) -> torch.Tensor:
+    if x.dtype in KERNEL_DTYPES:  # as _rope
+        y = raw.rope_positions_if_eager(x, positions, theta, inverse)
+        if y is not None:
+            return y
+    return torch.ops.greta.rope_positions_fwd(x, positions, theta, inverse)
+
+
+# CompositeImplicitAutograd: decomposes into the triton_ops (autograd, compile, fake follow).
+_lib.impl("rope", _rope, "CompositeImplicitAutograd")
+_lib.impl("rope_positions", _rope_positions, "CompositeImplicitAutograd")
