@@ -271,7 +271,9 @@ def test_raw_attention_bwd_matches_reference(bsz, hq, hkv, sq, skv, d, causal, d
     do = torch.randn_like(q)
     out, lse = raw.attention_with_lse(q, k, v, causal)
     dq, dk, dv = raw.attention_bwd(do, q, k, v, out, lse, causal)
-    assert (dq.dtype, dk.shape, dv.shape) == (dtype, k.shape, v.shape)
+    # In the inputs' dtype (no fp32 gradient comes back), dk/dv per KV head.
+    assert (dq.dtype, dk.dtype, dv.dtype) == (dtype,) * 3
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     for got, want in zip((dq, dk, dv), _grads64(q, k, v, do, causal), strict=True):
         err = ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
         assert err < TOL[dtype]
@@ -447,9 +449,15 @@ def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str) -> None:
         assert list(spec.signature) == names[: len(spec.signature)]  # runtime args, in order
         assert set(spec.constexprs) == set(names[len(spec.signature) :])
         assert spec.uses_matrix_units == (spec.kernel is not kernel.attention_bwd_delta_kernel)
+        # The gradients are stored in the inputs' dtype, not fp32.
+        for out in ("dq_ptr", "dk_ptr", "dv_ptr"):
+            if out in spec.signature:
+                assert spec.signature[out] == spec.signature["q_ptr"] != "*fp32", spec.name
     for d in (64, 128):
         for causal in (False, True):
-            plan = bwd_ops.plan((2, 8, 256, d), (2, 256), ((1, 1, 1),) * 5, causal, None, arch)
+            plan = bwd_ops.plan(
+                (2, 8, 256, d), (2, 256), ((1, 1, 1),) * 5, "bfloat16", causal, None, arch
+            )
             assert len(plan.launches) == 3
             for launch in plan.launches:
                 key = (

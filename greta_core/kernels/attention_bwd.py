@@ -60,21 +60,22 @@ def _load_rows(base, offs_rows, stride, n_rows, offs_d, MASKED: tl.constexpr, UP
 
 
 @triton.jit
-def _store_rows(base, offs_rows, n_rows, offs_d, tile, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+def _store_rows(
+    base, offs_rows, n_rows, offs_d, tile, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr
+):
     """Store fp32 `tile` as rows of a contiguous [n_rows, HEAD_DIM] buffer, rounded once to
     the buffer's dtype (to nearest, ties to even: the bits of an fp32 store then torch's
     ``.to()``)."""
     out_ty = base.dtype.element_ty
     val = tile.to(out_ty)
-    if UPCAST:
-        if out_ty == tl.bfloat16:
-            # Triton's CPU interpreter truncates fp32 -> bf16 (compiled code rounds to
-            # nearest even): round the bits here. NaN keeps the plain cast (no carry into
-            # the sign).
-            bits = tile.to(tl.uint32, bitcast=True)
-            bits = bits + 0x7FFF + ((bits >> 16) & 1)
-            rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            val = tl.where(tile == tile, rounded, val)
+    if UPCAST and out_ty == tl.bfloat16:
+        # Triton's CPU interpreter truncates fp32 -> bf16 (compiled code rounds to
+        # nearest even): round the bits here. NaN keeps the plain cast (no carry into
+        # the sign).
+        bits = tile.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        val = tl.where(tile == tile, rounded, val)
     ptrs = base + offs_rows[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(ptrs, val, mask=offs_rows[:, None] < n_rows)
 
@@ -356,7 +357,9 @@ def attention_bwd_dq_kernel(
         shift, qk_scale, full_end, hi, BLOCK_N, True, CAUSAL, UPCAST,
     )  # fmt: skip
     dq = dq * sm_scale
-    _store_rows(dq_ptr + pid_bh.to(tl.int64) * Sq * HEAD_DIM, offs_m, Sq, offs_d, dq, HEAD_DIM, UPCAST)
+    _store_rows(
+        dq_ptr + pid_bh.to(tl.int64) * Sq * HEAD_DIM, offs_m, Sq, offs_d, dq, HEAD_DIM, UPCAST
+    )
 
 
 SCALAR_ARGS = (
