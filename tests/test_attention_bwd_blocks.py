@@ -239,9 +239,8 @@ def test_gradients_are_the_fp32_accumulators_rounded_once(dtype) -> None:
 @triton.jit
 def _store_rows_kernel(x_ptr, y_ptr, n_rows, ROWS: tl.constexpr, UPCAST: tl.constexpr):
     offs_r = tl.arange(0, ROWS)
-    offs_d = tl.arange(0, 16)
-    x = tl.load(x_ptr + offs_r[:, None] * 16 + offs_d[None, :])
-    kernels._store_rows(y_ptr, offs_r, n_rows, offs_d, x, 16, UPCAST)
+    x = tl.load(x_ptr + offs_r[:, None] * 16 + tl.arange(0, 16)[None, :])
+    kernels._store_rows(y_ptr, offs_r, n_rows, x, 16, UPCAST)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

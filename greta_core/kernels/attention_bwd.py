@@ -60,12 +60,10 @@ def _load_rows(base, offs_rows, stride, n_rows, offs_d, MASKED: tl.constexpr, UP
 
 
 @triton.jit
-def _store_rows(
-    base, offs_rows, n_rows, offs_d, tile, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr
-):
-    """Store fp32 `tile` as rows of a contiguous [n_rows, HEAD_DIM] buffer, rounded once to
-    the buffer's dtype (to nearest, ties to even: the bits of an fp32 store then torch's
-    ``.to()``)."""
+def _store_rows(base, offs_rows, n_rows, tile, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+    """Store fp32 `tile` as rows `offs_rows` (consecutive) of a contiguous [n_rows, HEAD_DIM]
+    buffer (rows past n_rows dropped), rounded once to the buffer's dtype: to nearest, ties
+    to even, the bits of an fp32 store followed by torch's ``.to()``."""
     out_ty = base.dtype.element_ty
     val = tile.to(out_ty)
     if UPCAST and out_ty == tl.bfloat16:
@@ -76,8 +74,15 @@ def _store_rows(
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         val = tl.where(tile == tile, rounded, val)
-    ptrs = base + offs_rows[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(ptrs, val, mask=offs_rows[:, None] < n_rows)
+    # A block pointer, not a tensor of pointers, at the first row taken from offs_rows (not
+    # from the program id): on sm_90 (Triton 3.6) either other form of this 16-bit store took
+    # 6-30 more registers per thread, one CTA per SM fewer for dq at D128 (ptxas -v of the
+    # AOT specs).
+    row0 = tl.min(offs_rows, 0)
+    rows = tl.make_block_ptr(
+        base, (n_rows, HEAD_DIM), (HEAD_DIM, 1), (row0, 0), (tile.shape[0], HEAD_DIM), (1, 0)
+    )
+    tl.store(rows, val, boundary_check=(0,))
 
 
 @triton.jit
@@ -162,21 +167,31 @@ def _query_ranges(
 
 @triton.jit
 def _dkdv_blocks(
-    dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qs, stride_dos, offs_n, offs_d,
-    Sq, Skv, shift, qk_scale, lo, hi,
+    dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs, stride_doh,
+    stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, lo, hi,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
+    """Query blocks [lo, hi) of each of the GROUP query heads in turn (`*_group`: the group's
+    first head). One flat loop, the head (g) and block (start_m) carried as scalars: a loop
+    over heads around the block loop compiled to more registers on sm_90 (spills at D128)."""
     offs_m0 = tl.arange(0, BLOCK_M)
-    for start_m in range(lo, hi, BLOCK_M):
+    n_blocks = (hi - lo + BLOCK_M - 1) // BLOCK_M
+    start_m = lo
+    g = 0
+    for _ in range(0, n_blocks * GROUP):
         offs_m = start_m + offs_m0
-        q = _load_rows(q_base, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
-        do = _load_rows(do_base, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
-        lse2, delta = _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED)
+        q = _load_rows(q_group + g * stride_qh, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
+        do = _load_rows(do_group + g * stride_doh, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
+        lse2, delta = _row_stats(lse_group + g * Sq, delta_group + g * Sq, offs_m, Sq, MASKED)
         p_t = _p_t(k, q, lse2, offs_m, offs_n, Sq, Skv, shift, qk_scale, MASKED, CAUSAL)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        start_m += BLOCK_M
+        wrap = start_m >= hi
+        start_m = tl.where(wrap, lo, start_m)
+        g += wrap.to(tl.int32)
     return dk, dv
 
 
@@ -236,30 +251,33 @@ def attention_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     lo, mid, full_end = _query_ranges(start_n, Sq, Skv, shift, BLOCK_M, BLOCK_N, CAUSAL)
-    for g in range(GROUP):
-        h = h_kv * GROUP + g
-        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-        do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        row_base = (b * H_Q + h).to(tl.int64) * Sq
-        lse_rows = lse_ptr + row_base
-        delta_rows = delta_ptr + row_base
-        dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
-            offs_d, Sq, Skv, shift, qk_scale, lo, mid, BLOCK_M, True, CAUSAL, UPCAST,
-        )  # fmt: skip
-        dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
-            offs_d, Sq, Skv, shift, qk_scale, mid, full_end, BLOCK_M, False, CAUSAL, UPCAST,
-        )  # fmt: skip
-        dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
-            offs_d, Sq, Skv, shift, qk_scale, full_end, Sq, BLOCK_M, True, CAUSAL, UPCAST,
-        )  # fmt: skip
+    # The group's first query head h0 and its rows of lse/delta ([B, H_Q, Sq]); the group's
+    # other heads are int32 offsets from these, like the rows within a head.
+    h0 = (h_kv * GROUP).to(tl.int64)
+    q_group = q_ptr + b.to(tl.int64) * stride_qb + h0 * stride_qh
+    do_group = do_ptr + b.to(tl.int64) * stride_dob + h0 * stride_doh
+    lse_group = lse_ptr + (b.to(tl.int64) * H_Q + h0) * Sq
+    delta_group = delta_ptr + (b.to(tl.int64) * H_Q + h0) * Sq
+    dk, dv = _dkdv_blocks(
+        dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs,
+        stride_doh, stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, lo, mid,
+        BLOCK_M, True, CAUSAL, UPCAST,
+    )  # fmt: skip
+    dk, dv = _dkdv_blocks(
+        dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs,
+        stride_doh, stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, mid,
+        full_end, BLOCK_M, False, CAUSAL, UPCAST,
+    )  # fmt: skip
+    dk, dv = _dkdv_blocks(
+        dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs,
+        stride_doh, stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, full_end,
+        Sq, BLOCK_M, True, CAUSAL, UPCAST,
+    )  # fmt: skip
     dk = dk * sm_scale
 
     out = pid_bkv.to(tl.int64) * Skv * HEAD_DIM
-    _store_rows(dk_ptr + out, offs_n, Skv, offs_d, dk, HEAD_DIM, UPCAST)
-    _store_rows(dv_ptr + out, offs_n, Skv, offs_d, dv, HEAD_DIM, UPCAST)
+    _store_rows(dk_ptr + out, offs_n, Skv, dk, HEAD_DIM, UPCAST)
+    _store_rows(dv_ptr + out, offs_n, Skv, dv, HEAD_DIM, UPCAST)
 
 
 @triton.jit
@@ -357,9 +375,7 @@ def attention_bwd_dq_kernel(
         shift, qk_scale, full_end, hi, BLOCK_N, True, CAUSAL, UPCAST,
     )  # fmt: skip
     dq = dq * sm_scale
-    _store_rows(
-        dq_ptr + pid_bh.to(tl.int64) * Sq * HEAD_DIM, offs_m, Sq, offs_d, dq, HEAD_DIM, UPCAST
-    )
+    _store_rows(dq_ptr + pid_bh.to(tl.int64) * Sq * HEAD_DIM, offs_m, Sq, dq, HEAD_DIM, UPCAST)
 
 
 SCALAR_ARGS = (
