@@ -339,23 +339,32 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
 
 
 @pytest.mark.gpu
-def test_gpu_attention_bwd_matches_sdpa_at_scale() -> None:
+@pytest.mark.parametrize(("hkv", "d"), [(8, 128), (2, 128), (2, 64)])  # MHA; GQA groups of 4
+def test_gpu_attention_bwd_matches_sdpa_at_scale(hkv: int, d: int) -> None:
+    """The table's tiles on the GPU: dk/dv summed over each group of query heads (SDPA on fp32
+    copies with k, v repeated per query head), every gradient in bf16 shaped like its input."""
     import greta_core.torch  # noqa: F401
 
-    q, k, v = (torch.randn(2, 8, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q = torch.randn(2, 8, 1024, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, hkv, 1024, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
+    group = 8 // hkv
     grads = []
     for fn in (
         lambda a, b, c: torch.ops.greta.attention(a, b, c, True),
         lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
-            a.float(), b.float(), c.float(), is_causal=True
+            a.float(),
+            b.float().repeat_interleave(group, 1),
+            c.float().repeat_interleave(group, 1),
+            is_causal=True,
         ),
     ):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         fn(*leaves).backward(do.to(fn(*leaves).dtype))
-        grads.append([t.grad.float() for t in leaves])
-    for mine, theirs in zip(*grads, strict=True):
-        assert ((mine - theirs).norm() / theirs.norm()).item() < 2e-2
+        grads.append([t.grad for t in leaves])
+    for mine, theirs, leaf in zip(*grads, (q, k, v), strict=True):
+        assert (mine.dtype, mine.shape) == (torch.bfloat16, leaf.shape)
+        assert ((mine.float() - theirs).norm() / theirs.norm()).item() < 2e-2
 
 
 def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
