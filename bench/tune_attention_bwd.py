@@ -40,11 +40,17 @@ def tune_shape(shape: tuple, arch: str) -> list[dict[str, Any]]:
     o, lse = attention_with_lse(q, k, v, causal)
     default = bwd.kernel_configs(arch, d)
 
-    def run(configs: tuple[dict, dict]) -> list:
-        shapes = bwd.result_shapes(tuple(q.shape), hkv, s, arch, configs)
-        bufs = [torch.zeros(shape, device="cuda") for shape in shapes]
+    # The gradients come in q's dtype, dq shaped like q and dk/dv like k and v.
+    bufs = [
+        torch.empty(shape, device="cuda", dtype=q.dtype) for shape in (q.shape, k.shape, v.shape)
+    ]
+
+    def launch(configs: tuple[dict, dict]) -> None:
         bwd.launch(do, q, k, v, o, lse, causal, None, *bufs, arch, configs=configs)
-        return [t.clone() for t in bufs]
+
+    def run(configs: tuple[dict, dict]) -> list:
+        launch(configs)
+        return [t.float() for t in bufs]
 
     want = run(default)
     rows: list[dict[str, Any]] = []
@@ -58,19 +64,21 @@ def tune_shape(shape: tuple, arch: str) -> list[dict[str, Any]]:
                     ((g - w).norm() / w.norm()).item() for g, w in zip(got, want, strict=True)
                 )
                 row["max_rel_diff_vs_default"] = round(err, 6)
-                if not err < 1e-3:
+                # bf16 gradients: another tile's summation order flips some roundings by one
+                # ulp (2^-8 relative); a wrong config is off by O(1).
+                if not err < 5e-3:
                     row["error"] = "gradients differ from the default config's"
                 else:
                     row["ms_total"] = round(
                         do_bench(
-                            lambda c=configs: run(c), warmup=25, rep=150, return_mode="median"
+                            lambda c=configs: launch(c), warmup=25, rep=150, return_mode="median"
                         ),
                         4,
                     )
             except Exception as exc:  # out of shared memory, compile errors
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             rows.append(row)
-    default_ms = do_bench(lambda: run(default), warmup=25, rep=150, return_mode="median")
+    default_ms = do_bench(lambda: launch(default), warmup=25, rep=150, return_mode="median")
     best = {}
     for which in ("dkdv", "dq"):
         ok = [r for r in rows if r["kernel"] == which and "ms_total" in r]
@@ -93,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [row for shape in SHAPES for row in tune_shape(shape, arch)]
     meta = {
         **collect("tune_attention_bwd", "cuda"),
-        "note": "ms_total = dkdv + dq launches (with buffer zeroing and copies), one kernel varied",
+        "note": "ms_total = delta + dkdv + dq launches into preallocated bf16 gradients,"
+        " one kernel varied",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"metadata": meta, "results": results}, indent=1) + "\n")

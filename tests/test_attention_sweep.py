@@ -108,3 +108,12 @@ def test_kernels_option_takes_known_names_only(sweep) -> None:
     assert sweep._kernel_list("dkdv, dq") == ("dkdv", "dq")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown kernels"):
         sweep._kernel_list("dkdv,split")
+
+
+def test_bwd_grid_is_the_plans(sweep) -> None:
+    """The sweep launches each backward kernel on the plan's grid: dkdv one program per key
+    block and KV head (it sums the GQA group), dq one per query block and query head."""
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+    shape = (4, 32, 8, 2048, 128, True)
+    assert sweep.bwd_grid(shape, "dkdv", cfg, "sm_90") == (2048 // 128, 4 * 8)
+    assert sweep.bwd_grid(shape, "dq", cfg, "sm_90") == (2048 // 64, 4 * 32)

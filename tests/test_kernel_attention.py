@@ -271,7 +271,9 @@ def test_raw_attention_bwd_matches_reference(bsz, hq, hkv, sq, skv, d, causal, d
     do = torch.randn_like(q)
     out, lse = raw.attention_with_lse(q, k, v, causal)
     dq, dk, dv = raw.attention_bwd(do, q, k, v, out, lse, causal)
-    assert (dq.dtype, dk.shape, dv.shape) == (dtype, k.shape, v.shape)
+    # In the inputs' dtype (no fp32 gradient comes back), dk/dv per KV head.
+    assert (dq.dtype, dk.dtype, dv.dtype) == (dtype,) * 3
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     for got, want in zip((dq, dk, dv), _grads64(q, k, v, do, causal), strict=True):
         err = ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
         assert err < TOL[dtype]
@@ -337,23 +339,32 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
 
 
 @pytest.mark.gpu
-def test_gpu_attention_bwd_matches_sdpa_at_scale() -> None:
+@pytest.mark.parametrize(("hkv", "d"), [(8, 128), (2, 128), (2, 64)])  # MHA; GQA groups of 4
+def test_gpu_attention_bwd_matches_sdpa_at_scale(hkv: int, d: int) -> None:
+    """The table's tiles on the GPU: dk/dv summed over each group of query heads (SDPA on fp32
+    copies with k, v repeated per query head), every gradient in bf16 shaped like its input."""
     import greta_core.torch  # noqa: F401
 
-    q, k, v = (torch.randn(2, 8, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q = torch.randn(2, 8, 1024, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, hkv, 1024, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
+    group = 8 // hkv
     grads = []
     for fn in (
         lambda a, b, c: torch.ops.greta.attention(a, b, c, True),
         lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
-            a.float(), b.float(), c.float(), is_causal=True
+            a.float(),
+            b.float().repeat_interleave(group, 1),
+            c.float().repeat_interleave(group, 1),
+            is_causal=True,
         ),
     ):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         fn(*leaves).backward(do.to(fn(*leaves).dtype))
-        grads.append([t.grad.float() for t in leaves])
-    for mine, theirs in zip(*grads, strict=True):
-        assert ((mine - theirs).norm() / theirs.norm()).item() < 2e-2
+        grads.append([t.grad for t in leaves])
+    for mine, theirs, leaf in zip(*grads, (q, k, v), strict=True):
+        assert (mine.dtype, mine.shape) == (torch.bfloat16, leaf.shape)
+        assert ((mine.float() - theirs).norm() / theirs.norm()).item() < 2e-2
 
 
 def test_jax_attention_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -447,9 +458,15 @@ def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str) -> None:
         assert list(spec.signature) == names[: len(spec.signature)]  # runtime args, in order
         assert set(spec.constexprs) == set(names[len(spec.signature) :])
         assert spec.uses_matrix_units == (spec.kernel is not kernel.attention_bwd_delta_kernel)
+        # The gradients are stored in the inputs' dtype, not fp32.
+        for out in ("dq_ptr", "dk_ptr", "dv_ptr"):
+            if out in spec.signature:
+                assert spec.signature[out] == spec.signature["q_ptr"] != "*fp32", spec.name
     for d in (64, 128):
         for causal in (False, True):
-            plan = bwd_ops.plan((2, 8, 256, d), (2, 256), ((1, 1, 1),) * 5, causal, None, arch)
+            plan = bwd_ops.plan(
+                (2, 8, 256, d), (2, 256), ((1, 1, 1),) * 5, "bfloat16", causal, None, arch
+            )
             assert len(plan.launches) == 3
             for launch in plan.launches:
                 key = (

@@ -90,22 +90,17 @@ def attention_with_lse(
 def _triton_bwd(
     do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float | None
 ) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) with the Triton FlashAttention-2 backward kernels (no per-batch lengths)."""
+    """(dq, dk, dv) in q's dtype, dk/dv per KV head, with the Triton FlashAttention-2
+    backward kernels (no per-batch lengths)."""
     from greta_core.jax._plan import run
-    from greta_core.ops.attention_bwd import fold_heads, plan
+    from greta_core.ops.attention_bwd import plan
 
     strides = tuple(_contiguous_strides(a) for a in (q, k, v, do, out))
     p = plan(
-        q.shape, (k.shape[1], k.shape[2]), strides, bool(causal),
+        q.shape, (k.shape[1], k.shape[2]), strides, str(q.dtype), bool(causal),
         None if scale is None else float(scale), jax_arch(),
     )  # fmt: skip
-    dq, dk, dv = run(p, (q, k, v, do, lse, out))
-    heads_kv = k.shape[1]
-    return (
-        dq.astype(q.dtype),
-        fold_heads(dk, heads_kv).astype(k.dtype),
-        fold_heads(dv, heads_kv).astype(v.dtype),
-    )
+    return run(p, (q, k, v, do, lse, out))
 
 
 @functools.lru_cache(maxsize=64)

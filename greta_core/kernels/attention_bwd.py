@@ -17,12 +17,14 @@ that every row of the tile sees in full load and compute without them.
 reads ``o`` and ``do`` in their dtype and writes fp32 rows.
 
 Two kernels, so nothing is accumulated with atomics (deterministic): ``dkdv`` gives one
-program per (key block, batch, query head) and walks the query blocks that see those keys;
-``dq`` gives one program per (query block, batch, query head) and walks the key blocks it
-sees. dk/dv come out per *query* head; the launcher sums each GQA group. Seven block
-products per (query block, key block) pair: ``dq`` recomputes p and dp. (A one-kernel
-variant that added dq with atomics, five products per pair, measured slower on the H100
-and was removed.)
+program per (key block, batch, KV head): its k, v tile stays resident while it walks, for
+each query head of the GQA group in turn, the query blocks that see those keys, summing the
+group's dk/dv in fp32 registers; ``dq`` gives one program per (query block, batch, query
+head) and walks the key blocks it sees. Each result is stored once, rounded from its fp32
+accumulator to the output buffer's dtype (the inputs'): dq [B, Hq, Sq, D], dk/dv
+[B, Hkv, Skv, D]; no fp32 gradient reaches memory. Seven block products per (query block,
+key block) pair: ``dq`` recomputes p and dp. (A one-kernel variant that added dq with
+atomics, five products per pair, measured slower on the H100 and was removed.)
 
 Positions follow the forward: query row i sits at Skv - Sq + i (no per-batch lengths here).
 """
@@ -55,6 +57,32 @@ def _load_rows(base, offs_rows, stride, n_rows, offs_d, MASKED: tl.constexpr, UP
         if UPCAST:
             tile = tile.to(tl.float32)
     return tile
+
+
+@triton.jit
+def _store_rows(base, offs_rows, n_rows, tile, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+    """Store fp32 `tile` as rows `offs_rows` (consecutive) of a contiguous [n_rows, HEAD_DIM]
+    buffer (rows past n_rows dropped), rounded once to the buffer's dtype: to nearest, ties
+    to even, the bits of an fp32 store followed by torch's ``.to()``."""
+    out_ty = base.dtype.element_ty
+    val = tile.to(out_ty)
+    if UPCAST and out_ty == tl.bfloat16:
+        # Triton's CPU interpreter truncates fp32 -> bf16 (compiled code rounds to
+        # nearest even): round the bits here. NaN keeps the plain cast (no carry into
+        # the sign).
+        bits = tile.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        val = tl.where(tile == tile, rounded, val)
+    # A block pointer, not a tensor of pointers, at the first row taken from offs_rows (not
+    # from the program id): on sm_90 (Triton 3.6) either other form of this 16-bit store took
+    # 6-30 more registers per thread, one CTA per SM fewer for dq at D128 (ptxas -v of the
+    # AOT specs).
+    row0 = tl.min(offs_rows, 0)
+    rows = tl.make_block_ptr(
+        base, (n_rows, HEAD_DIM), (HEAD_DIM, 1), (row0, 0), (tile.shape[0], HEAD_DIM), (1, 0)
+    )
+    tl.store(rows, val, boundary_check=(0,))
 
 
 @triton.jit
@@ -139,21 +167,31 @@ def _query_ranges(
 
 @triton.jit
 def _dkdv_blocks(
-    dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qs, stride_dos, offs_n, offs_d,
-    Sq, Skv, shift, qk_scale, lo, hi,
+    dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs, stride_doh,
+    stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, lo, hi,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
+    """Query blocks [lo, hi) of each of the GROUP query heads in turn (`*_group`: the group's
+    first head). One flat loop, the head (g) and block (start_m) carried as scalars: a loop
+    over heads around the block loop compiled to more registers on sm_90 (spills at D128)."""
     offs_m0 = tl.arange(0, BLOCK_M)
-    for start_m in range(lo, hi, BLOCK_M):
+    n_blocks = (hi - lo + BLOCK_M - 1) // BLOCK_M
+    start_m = lo
+    g = 0
+    for _ in range(0, n_blocks * GROUP):
         offs_m = start_m + offs_m0
-        q = _load_rows(q_base, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
-        do = _load_rows(do_base, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
-        lse2, delta = _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED)
+        q = _load_rows(q_group + g * stride_qh, offs_m, stride_qs, Sq, offs_d, MASKED, UPCAST)
+        do = _load_rows(do_group + g * stride_doh, offs_m, stride_dos, Sq, offs_d, MASKED, UPCAST)
+        lse2, delta = _row_stats(lse_group + g * Sq, delta_group + g * Sq, offs_m, Sq, MASKED)
         p_t = _p_t(k, q, lse2, offs_m, offs_n, Sq, Skv, shift, qk_scale, MASKED, CAUSAL)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        start_m += BLOCK_M
+        wrap = start_m >= hi
+        start_m = tl.where(wrap, lo, start_m)
+        g += wrap.to(tl.int32)
     return dk, dv
 
 
@@ -190,11 +228,13 @@ def attention_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """dk, dv [B, H_Q // GROUP, Skv, D] in dk_ptr's dtype: one program per (key block,
+    batch, KV head), summing over the GROUP query heads that read the KV head."""
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    h_kv = h // GROUP
+    pid_bkv = tl.program_id(1)
+    heads_kv = H_Q // GROUP
+    b = pid_bkv // heads_kv
+    h_kv = pid_bkv % heads_kv
     shift = Skv - Sq
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -204,9 +244,6 @@ def attention_bwd_dkdv_kernel(
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
     v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    row_base = pid_bh.to(tl.int64) * Sq
     # exp2 with log2(e) folded into the scale (and into lse in _row_stats). fp32 even when
     # a binding passes an fp64 scalar.
     qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
@@ -214,26 +251,33 @@ def attention_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     lo, mid, full_end = _query_ranges(start_n, Sq, Skv, shift, BLOCK_M, BLOCK_N, CAUSAL)
-    lse_rows = lse_ptr + row_base
-    delta_rows = delta_ptr + row_base
+    # The group's first query head h0 and its rows of lse/delta ([B, H_Q, Sq]); the group's
+    # other heads are int32 offsets from these, like the rows within a head.
+    h0 = (h_kv * GROUP).to(tl.int64)
+    q_group = q_ptr + b.to(tl.int64) * stride_qb + h0 * stride_qh
+    do_group = do_ptr + b.to(tl.int64) * stride_dob + h0 * stride_doh
+    lse_group = lse_ptr + (b.to(tl.int64) * H_Q + h0) * Sq
+    delta_group = delta_ptr + (b.to(tl.int64) * H_Q + h0) * Sq
     dk, dv = _dkdv_blocks(
-        dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
-        offs_d, Sq, Skv, shift, qk_scale, lo, mid, BLOCK_M, True, CAUSAL, UPCAST,
+        dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs,
+        stride_doh, stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, lo, mid,
+        BLOCK_M, True, CAUSAL, UPCAST,
     )  # fmt: skip
     dk, dv = _dkdv_blocks(
-        dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
-        offs_d, Sq, Skv, shift, qk_scale, mid, full_end, BLOCK_M, False, CAUSAL, UPCAST,
+        dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs,
+        stride_doh, stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, mid,
+        full_end, BLOCK_M, False, CAUSAL, UPCAST,
     )  # fmt: skip
     dk, dv = _dkdv_blocks(
-        dk, dv, k, v, q_base, do_base, lse_rows, delta_rows, stride_qs, stride_dos, offs_n,
-        offs_d, Sq, Skv, shift, qk_scale, full_end, Sq, BLOCK_M, True, CAUSAL, UPCAST,
+        dk, dv, k, v, q_group, do_group, lse_group, delta_group, stride_qh, stride_qs,
+        stride_doh, stride_dos, GROUP, offs_n, offs_d, Sq, Skv, shift, qk_scale, full_end,
+        Sq, BLOCK_M, True, CAUSAL, UPCAST,
     )  # fmt: skip
     dk = dk * sm_scale
 
-    out = pid_bh.to(tl.int64) * Skv * HEAD_DIM
-    ptrs = out + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(dk_ptr + ptrs, dk, mask=offs_n[:, None] < Skv)
-    tl.store(dv_ptr + ptrs, dv, mask=offs_n[:, None] < Skv)
+    out = pid_bkv.to(tl.int64) * Skv * HEAD_DIM
+    _store_rows(dk_ptr + out, offs_n, Skv, dk, HEAD_DIM, UPCAST)
+    _store_rows(dv_ptr + out, offs_n, Skv, dv, HEAD_DIM, UPCAST)
 
 
 @triton.jit
@@ -331,8 +375,7 @@ def attention_bwd_dq_kernel(
         shift, qk_scale, full_end, hi, BLOCK_N, True, CAUSAL, UPCAST,
     )  # fmt: skip
     dq = dq * sm_scale
-    ptrs = pid_bh.to(tl.int64) * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(dq_ptr + ptrs, dq, mask=offs_m[:, None] < Sq)
+    _store_rows(dq_ptr + pid_bh.to(tl.int64) * Sq * HEAD_DIM, offs_m, Sq, dq, HEAD_DIM, UPCAST)
 
 
 SCALAR_ARGS = (
@@ -403,7 +446,7 @@ def aot_specs(arch: str) -> list:
                     signature = {f"{t}_ptr": f"*{dtype}" for t in ("q", "k", "v", "do")}
                     signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
                     signature |= {arg: "i32" for arg in SCALAR_ARGS}
-                    signature |= {out: "*fp32" for out in outs}
+                    signature |= {out: f"*{dtype}" for out in outs}
                     blocks = configs.meta_params(config)
                     options = configs.launch_options(config, arch)
                     specs.append(

@@ -18,7 +18,7 @@ from greta_core.kernels.attention_bwd import (
     kernel_configs,
 )
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, memo, run
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_tensor
 from greta_core.ops.attention import default_scale, validate
@@ -57,15 +57,17 @@ def _cdiv(a: int, b: int) -> int:
 @memo
 def plan(
     q_shape: tuple[int, ...], kv_heads_seq: tuple[int, int],
-    strides: tuple[tuple[int, ...], ...], causal: bool, scale: float | None, arch: str,
-    overrides: tuple[Config, Config] | None = None,
+    strides: tuple[tuple[int, ...], ...], dtype: str, causal: bool, scale: float | None,
+    arch: str, overrides: tuple[Config, Config] | None = None,
 ) -> Plan:  # fmt: skip
-    """Inputs (q, k, v, do, lse, o); `strides`: the [:3] strides of q, k, v, do, o.
+    """Inputs (q, k, v, do, lse, o); `strides`: the [:3] strides of q, k, v, do, o; `dtype`:
+    q's dtype name.
 
-    Launches: delta = rowsum(o * do) (fp32 scratch [B, Hq, Sq]), then the dkdv and dq
-    kernels. Results (fp32): dq [B, Hq, Sq, D]; dk and dv per *query* head [B, Hq, Skv, D]
-    (the caller sums each GQA group: :func:`fold_heads`). `overrides`: (dkdv, dq) configs
-    instead of the tables' (tuning; unhashable, so never memoized)."""
+    Launches: delta = rowsum(o * do) (fp32 scratch [B, Hq, Sq]), then the dkdv kernel (one
+    program per key block and KV head, summing its GQA group) and the dq kernel. Results,
+    contiguous, in `dtype` (each rounded once from the kernels' fp32 accumulators): dq
+    [B, Hq, Sq, D], dk and dv [B, Hkv, Skv, D]. `overrides`: (dkdv, dq) configs instead of
+    the tables' (tuning; unhashable, so never memoized)."""
     batch, heads_q, seq_q, dim = q_shape
     heads_kv, seq_kv = kv_heads_seq
     dkdv_cfg, dq_cfg = overrides or kernel_configs(arch, dim)
@@ -87,7 +89,7 @@ def plan(
     (dkdv_blocks, dkdv_opts), (dq_blocks, dq_opts) = _split(dkdv_cfg, arch), _split(dq_cfg, arch)
     dkdv = Launch(
         attention_bwd_dkdv_kernel,
-        (_cdiv(seq_kv, dkdv_blocks["BLOCK_N"]), batch * heads_q),
+        (_cdiv(seq_kv, dkdv_blocks["BLOCK_N"]), batch * heads_kv),
         (*args, Out(1), Out(2)), {**common, **dkdv_blocks}, dkdv_opts,
     )  # fmt: skip
     dq = Launch(
@@ -96,11 +98,11 @@ def plan(
         (*args, Out(0)), {**common, **dq_blocks}, dq_opts,
     )  # fmt: skip
     # The kernels write every element; only a plan with no launch needs the zeros (a
-    # memset of three fp32 gradient-sized buffers per backward otherwise).
+    # memset of three gradient-sized buffers per backward otherwise).
     empty = batch * heads_q * seq_q * seq_kv == 0
-    per_head = Buffer((batch, heads_q, seq_kv, dim), "float32", zeroed=empty)
+    kv_grad = Buffer((batch, heads_kv, seq_kv, dim), dtype, zeroed=empty)
     buffers = (
-        Buffer(q_shape, "float32", zeroed=empty), per_head, per_head,
+        Buffer(q_shape, dtype, zeroed=empty), kv_grad, kv_grad,
         Buffer((batch, heads_q, seq_q), "float32"),
     )  # fmt: skip
     return Plan(OP, arch, buffers, () if empty else (delta, dkdv, dq), (0, 1, 2))
@@ -114,7 +116,7 @@ def _plan_for(
         _interp_compat.apply()
     strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, do, o))
     return plan(
-        tuple(q.shape), (k.shape[1], k.shape[2]), strides, bool(causal),
+        tuple(q.shape), (k.shape[1], k.shape[2]), strides, dtype_name(q.dtype), bool(causal),
         None if scale is None else float(scale), arch, overrides,
     )  # fmt: skip
 
@@ -126,9 +128,12 @@ def result_shapes(
     arch: str,
     overrides: tuple[Config, Config] | None = None,
 ) -> tuple[tuple[int, ...], ...]:
-    """Shapes of (dq, dk, dv) that :func:`launch` fills for this call (see :func:`plan`)."""
-    no_strides = ((0, 0, 0),) * 5  # shapes do not depend on them
-    p = plan(tuple(q_shape), (heads_kv, seq_kv), no_strides, False, None, arch, overrides)
+    """Shapes of (dq, dk, dv) that :func:`launch` fills for this call (see :func:`plan`):
+    q's shape, then [B, Hkv, Skv, D] twice (k's and v's)."""
+    no_strides = ((0, 0, 0),) * 5  # shapes depend neither on them nor on the dtype
+    p = plan(
+        tuple(q_shape), (heads_kv, seq_kv), no_strides, "bfloat16", False, None, arch, overrides
+    )
     return tuple(tuple(p.buffers[i].shape) for i in p.results)
 
 
@@ -137,20 +142,12 @@ def launch(
     dq: Any, dk: Any, dv: Any, arch: str, wrap: Wrap = _no_wrap,
     configs: tuple[Config, Config] | None = None,
 ) -> None:  # fmt: skip
-    """Run into preallocated fp32 dq, dk, dv shaped as :func:`result_shapes` says (nothing
-    to zero first: the kernels write every element, and a plan that launches nothing zeroes
-    them). `configs`: (dkdv, dq) overrides of the tables (tuning)."""
+    """Run into preallocated contiguous dq, dk, dv in q's dtype, shaped like q, k and v
+    (:func:`result_shapes`); dk/dv are already summed over each GQA group. Nothing to zero
+    first: the kernels write every element, and a plan that launches nothing zeroes them.
+    `configs`: (dkdv, dq) overrides of the tables (tuning)."""
     p = _plan_for(do, q, k, v, o, causal, scale, arch, configs)
     run(p, (q, k, v, do, lse, o), out=(dq, dk, dv), wrap=wrap)
-
-
-def fold_heads(t: Any, heads_kv: int) -> Any:
-    """[B, Hq, S, D] -> [B, Hkv, S, D]: sum the query heads sharing a KV head (torch or jnp);
-    under MHA (Hq == Hkv) the gradient comes back as it is, without a copy."""
-    batch, heads, seq, dim = t.shape
-    if heads == heads_kv:
-        return t
-    return t.reshape(batch, heads_kv, heads // heads_kv, seq, dim).sum(2)
 
 
 def attention_bwd(
@@ -166,10 +163,4 @@ def attention_bwd(
     """
     arch = validate_bwd(do, q, k, v, o, lse)
     p = _plan_for(do, q, k, v, o, causal, scale, arch)
-    dq, dk, dv = run(p, (q, k, v, do, lse, o), wrap=wrap)
-    heads_kv = k.shape[1]
-    return (
-        dq.to(q.dtype),
-        fold_heads(dk, heads_kv).to(k.dtype),
-        fold_heads(dv, heads_kv).to(v.dtype),
-    )
+    return run(p, (q, k, v, do, lse, o), wrap=wrap)
