@@ -638,6 +638,10 @@ class _Front:
     # Per buffer of the ready launch, the argument it is allocated like (None: by shape);
     # None here: every output like the first argument.
     allocs: tuple[int | None, ...] | None = None
+    # assert_close tolerances against the reference (default: torch's for the dtype).
+    # Attention rounds its probabilities to bf16 before the value product: over 512 keys
+    # that is ~1e-4 absolute on outputs near zero, past bf16's default atol of 1e-5.
+    tolerance: dict[str, float] | None = None
 
 
 _FRONT_OPS = [
@@ -691,6 +695,7 @@ def _front(op: str) -> _Front:
         return _Front(
             attention._fwd_call, (q, kv, kv * 0.5), attention.attention, ops.attention,
             attention.attention_if_eager, reference.attention, None, 0, (0, None),
+            {"atol": 2e-3, "rtol": 2e-2},
         )  # fmt: skip
     activation = swiglu.OPS[op]
     return _Front(
@@ -726,7 +731,7 @@ def test_gpu_ready_launch_is_the_hot_path_and_bit_identical(op: str) -> None:
         for have, expected in zip(_outputs(result), want, strict=True):
             assert torch.equal(have, expected)
     for have, expected in zip(want, _outputs(case.reference(*t)), strict=True):
-        torch.testing.assert_close(have, expected)
+        torch.testing.assert_close(have, expected, **(case.tolerance or {}))
     if full is not None:  # the plan a backward needs writes the same outputs
         assert len(full) > len(want)
         for have, expected in zip(full, want, strict=False):
@@ -879,7 +884,7 @@ def test_gpu_eager_launch_declines_what_eager_raw_declines(op: str) -> None:
     for _ in range(2):  # the first call captures, the second takes the ready launch
         y = _outputs(case.if_eager(*t))
     for have, expected in zip(y, _outputs(case.reference(*t)), strict=True):
-        torch.testing.assert_close(have, expected)
+        torch.testing.assert_close(have, expected, **(case.tolerance or {}))
     assert _calls.eager_raw(*t)
     assert not _calls.eager_raw(*wants_grad) and case.if_eager(*wants_grad) is None
     with torch.no_grad():
