@@ -5,6 +5,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.matmul import features, matmul_kernel
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
@@ -102,6 +103,32 @@ def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _
     run(p, (a, b) if bias is None else (a, b, bias), out=(out,), wrap=wrap)
 
 
+def _resolve(a: Any, b: Any, bias: Any | None) -> tuple[Plan, tuple[int, ...]]:
+    """(plan, positions in the call's (a, b, bias) of the plan's inputs): the bias only
+    where one is given."""
+    arch = validate(a, b, bias)
+    if arch == "cpu":
+        _interp_compat.apply()
+    m, n = a.shape[0], b.shape[1]
+    p = plan(
+        m, n, a.shape[1], tuple(a.stride()), tuple(b.stride()), (n, 1), dtype_name(a.dtype),
+        bias is not None, arch,
+    )  # fmt: skip
+    return p, (0, 1) if bias is None else (0, 1, 2)
+
+
+def _call_inputs(
+    resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]
+) -> tuple[Plan, tuple[Any, ...]]:
+    p, positions = resolved
+    return p, tuple([args[i] for i in positions])
+
+
+# Call signature (a, b, bias): bias may be None (a slot of the key like any tensor). The
+# plan takes a, b (any strides) and bias as given: every signature may launch ready.
+_call = ForwardCall(_resolve, 3, lambda resolved: resolved, _call_inputs)
+
+
 def matmul(
     a: Any, b: Any, bias: Any | None = None, out: Any | None = None, wrap: Wrap = _no_wrap
 ) -> Any:
@@ -109,16 +136,9 @@ def matmul(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate(a, b, bias)
     if out is None:
-        if arch == "cpu":
-            _interp_compat.apply()
-        m, n = a.shape[0], b.shape[1]
-        p = plan(
-            m, n, a.shape[1], tuple(a.stride()), tuple(b.stride()), (n, 1),
-            dtype_name(a.dtype), bias is not None, arch,
-        )  # fmt: skip
-        return run(p, (a, b) if bias is None else (a, b, bias), wrap=wrap)[0]
+        return _call.run(wrap, a, b, bias)[0]
+    arch = validate(a, b, bias)
     check_tensor(OP, "out", out, dtypes=(a.dtype,), ndim=2)
     if tuple(out.shape) != (a.shape[0], b.shape[1]):
         raise GretaInputError(
@@ -127,3 +147,10 @@ def matmul(
         )
     launch(a, b, bias, out, arch, wrap)
     return out
+
+
+def matmul_if_eager(a: Any, b: Any, bias: Any | None = None) -> Any | None:
+    """:func:`matmul` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    done = _call.if_eager(a, b, bias)
+    return None if done is None else done[0]

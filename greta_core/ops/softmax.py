@@ -7,7 +7,7 @@ from typing import Any
 
 from greta_core.kernels.softmax import softmax_bwd_kernel, softmax_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import CallCache
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, check_rows_input, row_layout, row_plan, rows_view
@@ -81,7 +81,13 @@ def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] |
     return None if copies else (plan, (0,))
 
 
-_fwd_call = CallCache(_resolve_fwd, n_tensors=1, plan_inputs=_given_inputs)
+def _inputs(resolved: tuple[Plan, bool], args: tuple[Any, ...]) -> tuple[Plan, tuple[Any, ...]]:
+    (plan, copies), (x,) = resolved, args
+    return plan, (rows_view(x) if copies else x,)
+
+
+# Call signature (x,): see ops/_calls.py. Rows copied to flatten get no ready launch.
+_fwd_call = ForwardCall(_resolve_fwd, 1, _given_inputs, _inputs)
 
 
 def softmax(x: Any, wrap: Wrap = _no_wrap) -> Any:
@@ -89,11 +95,14 @@ def softmax(x: Any, wrap: Wrap = _no_wrap) -> Any:
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    done = _fwd_call.launch(wrap, x)  # hot path: see ops/_calls.py
-    if done is not None:
-        return done[0]
-    plan, copies = _fwd_call(x)
-    return run(plan, (rows_view(x) if copies else x,), wrap=wrap)[0]
+    return _fwd_call.run(wrap, x)[0]
+
+
+def softmax_if_eager(x: Any) -> Any | None:
+    """:func:`softmax` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    done = _fwd_call.if_eager(x)
+    return None if done is None else done[0]
 
 
 def softmax_bwd(dy: Any, y: Any, wrap: Wrap = _no_wrap) -> Any:

@@ -6,7 +6,7 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.kernels.vec_add import vec_add_kernel
-from greta_core.ops._calls import CallCache
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import (
@@ -60,8 +60,12 @@ def _resolve(x: Any, y: Any) -> Plan:
     return plan(tuple(x.shape), dtype_name(x.dtype), arch)
 
 
-# Validation and planning once per call signature; plan inputs (x, y) as given.
-_call = CallCache(_resolve, n_tensors=2, plan_inputs=lambda p: (p, (0, 1)))
+# Validation and planning once per call signature (see ops/_calls.py); the plan takes x
+# and y as given (validation rejects other strides): every signature may launch ready.
+_call = ForwardCall(
+    _resolve, 2, plan_inputs=lambda plan: (plan, (0, 1)),
+    inputs=lambda plan, args: (plan, args[:2]),
+)  # fmt: skip
 
 
 def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _no_wrap) -> Any:
@@ -70,13 +74,16 @@ def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _no_wrap) -> An
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     if out is None:
-        done = _call.launch(wrap, x, y)  # hot path: see ops/_calls.py
-        if done is not None:
-            return done[0]
+        return _call.run(wrap, x, y)[0]
     p = _call(x, y)
-    if out is None:
-        return run(p, (x, y), wrap=wrap)[0]
     check_tensor(OP, "out", out, dtypes=(x.dtype,), contiguous=True)
     check_same_shape(OP, x=x, out=out)
     run(p, (x, y), out=(out,), wrap=wrap)
     return out
+
+
+def vec_add_if_eager(x: Any, y: Any) -> Any | None:
+    """:func:`vec_add` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
+    torch.ops front's hot path), else None: the caller then takes its torch op."""
+    done = _call.if_eager(x, y)
+    return None if done is None else done[0]

@@ -1,3 +1,9 @@
+"""greta::matmul (user op) over the triton_op greta::matmul_fwd (autograd, compile).
+
+The user op is CompositeImplicitAutograd: its eager hot path launches the plan directly
+(see ops/_calls.py); everything else takes matmul_fwd, so compiled graphs keep the kernel.
+Both gradients are GEMMs through greta::matmul."""
+
 from __future__ import annotations
 
 import torch
@@ -15,19 +21,22 @@ def _reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> t
     return reference.matmul(a, b, bias)
 
 
-@triton_op("greta::matmul", mutates_args=())
-def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if takes_reference(a, (torch.float16, torch.bfloat16)):
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@triton_op("greta::matmul_fwd", mutates_args=())
+def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if takes_reference(a, _KERNEL_DTYPES):
         # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly; fp32/fp64
         # take it on every device (one dtype rule).
         return _reference(a, b, bias)
     return raw.matmul(a, b, bias, wrap=wrap_triton)
 
 
-@matmul.register_kernel("cpu")
+@matmul_fwd.register_kernel("cpu")
 def _matmul_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     # fp32/fp64 (e.g. gradcheck) have no Triton kernel: they always take the reference.
-    if use_interpreter_on_cpu() and a.dtype in (torch.float16, torch.bfloat16):
+    if use_interpreter_on_cpu() and a.dtype in _KERNEL_DTYPES:
         return raw.matmul(a, b, bias)
     return _reference(a, b, bias)
 
@@ -52,4 +61,23 @@ def _backward(
     return grad_a, grad_b, grad_bias
 
 
-matmul.register_autograd(_backward, setup_context=_setup_context)
+matmul_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+_lib.define("matmul(Tensor a, Tensor b, Tensor? bias=None) -> Tensor")
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if a.dtype in _KERNEL_DTYPES:
+        # Plain GPU tensors, no gradient, no tracing or mode (ops._calls.eager_raw): the
+        # plan's ready launch, without a second dispatcher hop and the custom-op autograd
+        # layer (an eager backward's GEMMs too). Autograd, torch.compile and fake tensors
+        # take matmul_fwd.
+        out = raw.matmul_if_eager(a, b, bias)
+        if out is not None:
+            return out
+    return torch.ops.greta.matmul_fwd(a, b, bias)
+
+
+# CompositeImplicitAutograd: decomposes into matmul_fwd (autograd, compile, fake follow).
+_lib.impl("matmul", _matmul, "CompositeImplicitAutograd")

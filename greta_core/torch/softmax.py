@@ -1,4 +1,6 @@
-"""greta::softmax over the last dim (autograd: the triton_op greta::softmax_bwd)."""
+"""greta::softmax over the last dim: a user op (CompositeImplicitAutograd; its eager hot
+path launches the plan directly, see ops/_calls.py) over the triton_op greta::softmax_fwd,
+whose backward is the triton_op greta::softmax_bwd, so compiled graphs keep both kernels."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core import reference
 from greta_core.ops import softmax as raw
 from greta_core.torch._common import record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
+from greta_core.torch._norms_common import KERNEL_DTYPES, run_triton_on_cpu, takes_reference
 
 
 def _reference_fwd(x: torch.Tensor) -> torch.Tensor:
@@ -25,14 +27,14 @@ def _reference_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return reference.softmax_bwd(dy, y)
 
 
-@triton_op("greta::softmax", mutates_args=())
-def softmax(x: torch.Tensor) -> torch.Tensor:
+@triton_op("greta::softmax_fwd", mutates_args=())
+def softmax_fwd(x: torch.Tensor) -> torch.Tensor:
     if takes_reference(x):
         return _reference_fwd(x)
     return raw.softmax(x, wrap=wrap_triton)
 
 
-@softmax.register_kernel("cpu")
+@softmax_fwd.register_kernel("cpu")
 def _softmax_cpu(x: torch.Tensor) -> torch.Tensor:
     if run_triton_on_cpu(x):
         return raw.softmax(x)
@@ -62,4 +64,22 @@ def _backward(ctx: Any, dy: torch.Tensor) -> torch.Tensor:
     return torch.ops.greta.softmax_bwd(dy.contiguous(), y)
 
 
-softmax.register_autograd(_backward, setup_context=_setup_context)
+softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+_lib.define("softmax(Tensor x) -> Tensor")
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype in KERNEL_DTYPES:
+        # Plain GPU tensors, no gradient, no tracing or mode (ops._calls.eager_raw): the
+        # plan's ready launch, without a second dispatcher hop and the custom-op autograd
+        # layer. Autograd, torch.compile and fake tensors take softmax_fwd.
+        y = raw.softmax_if_eager(x)
+        if y is not None:
+            return y
+    return torch.ops.greta.softmax_fwd(x)
+
+
+# CompositeImplicitAutograd: decomposes into softmax_fwd (autograd, compile, fake follow).
+_lib.impl("softmax", _softmax, "CompositeImplicitAutograd")

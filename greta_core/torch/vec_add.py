@@ -1,3 +1,8 @@
+"""greta::vec_add (user op) over the triton_op greta::vec_add_fwd (autograd, compile).
+
+The user op is CompositeImplicitAutograd: its eager hot path launches the plan directly
+(see ops/_calls.py); everything else takes vec_add_fwd, so compiled graphs keep the kernel."""
+
 from __future__ import annotations
 
 import torch
@@ -14,15 +19,15 @@ def _reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return reference.vec_add(x, y)
 
 
-@triton_op("greta::vec_add", mutates_args=())
-def vec_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+@triton_op("greta::vec_add_fwd", mutates_args=())
+def vec_add_fwd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu":
         # Traced (torch.compile / opcheck) on CPU: the reference decomposes cleanly.
         return _reference(x, y)
     return raw.vec_add(x, y, wrap=wrap_triton)
 
 
-@vec_add.register_kernel("cpu")
+@vec_add_fwd.register_kernel("cpu")
 def _vec_add_cpu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if use_interpreter_on_cpu():
         return raw.vec_add(x, y)
@@ -33,4 +38,22 @@ def _backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return grad, grad
 
 
-vec_add.register_autograd(_backward)
+vec_add_fwd.register_autograd(_backward)
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+_lib.define("vec_add(Tensor x, Tensor y) -> Tensor")
+
+
+def _vec_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # Plain GPU tensors, no gradient, no tracing or mode (ops._calls.eager_raw): the plan's
+    # ready launch, without a second dispatcher hop and the custom-op autograd layer.
+    # Autograd, torch.compile and fake tensors take vec_add_fwd. Every dtype the triton_op
+    # launches on a GPU goes here too: its GPU body is the same raw call.
+    out = raw.vec_add_if_eager(x, y)
+    if out is not None:
+        return out
+    return torch.ops.greta.vec_add_fwd(x, y)
+
+
+# CompositeImplicitAutograd: decomposes into vec_add_fwd (autograd, compile, fake follow).
+_lib.impl("vec_add", _vec_add, "CompositeImplicitAutograd")
