@@ -646,14 +646,24 @@ class _Front:
 
 _FRONT_OPS = [
     "rms_norm", "layer_norm", "layer_norm_no_bias", "add_rms_norm", "swiglu", "geglu", "rope",
-    "attention",
+    "attention", "vec_add", "softmax", "matmul", "matmul_bias",
 ]  # fmt: skip
 
 
 def _front(op: str) -> _Front:
     import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
     from greta_core import reference
-    from greta_core.ops import add_rms_norm, attention, layer_norm, rms_norm, rope, swiglu
+    from greta_core.ops import (
+        add_rms_norm,
+        attention,
+        layer_norm,
+        matmul,
+        rms_norm,
+        rope,
+        softmax,
+        swiglu,
+        vec_add,
+    )
 
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -696,6 +706,26 @@ def _front(op: str) -> _Front:
             attention._fwd_call, (q, kv, kv * 0.5), attention.attention, ops.attention,
             attention.attention_if_eager, reference.attention, None, 0, (0, None),
             {"atol": 2e-3, "rtol": 2e-2},
+        )  # fmt: skip
+    if op == "vec_add":
+        return _Front(
+            vec_add._call, (x, r), vec_add.vec_add, ops.vec_add, vec_add.vec_add_if_eager,
+            reference.vec_add, None, 1,
+        )  # fmt: skip
+    if op == "softmax":
+        return _Front(
+            softmax._fwd_call, (x,), softmax.softmax, ops.softmax, softmax.softmax_if_eager,
+            reference.softmax, None, 0,
+        )  # fmt: skip
+    if op.startswith("matmul"):  # F.linear's form: x @ weight.t() (strided), bias or None
+        # The output [8, 96] is shaped like no input: allocated by shape. Summation order
+        # differs from the reference's: fp32 rounding near zero outputs, past bf16's atol.
+        weight_t = rand(96, 256).t()
+        bias = rand(96) if op == "matmul_bias" else None
+        return _Front(
+            matmul._call, (x, weight_t, bias), matmul.matmul, ops.matmul,
+            matmul.matmul_if_eager, reference.matmul, None, 1, (None,),
+            {"atol": 1e-3, "rtol": 1.6e-2},
         )  # fmt: skip
     activation = swiglu.OPS[op]
     return _Front(

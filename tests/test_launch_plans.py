@@ -286,6 +286,8 @@ def _front_and_reference(op: str) -> tuple[Any, Any]:
     pos = torch.arange(3, device=DEVICE) + 5
     q = torch.randn(1, 4, 1, 64, device=DEVICE, dtype=torch.float16)
     kv = torch.randn(1, 2, 5, 64, device=DEVICE, dtype=torch.float16)
+    a, bt = (torch.randn(s, device=DEVICE, dtype=torch.float16) for s in ((3, 32), (16, 32)))
+    bias = torch.randn(16, device=DEVICE, dtype=torch.float16)
     g = torch.ops.greta
     return {
         "rms_norm": (lambda: g.rms_norm(x, w, 1e-6), lambda: reference.rms_norm(x, w, 1e-6)),
@@ -310,11 +312,21 @@ def _front_and_reference(op: str) -> tuple[Any, Any]:
             lambda: g.attention(q, kv, kv * 0.5, False, 0.2),
             lambda: reference.attention(q, kv, kv * 0.5, False, 0.2),
         ),
+        "vec_add": (lambda: g.vec_add(x, r), lambda: reference.vec_add(x, r)),
+        "softmax": (lambda: g.softmax(x), lambda: reference.softmax(x)),
+        # F.linear's form: a weight's transpose (strided), with and without a bias.
+        "matmul": (lambda: g.matmul(a, bt.t(), bias), lambda: reference.matmul(a, bt.t(), bias)),
+        "matmul_no_bias": (lambda: g.matmul(a, bt.t()), lambda: reference.matmul(a, bt.t())),
     }[op]
 
 
-# The triton_op each front calls when it does not launch itself.
-_FRONT_TORCH_OP = {"attention": "attention_with_lse"}
+# The triton_op each front calls when it does not launch itself (default: f"{op}_fwd").
+_FRONT_TORCH_OP = {"attention": "attention_with_lse", "matmul_no_bias": "matmul_fwd"}
+# The op name the kernel's launch records (default: the front's).
+_RECORDED = {"matmul_no_bias": "matmul"}
+# One plan either way (no statistics the triton_op path would add): the same kernel.
+_ONE_PLAN = ("rope", "rope_positions", "attention", "vec_add", "softmax", "matmul",
+             "matmul_no_bias")  # fmt: skip
 
 
 class _GretaOpsSeen(TorchDispatchMode):
@@ -334,7 +346,7 @@ class _GretaOpsSeen(TorchDispatchMode):
 @pytest.mark.parametrize(
     "op",
     ["rms_norm", "layer_norm", "add_rms_norm", "swiglu", "geglu", "rope", "rope_positions",
-     "attention"],
+     "attention", "vec_add", "softmax", "matmul", "matmul_no_bias"],
 )  # fmt: skip
 def test_composite_op_launches_the_plan_directly_when_eager(
     monkeypatch: pytest.MonkeyPatch, op: str
@@ -348,18 +360,19 @@ def test_composite_op_launches_the_plan_directly_when_eager(
     from greta_core.ops import _calls
 
     front, want = _front_and_reference(op)
-    tol = {"rtol": 5e-3, "atol": 5e-3} if op == "attention" else {}  # fp16
+    fp16 = op == "attention" or op.startswith("matmul")
+    tol = {"rtol": 5e-3, "atol": 5e-3} if fp16 else {}
     monkeypatch.setattr(_calls, "eager_raw", lambda *t: True)
     with _GretaOpsSeen() as mode:
         got = front()
-    assert mode.seen == [] and observe.last_implementation(op) == expected_impl()
+    assert mode.seen == [] and observe.last_implementation(_RECORDED.get(op, op)) == expected_impl()
     torch.testing.assert_close(got, want(), **tol)
     monkeypatch.setattr(_calls, "eager_raw", lambda *t: False)
     with _GretaOpsSeen() as mode:
         by_torch_op = front()
     assert mode.seen == [_FRONT_TORCH_OP.get(op, f"{op}_fwd")]
     torch.testing.assert_close(by_torch_op, want(), **tol)
-    if op in ("rope", "rope_positions", "attention"):  # one plan either way: the same kernel
+    if op in _ONE_PLAN:
         assert torch.equal(got, by_torch_op)
 
 
@@ -417,6 +430,149 @@ def test_raw_call_validates_once_per_signature_and_raises_every_time(
             good, bad = torch.arange(3, device=DEVICE), torch.arange(3.0, device=DEVICE)
     first = call(good)
     assert torch.equal(call(good), first) and seen == [1]
+    for _ in range(2):  # bad input is never cached: it raises every time
+        with pytest.raises(GretaInputError):
+            call(bad)
+    assert seen == [1, 1, 1]
+
+
+@pytest.mark.parametrize("op", ["vec_add", "softmax", "matmul"])
+def test_front_takes_its_triton_op_for_cpu_tensors_and_keeps_its_autograd(op: str) -> None:
+    # The real predicate (no forcing): CPU tensors take the triton_op, and so does a tensor
+    # wanting grad, whose gradients come from the triton_op's autograd.
+    need_triton()
+    import greta_core.torch  # noqa: F401
+    from greta_core import reference
+
+    front, want = _front_and_reference(op)
+    with _GretaOpsSeen() as mode:
+        got = front()
+    assert mode.seen == [f"{op}_fwd"]
+    torch.testing.assert_close(got, want(), rtol=5e-3, atol=5e-3)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    if op == "matmul":  # fp16: the kernel's dtypes; a weight's transpose, with a bias
+        dtype, tol = torch.float16, {"rtol": 1e-2, "atol": 1e-2}
+        a, w = (torch.randn(s, device=DEVICE, generator=g).to(dtype) for s in ((3, 32), (16, 32)))
+        bias = torch.randn(16, device=DEVICE, generator=g).to(dtype)
+        inputs = [a.requires_grad_(), w.requires_grad_(), bias.requires_grad_()]
+        y = torch.ops.greta.matmul(a, w.t(), bias)
+        dy = torch.randn(3, 16, device=DEVICE, generator=g).to(dtype)
+        want_grads = [
+            reference.matmul(dy, w.detach()), reference.matmul(dy.t(), a.detach()),
+            dy.float().sum(0).to(dtype),
+        ]  # fmt: skip
+    else:
+        tol = {}
+        x, r = (torch.randn(4, 32, device=DEVICE, generator=g) for _ in range(2))
+        dy = torch.randn(4, 32, device=DEVICE, generator=g)
+        if op == "vec_add":
+            inputs = [x.requires_grad_(), r.requires_grad_()]
+            y = torch.ops.greta.vec_add(x, r)
+            want_grads = [dy, dy]
+        else:
+            inputs = [x.requires_grad_()]
+            y = torch.ops.greta.softmax(x)
+            want_grads = [reference.softmax_bwd(dy, reference.softmax(x.detach()))]
+    assert f"greta_{op}_fwd" in y.grad_fn.name()  # the triton_op's autograd
+    grads = torch.autograd.grad(y, inputs, dy)
+    for got_grad, want_grad in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, **tol)
+
+
+@pytest.mark.parametrize("op", ["vec_add", "softmax", "matmul"])
+def test_torch_compile_graphs_hold_the_fronts_triton_op(op: str) -> None:
+    """Dynamo records the front (greta::X); AOTAutograd decomposes it into the triton_op
+    greta::X_fwd: on a GPU the forward graph launches the Triton kernel, and so does the
+    backward of softmax (softmax_bwd) and matmul (two GEMMs through greta::matmul); on the
+    CPU the triton_ops trace their torch reference."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    import greta_core.torch  # noqa: F401
+    from greta_core import reference
+
+    graphs: list[set[str]] = []
+
+    def grab(gm, _example_inputs):  # type: ignore[no-untyped-def]
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    aot = aot_autograd(fw_compiler=grab, bw_compiler=grab)
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        grab(gm, example_inputs)
+        return aot(gm, example_inputs)
+
+    dtype = torch.float16 if op == "matmul" and ON_GPU else torch.float32
+    x = torch.randn(4, 32, device=DEVICE).to(dtype).requires_grad_()
+    w = torch.randn(16, 32, device=DEVICE).to(dtype)
+    f = {
+        "vec_add": lambda x: torch.ops.greta.vec_add(x, x * 3) * 2,
+        "softmax": lambda x: torch.ops.greta.softmax(x) * 2,
+        "matmul": lambda x: torch.ops.greta.matmul(x, w.t()) * 2,
+    }[op]
+    want = {
+        "vec_add": lambda x: 8 * x,
+        "softmax": lambda x: 2 * reference.softmax(x),
+        "matmul": lambda x: 2 * reference.matmul(x, w.t()),
+    }[op]
+    dy = torch.randn(4, 16 if op == "matmul" else 32, device=DEVICE).to(dtype)
+    torch._dynamo.reset()
+    y = torch.compile(f, fullgraph=True, backend=backend)(x)
+    (gx,) = torch.autograd.grad(y, x, dy)
+    torch._dynamo.reset()
+    dynamo, forward, backward = graphs
+    assert f"greta.{op}" in dynamo, sorted(dynamo)  # the front, not greta.{op}_fwd
+    if ON_GPU:
+        for graph in (forward, backward) if op != "vec_add" else (forward,):
+            assert any("triton_kernel_wrapper" in t for t in graph), sorted(graph)
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.float16 else {}
+    xr = x.detach().requires_grad_()
+    want_y = want(xr)
+    (want_gx,) = torch.autograd.grad(want_y, xr, dy)
+    torch.testing.assert_close(y, want_y, **tol)
+    torch.testing.assert_close(gx, want_gx, **tol)
+
+
+@pytest.mark.parametrize("op", ["vec_add", "softmax", "matmul", "matmul_bias"])
+def test_forward_call_validates_once_per_signature_and_raises_every_time(
+    monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    # matmul's optional bias is a slot of the key: with and without one are two signatures.
+    need_triton()
+    from greta_core import raw
+    from greta_core.errors import GretaInputError
+    from greta_core.ops import matmul, softmax, vec_add
+
+    module = {"vec_add": vec_add, "softmax": softmax}.get(op, matmul)
+    seen = []
+    real = module.validate
+    monkeypatch.setattr(module, "validate", lambda *a, **k: seen.append(1) or real(*a, **k))
+    for cache in (vec_add._call, softmax._fwd_call, matmul._call):
+        cache.clear()  # no signature cached by an earlier test
+    if op == "vec_add":
+        x = torch.randn(6, device=DEVICE)
+        call = lambda t: raw.vec_add(x, t)  # noqa: E731
+        good, bad = torch.randn(6, device=DEVICE), torch.randn(7, device=DEVICE)
+    elif op == "softmax":
+        call = raw.softmax
+        good, bad = torch.randn(3, 8, device=DEVICE), torch.ones(4, 3, device=DEVICE).t()
+    else:
+        a = torch.randn(2, 16, device=DEVICE, dtype=torch.float16)
+        b = torch.randn(16, 8, device=DEVICE, dtype=torch.float16)
+        if op == "matmul":
+            call = lambda t: raw.matmul(a, t)  # noqa: E731
+            good, bad = b, b[:8]
+        else:
+            call = lambda t: raw.matmul(a, b, t)  # noqa: E731
+            good = torch.randn(8, device=DEVICE, dtype=torch.float16)
+            bad = torch.randn(9, device=DEVICE, dtype=torch.float16)
+    first = call(good)
+    assert torch.equal(call(good), first) and seen == [1]
+    if op.startswith("matmul"):  # the other bias slot: another signature, validated again
+        other = raw.matmul(a, b, None if op == "matmul_bias" else good[0, :8])
+        assert other.shape == first.shape and seen == [1, 1]
+        seen.pop()
     for _ in range(2):  # bad input is never cached: it raises every time
         with pytest.raises(GretaInputError):
             call(bad)
