@@ -30,8 +30,10 @@ def _stub_gpu() -> None:
     import greta_core.ops._direct as direct
     import greta_core.ops._rows as rows
     import greta_core.ops.attention as attention_ops
+    import greta_core.ops.matmul as matmul_ops
     import greta_core.ops.vec_add as vec_add
     from greta_core.kernels import add_rms_norm, attention, layer_norm, rms_norm, rope, softmax
+    from greta_core.kernels import matmul as matmul_kernels
     from greta_core.kernels import vec_add as vec_add_kernels
 
     class Compiled:  # what JITFunction.run returns, launching nothing
@@ -48,7 +50,11 @@ def _stub_gpu() -> None:
     rows.launch_arch = lambda op, t: "sm_90"
     vec_add.launch_arch = lambda op, t: "sm_90"
     attention_ops.launch_arch = lambda op, t: "sm_90"
-    kernels = (rms_norm, softmax, vec_add_kernels, layer_norm, add_rms_norm, rope, attention)
+    matmul_ops.launch_arch = lambda op, t: "sm_90"
+    kernels = (
+        rms_norm, softmax, vec_add_kernels, layer_norm, add_rms_norm, rope, attention,
+        matmul_kernels,
+    )  # fmt: skip
     for module in kernels:
         for name in dir(module):
             if type(kernel := getattr(module, name)) is JITFunction:
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     cos, sin = (torch.randn(1, 1, 64, dtype=torch.bfloat16)[..., :32] for _ in range(2))
     q = torch.randn(1, 32, 1, 64, dtype=torch.bfloat16)
     k, v = (torch.randn(1, 8, 512, 64, dtype=torch.bfloat16) for _ in range(2))
+    # matmul as F.linear: a decode step's hidden [1, 64] times a weight's transpose.
+    h, weight = torch.randn(1, 64, dtype=torch.bfloat16), torch.randn(128, 64, dtype=torch.bfloat16)
     cases: dict[str, Callable[[], Any]] = {
         "raw.rms_norm": lambda: raw.rms_norm(x, w, 1e-6),
         "raw.softmax": lambda: raw.softmax(x),
@@ -95,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw.add_rms_norm": lambda: raw.add_rms_norm(x, r, w, 1e-6),
         "raw.rope": lambda: raw.rope(xr, cos, sin),
         "raw.attention (GQA decode)": lambda: raw.attention(q, k, v),
+        "raw.matmul (x @ w.t())": lambda: raw.matmul(h, weight.t()),
         "eager_raw(x, w)": lambda: eager_raw(x, w),
         "torch.empty x2 (alloc floor)": lambda: (
             torch.empty((4, 64), dtype=torch.bfloat16, device=x.device),
