@@ -140,6 +140,7 @@ def test_torch_op_matmul_forward_opcheck_and_grads() -> None:
     if dev == "cpu":
         args = tuple(t.float() for t in args)
     torch.library.opcheck(torch.ops.greta.matmul.default, args)
+    torch.library.opcheck(torch.ops.greta.matmul_fwd.default, args)  # the front's triton_op
 
 
 def test_torch_op_matmul_gradcheck_on_reference_path() -> None:

@@ -85,6 +85,7 @@ def test_torch_softmax_gradcheck_opcheck_autograd() -> None:
     assert_close(gx, rx, torch.float32, scale=2.0)
     small = torch.randn(3, 37, device=DEVICE, requires_grad=True)
     torch.library.opcheck(torch.ops.greta.softmax.default, (small,))
+    torch.library.opcheck(torch.ops.greta.softmax_fwd.default, (small,))  # the front's
     yy = torch.ops.greta.softmax(small.detach())
     torch.library.opcheck(torch.ops.greta.softmax_bwd.default, (torch.randn_like(yy), yy))
 

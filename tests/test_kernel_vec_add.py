@@ -54,6 +54,8 @@ def test_torch_op_vec_add_and_autograd() -> None:
     out.sum().backward()
     assert torch.equal(x.grad, torch.ones_like(x))
     torch.library.opcheck(torch.ops.greta.vec_add.default, (x.detach(), y.detach()))
+    # The front's triton_op (autograd and torch.compile go through it).
+    torch.library.opcheck(torch.ops.greta.vec_add_fwd.default, (x, y))
 
 
 def test_jax_vec_add() -> None:
