@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -48,3 +50,24 @@ def expected_jax_impl() -> str:
     import jax
 
     return "jax-triton" if jax.default_backend() in ("gpu", "cuda", "rocm") else "reference-jnp"
+
+
+def graph_recorder() -> tuple[list[set[str]], Any]:
+    """(graphs, backend): a torch.compile backend that records the call targets of each
+    graph it sees, dynamo's first, then AOTAutograd's forward and backward."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[set[str]] = []
+
+    def grab(gm, _example_inputs):  # type: ignore[no-untyped-def]
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    aot = aot_autograd(fw_compiler=grab, bw_compiler=grab)
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        grab(gm, example_inputs)
+        return aot(gm, example_inputs)
+
+    return graphs, backend

@@ -15,6 +15,7 @@ from _kernel_testing import (  # noqa: E402
     ON_GPU,
     assert_close,
     expected_impl,
+    graph_recorder,
     need_triton,
 )
 
@@ -122,20 +123,7 @@ def test_torch_compile_graphs_hold_the_rope_kernel_op() -> None:
     """Dynamo records greta::rope; AOTAutograd decomposes it into the triton_op
     greta::rope_fwd, forward and backward (the inverse rotation): on a GPU both graphs
     launch the Triton kernel (on the CPU the triton_op traces its torch reference)."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[set[str]] = []
-
-    def grab(gm, _example_inputs):  # type: ignore[no-untyped-def]
-        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
-        return make_boxed_func(gm.forward)
-
-    aot = aot_autograd(fw_compiler=grab, bw_compiler=grab)
-
-    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
-        grab(gm, example_inputs)
-        return aot(gm, example_inputs)
+    graphs, backend = graph_recorder()
 
     b, s, h, d = 2, 3, 2, 8
     ang = torch.rand(s, d // 2, device=DEVICE) * 3

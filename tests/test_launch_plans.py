@@ -17,7 +17,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 np = pytest.importorskip("numpy")
 
-from _kernel_testing import DEVICE, ON_GPU, expected_impl, need_triton  # noqa: E402
+from _kernel_testing import (  # noqa: E402
+    DEVICE,
+    ON_GPU,
+    expected_impl,
+    graph_recorder,
+    need_triton,
+)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from greta_core import configs  # noqa: E402
@@ -485,23 +491,10 @@ def test_torch_compile_graphs_hold_the_fronts_triton_op(op: str) -> None:
     greta::X_fwd: on a GPU the forward graph launches the Triton kernel, and so does the
     backward of softmax (softmax_bwd) and matmul (two GEMMs through greta::matmul); on the
     CPU the triton_ops trace their torch reference."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
     import greta_core.torch  # noqa: F401
     from greta_core import reference
 
-    graphs: list[set[str]] = []
-
-    def grab(gm, _example_inputs):  # type: ignore[no-untyped-def]
-        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
-        return make_boxed_func(gm.forward)
-
-    aot = aot_autograd(fw_compiler=grab, bw_compiler=grab)
-
-    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
-        grab(gm, example_inputs)
-        return aot(gm, example_inputs)
+    graphs, backend = graph_recorder()
 
     dtype = torch.float16 if op == "matmul" and ON_GPU else torch.float32
     x = torch.randn(4, 32, device=DEVICE).to(dtype).requires_grad_()
