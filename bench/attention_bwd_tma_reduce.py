@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.report import write_json
 
     rows = []
     for shape in SHAPES:
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc)
     return 0
 
 

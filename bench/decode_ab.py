@@ -21,7 +21,6 @@ none (a revert that left a patch behind would show there).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -110,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.report import write_csv, write_json
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     shape = "tiny" if args.tiny else args.shape
@@ -121,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         **result,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode_ab.json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["round,order,vanilla_tok_s,greta_tok_s,greta_vs_vanilla"]
-    for i, r in enumerate(result["rounds"]):
-        ratio = r["greta"] / r["vanilla"]
-        lines.append(f"{i},{'>'.join(r['order'])},{r['vanilla']},{r['greta']},{ratio:.3f}")
-    (args.out / "decode_ab.csv").write_text("\n".join(lines) + "\n")
+    write_json(args.out / "decode_ab.json", doc)
+    rows = [
+        {"round": i, "order": ">".join(r["order"]), "vanilla_tok_s": r["vanilla"],
+         "greta_tok_s": r["greta"], "greta_vs_vanilla": r["greta"] / r["vanilla"]}
+        for i, r in enumerate(result["rounds"])
+    ]  # fmt: skip
+    write_csv(args.out / "decode_ab.csv", rows, tuple(rows[0]))
     print(
         f"{shape}: vanilla {result['vanilla_tok_s']:.1f} tok/s, greta {result['greta_tok_s']:.1f}"
         f" tok/s, greta/vanilla median {result['greta_vs_vanilla']}"

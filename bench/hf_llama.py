@@ -215,7 +215,9 @@ def _profile_step(step: Any, path: Path) -> None:
         "top": rows,
         "host_top": host_rows,
     }
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    from greta_core.bench.report import write_json
+
+    write_json(path, doc)
 
 
 def run_variant(

@@ -12,7 +12,6 @@ minimum over 5 batches of ``--calls`` calls (GPU synchronised between batches, u
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -64,7 +63,8 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         ("F.rms_norm (vendor)", lambda: F.rms_norm(x, (64,), w, eps)),
         ("torch.ops.greta.rms_norm", lambda: torch.ops.greta.rms_norm(x, w, eps)),
         ("greta_core.raw.rms_norm", lambda: raw.rms_norm(x, w, eps)),
-        ("CallCache.launch (key, lookup, ready)", lambda: call.launch(_identity, x, w, eps)),
+        ("CallCache.launch_args (key, lookup, ready)",
+         lambda: call.launch_args(_identity, False, args)),
         ("ReadyLaunch.launch", lambda: ready.launch(args, ptrs)),
         ("launcher only (fixed pointers)", lambda: ready._fn(*fixed)),
         ("torch.empty bf16 [4, 64]", lambda: torch.empty((4, 64), dtype=torch.bfloat16, device=x.device)),
@@ -93,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"step": name, "host_us_per_call": round(host_us(fn, args.calls), 2)})
         print(f"{rows[-1]['host_us_per_call']:8.2f} us  {name}")
     from greta_core.bench.metadata import collect
+    from greta_core.bench.report import write_json
 
-    doc = {**collect("host_path_breakdown", "cuda"), "calls": args.calls, "steps": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, {**collect("host_path_breakdown", "cuda"), "calls": args.calls,
+                          "steps": rows})  # fmt: skip
     return 0
 
 

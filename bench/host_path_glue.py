@@ -1,7 +1,7 @@
 """The Python glue of the eager hot path, timed on the CPU (no GPU needed).
 
 ``bench/host_path_breakdown.py`` times ``torch.ops.greta.rms_norm``'s steps on a GPU; this
-drives the same code (``ops/_calls.py``: ``ForwardCall.if_eager``, ``CallCache.launch``,
+drives the same code (``ops/_calls.py``: ``ForwardCall.if_eager``, ``CallCache.launch_args``,
 ``ReadyLaunch``) on the CPU with the CUDA-only pieces stood in for by cheap C builtins: a
 plan shaped like ``rms_norm``'s y-only plan (bf16 [4, 64], weight [64]) whose "kernel" is
 captured by the real direct launcher, Triton's launcher replaced by ``str.format`` (takes
@@ -19,7 +19,6 @@ Compare trees on the same machine:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import timeit
 from collections.abc import Callable
@@ -104,6 +103,10 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     args, ptrs = (x, w, 1e-6), [x.data_ptr(), w.data_ptr()]
     launch = getattr(ready, "launch", ready)  # ReadyLaunch.__call__ in older trees
     identity = s["plan"]._identity
+    if hasattr(y_call, "launch_args"):
+        cache_launch = lambda eager: y_call.launch_args(identity, eager, args)  # noqa: E731
+    else:  # older trees: launch(wrap, *args, eager=)
+        cache_launch = lambda eager: y_call.launch(identity, *args, eager=eager)  # noqa: E731
     eps = 1e-6
     front = _front(y_call)
     hops = _hops(torch)
@@ -111,8 +114,8 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     rows = [
         ("front (greta::rms_norm's body)", lambda: front(x, w, eps)),
         ("ForwardCall.if_eager", lambda: y_call.if_eager(x, w, eps)),
-        ("CallCache.launch(eager=True)", lambda: y_call.launch(identity, x, w, eps, eager=True)),
-        ("CallCache.launch (raw)", lambda: y_call.launch(identity, x, w, eps)),
+        ("CallCache.launch_args (eager)", lambda: cache_launch(True)),
+        ("CallCache.launch_args (raw)", lambda: cache_launch(False)),
         ("ReadyLaunch.launch", lambda: launch(args, ptrs)),
         ("torch.empty_like(x) (inside the above)", lambda: torch.empty_like(x)),
         ("Support.quiet() (real Triton knobs)", s["support"].quiet),
@@ -177,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows[-1]['us_per_call']:8.3f} us  {name}")
     if args.out is not None:
         from greta_core.bench.metadata import collect
+        from greta_core.bench.report import write_json
 
-        doc = {**collect("host_path_glue", "cpu"), "number": args.number, "steps": rows}
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.out, {**collect("host_path_glue", "cpu"), "number": args.number,
+                              "steps": rows})  # fmt: skip
     return 0
 
 

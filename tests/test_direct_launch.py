@@ -341,10 +341,12 @@ def ready_setup(monkeypatch: pytest.MonkeyPatch, device: dict[str, int]) -> Any:
 def test_ready_launch_after_triton_compiled_and_the_direct_launcher_captured(ready_setup) -> None:
     cache, kernel = ready_setup.cache, ready_setup.kernel
     x = torch.ones(4)
-    (y1,) = cache.launch(_plan._identity, x)  # Triton's path compiles; the kernel is captured
+    (y1,) = cache.launch_args(
+        _plan._identity, False, (x,)
+    )  # Triton's path compiles; the kernel is captured
     assert len(kernel.triton_path) == 1 and kernel.compiled.launches == []
-    (y2,) = cache.launch(_plan._identity, x)  # the ready launch
-    (y3,) = cache.launch(_plan._identity, x)
+    (y2,) = cache.launch_args(_plan._identity, False, (x,))  # the ready launch
+    (y3,) = cache.launch_args(_plan._identity, False, (x,))
     assert len(kernel.triton_path) == 1 and len(ready_setup.resolved) == 1
     # CompiledKernel.run's arguments (as the direct launcher passes them), the pointers as
     # integers (Triton's launcher takes both), fresh buffers on each call.
@@ -362,16 +364,18 @@ def test_ready_launch_keys_on_alignment_and_checks_the_device(ready_setup, devic
     base = torch.zeros(8)
     aligned, misaligned = base[:4], base[1:5]
     for _ in range(3):
-        cache.launch(_plan._identity, aligned)
+        cache.launch_args(_plan._identity, False, (aligned,))
     assert len(kernel.triton_path) == 1
-    cache.launch(_plan._identity, misaligned)  # another specialization: Triton's path
-    cache.launch(_plan._identity, misaligned)
+    cache.launch_args(
+        _plan._identity, False, (misaligned,)
+    )  # another specialization: Triton's path
+    cache.launch_args(_plan._identity, False, (misaligned,))
     assert len(kernel.triton_path) == 2
     assert sorted(k[-1] for k in cache._ready) == [False, True]  # the alignment bit
     assert kernel.compiled.launches[-1][9] == misaligned.data_ptr()
     n = len(kernel.compiled.launches)
     device["device"] = 1  # another current device: the ready launch declines
-    assert cache.launch(_plan._identity, aligned) is None
+    assert cache.launch_args(_plan._identity, False, (aligned,)) is None
     assert len(kernel.compiled.launches) == n
 
 
@@ -379,16 +383,18 @@ def test_ready_launch_declines_while_anything_unusual_is_set(ready_setup) -> Non
     cache, kernel, s = ready_setup.cache, ready_setup.kernel, ready_setup.support
     x = torch.ones(4)
     for _ in range(3):
-        cache.launch(_plan._identity, x)
+        cache.launch_args(_plan._identity, False, (x,))
     n = len(kernel.compiled.launches)
     s.knobs.runtime.launch_enter_hook.calls.append(print)
-    assert cache.launch(_plan._identity, x) is None  # the caller's ordinary path honours it
+    assert (
+        cache.launch_args(_plan._identity, False, (x,)) is None
+    )  # the caller's ordinary path honours it
     assert len(kernel.compiled.launches) == n
     s.knobs.runtime.launch_enter_hook.calls.clear()
     kernel.pre_run_hooks.append(print)
-    assert cache.launch(_plan._identity, x) is None
+    assert cache.launch_args(_plan._identity, False, (x,)) is None
     kernel.pre_run_hooks.clear()
-    assert cache.launch(_plan._identity, x) is not None
+    assert cache.launch_args(_plan._identity, False, (x,)) is not None
     assert len(kernel.compiled.launches) == n + 1
 
 
@@ -399,10 +405,10 @@ def test_ready_launch_not_while_torch_traces(ready_setup, monkeypatch: pytest.Mo
         return kernel
 
     monkeypatch.setattr(_calls, "_wrap_triton_enabled", lambda: True)
-    assert ready_setup.cache.launch(wrap, torch.ones(4)) is None
+    assert ready_setup.cache.launch_args(wrap, False, (torch.ones(4),)) is None
     assert ready_setup.kernel.triton_path == [] and ready_setup.resolved == []
     monkeypatch.setattr(_calls, "_wrap_triton_enabled", lambda: False)  # a triton_op's kernel
-    assert ready_setup.cache.launch(wrap, torch.ones(4)) is not None
+    assert ready_setup.cache.launch_args(wrap, False, (torch.ones(4),)) is not None
 
 
 def test_plans_that_do_not_fit_take_the_ordinary_path(
@@ -417,10 +423,10 @@ def test_plans_that_do_not_fit_take_the_ordinary_path(
                        (Launch(kernel, (1,), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
     for plan in (scratch, interpreted):
         cache = _calls.CallCache(lambda x, p=plan: p, 1, plan_inputs=lambda p: (p, (0,)))
-        assert cache.launch(_plan._identity, torch.ones(4)) is None
+        assert cache.launch_args(_plan._identity, False, (torch.ones(4),)) is None
         assert list(cache._ready.values()) == [_calls._ORDINARY]
     copies = _calls.CallCache(lambda x: (scratch, True), 1, plan_inputs=lambda r: None)
-    assert copies.launch(_plan._identity, torch.ones(4)) is None
+    assert copies.launch_args(_plan._identity, False, (torch.ones(4),)) is None
     assert list(copies._ready.values()) == [_calls._ORDINARY]
 
 
@@ -433,7 +439,7 @@ def test_bad_input_raises_on_every_call(ready_setup) -> None:
     cache = _calls.CallCache(resolve, 1, plan_inputs=lambda p: (p, (0,)))
     for _ in range(2):
         with pytest.raises(ValueError, match="bad input"):
-            cache.launch(_plan._identity, torch.ones(4))
+            cache.launch_args(_plan._identity, False, (torch.ones(4),))
     assert cache._ready == {}
 
 
@@ -460,11 +466,13 @@ def _mixed_cache(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Kernel]:
 def test_ready_launch_assembles_each_pointer_in_its_slot(monkeypatch, device) -> None:
     cache, kernel = _mixed_cache(monkeypatch)
     a, b = torch.ones(4), torch.full((4,), 2.0)
-    cache.launch(_plan._identity, a, None, b, "s")  # Triton's path: compiled, captured
+    cache.launch_args(
+        _plan._identity, False, (a, None, b, "s")
+    )  # Triton's path: compiled, captured
     ((_, triton_args, _),) = kernel.triton_path
     assert triton_args[0] is a and triton_args[3] is b  # the ordinary path's order
     for _ in range(2):
-        y0, y1 = cache.launch(_plan._identity, a, None, b, "s")
+        y0, y1 = cache.launch_args(_plan._identity, False, (a, None, b, "s"))
         assert (y0.shape, y0.dtype) == ((4,), torch.float32)
         assert (y1.shape, y1.dtype) == ((2,), torch.float16)
         head = (3, 2, 1, 1000, "function-handle", "packed", None, None, None)
@@ -472,7 +480,7 @@ def test_ready_launch_assembles_each_pointer_in_its_slot(monkeypatch, device) ->
         assert kernel.compiled.launches[-1] == want
     assert len(kernel.triton_path) == 1 and len(kernel.compiled.launches) == 2
     device["device"] = 3  # the stream follows the current device; another device declines
-    assert cache.launch(_plan._identity, a, None, b, "s") is None
+    assert cache.launch_args(_plan._identity, False, (a, None, b, "s")) is None
 
 
 def test_ready_launch_one_output_like_an_input(ready_setup) -> None:
@@ -480,10 +488,10 @@ def test_ready_launch_one_output_like_an_input(ready_setup) -> None:
 
     cache, kernel = ready_setup.cache, ready_setup.kernel
     x = torch.ones(4)
-    cache.launch(_plan._identity, x)
+    cache.launch_args(_plan._identity, False, (x,))
     (ready,) = [r for r in cache._ready.values() if type(r) is _calls.ReadyLaunch]
     assert ready._one == 0  # the single-output path: allocated like the call's tensor 0
-    (y,) = cache.launch(_plan._identity, x)
+    (y,) = cache.launch_args(_plan._identity, False, (x,))
     assert y.shape == x.shape and y.dtype == x.dtype and y.data_ptr() != x.data_ptr()
     assert kernel.compiled.launches[-1][9:12] == (x.data_ptr(), 64, y.data_ptr())
 
@@ -501,8 +509,8 @@ def test_misaligned_output_takes_the_direct_launcher(
     else:
         cache, kernel = _mixed_cache(monkeypatch)
         call = (torch.ones(4), None, torch.full((4,), 2.0), "s")
-    cache.launch(_plan._identity, *call)
-    cache.launch(_plan._identity, *call)
+    cache.launch_args(_plan._identity, False, tuple(call))
+    cache.launch_args(_plan._identity, False, tuple(call))
     launches = len(kernel.compiled.launches)
     base = torch.empty(64)
     monkeypatch.setattr(torch, "empty_like", lambda t: base[1 : 1 + t.numel()].view(t.shape))
@@ -511,7 +519,7 @@ def test_misaligned_output_takes_the_direct_launcher(
 
     for ready in cache._ready.values():
         ready._empty_like, ready._empty = torch.empty_like, torch.empty
-    bufs = cache.launch(_plan._identity, *call)
+    bufs = cache.launch_args(_plan._identity, False, tuple(call))
     assert bufs[0].data_ptr() & _calls.ALIGN_MASK
     assert len(kernel.compiled.launches) == launches  # not the ready launch's kernel
     _, args, _ = kernel.triton_path[-1]
@@ -522,7 +530,7 @@ def test_misaligned_output_takes_the_direct_launcher(
 
 
 def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) -> None:
-    """launch(eager=True) makes eager_raw's checks in the key's pass: tensors standing in
+    """launch_args(..., True, ...) makes eager_raw's checks in the key's pass: tensors standing in
     for CUDA ones (a subclass reporting is_cuda, counted plain) launch; a tensor wanting
     grad while grad mode is on, a dispatch mode, a subclass not counted plain, or a CPU
     tensor decline (None: the front takes its torch op)."""
@@ -541,23 +549,23 @@ def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) ->
     monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike)))
     cache, kernel = ready_setup.cache, ready_setup.kernel
     x = torch.ones(4).as_subclass(CudaLike)
-    cache.launch(_plan._identity, x, eager=True)  # Triton's path; the launch captured
-    (y,) = cache.launch(_plan._identity, x, eager=True)
+    cache.launch_args(_plan._identity, True, (x,))  # Triton's path; the launch captured
+    (y,) = cache.launch_args(_plan._identity, True, (x,))
     assert kernel.compiled.launches[-1][9:12] == (x.data_ptr(), 64, y.data_ptr())
     n = len(kernel.compiled.launches)
     wants_grad = torch.ones(4).as_subclass(CudaLike).requires_grad_()
-    assert cache.launch(_plan._identity, wants_grad, eager=True) is None
+    assert cache.launch_args(_plan._identity, True, (wants_grad,)) is None
     with torch.no_grad():
-        assert cache.launch(_plan._identity, wants_grad, eager=True) is not None
+        assert cache.launch_args(_plan._identity, True, (wants_grad,)) is not None
 
     class Passthrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Passthrough():
-        assert cache.launch(_plan._identity, x, eager=True) is None
-    assert cache.launch(_plan._identity, torch.ones(4).as_subclass(Other), eager=True) is None
-    assert cache.launch(_plan._identity, torch.ones(4), eager=True) is None
+        assert cache.launch_args(_plan._identity, True, (x,)) is None
+    assert cache.launch_args(_plan._identity, True, (torch.ones(4).as_subclass(Other),)) is None
+    assert cache.launch_args(_plan._identity, True, (torch.ones(4),)) is None
     assert len(kernel.compiled.launches) == n + 1  # only the no_grad call launched
 
 

@@ -657,9 +657,10 @@ def test_attention_ready_launch_inputs_are_the_plans_inputs(given: str) -> None:
     q_lens = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE) if "q" in names else None
     kv_lens = torch.tensor([4, 2], dtype=torch.int32, device=DEVICE) if "kv" in names else None
     args = (q, kv, kv, q_lens, kv_lens, True, None)
-    plan, positions = attention._given_inputs(attention._fwd_call(*args))  # the ready launch's
+    call = attention._fwd_call
+    plan, positions = call._plan_inputs(call(*args))  # the ready launch's
     ready_inputs = tuple(args[i] for i in positions)
-    _, inputs = attention._call_inputs((plan, positions), args)  # the ordinary path's
+    _, inputs = call._inputs((plan, positions), args)  # the ordinary path's
     assert inputs == ready_inputs == (q, kv, kv, *(t for t in (q_lens, kv_lens) if t is not None))
     (launch,) = plan.launches
     lens_args = launch.args[3:5]  # the kernel's (q_lens, kv_lens) parameters

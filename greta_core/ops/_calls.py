@@ -29,7 +29,7 @@ from greta_core.ops._plan import (
 # resolution -> (plan, positions in the call's arguments of the plan's inputs), or None
 # where the plan's inputs are not the call's tensors as given (a copy, a view).
 PlanInputs = Callable[[Any], "tuple[Plan, tuple[int, ...]] | None"]
-# A signature whose plan cannot launch ready (see CallCache.launch): the ordinary path.
+# A signature whose plan cannot launch ready (see CallCache.launch_args): the ordinary path.
 _ORDINARY = False
 
 
@@ -42,7 +42,7 @@ class CallCache:
     are stored, so bad input raises on every call. A key that cannot be built or hashed
     (torch.compile's symbolic sizes, a non-tensor where a tensor belongs) resolves afresh.
 
-    With `plan_inputs`, :meth:`launch` runs the whole call from one lookup of the same key
+    With `plan_inputs`, :meth:`launch_args` runs the whole call from one lookup of the same key
     plus the 16-byte alignment of each tensor (see docs/en/architecture.md, "the eager hot
     path").
     """
@@ -77,9 +77,10 @@ class CallCache:
         except (TypeError, AttributeError):  # unhashable (symbolic) or not a tensor
             return self._resolve(*args)
 
-    def launch(self, wrap: Any, *args: Any, eager: bool = False) -> tuple[Any, ...] | None:
+    def launch_args(self, wrap: Any, eager: bool, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The call's result buffers, launched through its ready launch; None where the
-        caller must take the ordinary path (resolve, then ``_plan.run``).
+        caller must take the ordinary path (resolve, then ``_plan.run``). `args`: the
+        call's arguments as one tuple (no repacking on the hot path).
 
         One key (the signature of ``__call__`` plus each tensor's 16-byte alignment: with
         the dtypes, what Triton specializes on) and one lookup give the buffers to allocate
@@ -90,11 +91,6 @@ class CallCache:
         :func:`eager_raw` would allow it; None also when it would not (the same checks,
         made in the key's pass over the tensors: one pass, not two, on the hot path).
         """
-        return self.launch_args(wrap, eager, args)
-
-    def launch_args(self, wrap: Any, eager: bool, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """:meth:`launch` with the call's arguments as one tuple (no repacking: the hot
-        paths of :class:`ForwardCall` call this)."""
         if wrap is not _identity and _wrap_triton_enabled():
             return None  # torch is tracing: wrap_triton must see the launch
         if eager:  # eager_raw's checks, inline: the hottest path GRETA has
@@ -184,19 +180,42 @@ class ForwardCall(CallCache):
     def run(self, wrap: Any, *args: Any) -> tuple[Any, ...]:
         """The call's result buffers. Raises what validation raises."""
         done = self.launch_args(wrap, False, args)
-        if done is not None:
-            return done
-        plan, inputs = self._inputs(self(*args), args)
-        return run(plan, inputs, wrap=wrap)
+        return done if done is not None else self._ordinary(wrap, args)
 
     def if_eager(self, *args: Any) -> tuple[Any, ...] | None:
         """:meth:`run` for a call :func:`eager_raw` allows (a torch.ops front's hot path:
-        ``launch(eager=True)`` makes its checks in the key's pass), else None: the front
-        then calls its torch op."""
+        ``launch_args(..., True, ...)`` makes its checks in the key's pass), else None: the
+        front then calls its torch op."""
         done = self.launch_args(_identity, True, args)
         if done is None and eager_raw(*args[: self._n]):  # no ready launch (rows copied)
-            return self.run(_identity, *args)
+            return self._ordinary(_identity, args)  # the lookup above already missed
         return done
+
+    def _ordinary(self, wrap: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        plan, inputs = self._inputs(self(*args), args)
+        return run(plan, inputs, wrap=wrap)
+
+
+def tensors_as_given(n_tensors: int) -> tuple[PlanInputs, OrdinaryInputs]:
+    """(plan_inputs, inputs) of a :class:`ForwardCall` whose resolve returns the plan and
+    whose plan takes the call's first `n_tensors` arguments as given (any strides, no
+    copy): every signature may get a ready launch."""
+    positions = tuple(range(n_tensors))
+    return (lambda plan: (plan, positions), lambda plan, args: (plan, args[:n_tensors]))
+
+
+def _at_positions(
+    resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]
+) -> tuple[Plan, tuple[Any, ...]]:
+    plan, positions = resolved
+    return plan, tuple([args[i] for i in positions])
+
+
+def positions_as_given() -> tuple[PlanInputs, OrdinaryInputs]:
+    """(plan_inputs, inputs) of a :class:`ForwardCall` whose resolve returns (plan, the
+    positions in the call's arguments of the plan's inputs), taken as given: optional
+    tensors (None) are simply not among them."""
+    return (lambda resolved: resolved, _at_positions)
 
 
 def forward_calls(

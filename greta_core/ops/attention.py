@@ -6,7 +6,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.attention import attention_fwd_kernel, features
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall
+from greta_core.ops._calls import ForwardCall, positions_as_given
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
@@ -179,21 +179,10 @@ def _resolve(
     return plan, (0, 1, 2, *(3 + i for i in (0, 1) if given[i] is not None))
 
 
-def _given_inputs(resolved: tuple[Plan, tuple[int, ...]]) -> tuple[Plan, tuple[int, ...]]:
-    # The plan takes q, k, v and the lengths as given; a plan that fills a missing length
-    # vector has a buffer that is no plain result, and ForwardCall keeps no ready launch.
-    return resolved
-
-
-def _call_inputs(
-    resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]
-) -> tuple[Plan, tuple[Any, ...]]:
-    plan, positions = resolved
-    return plan, tuple([args[i] for i in positions])
-
-
-# Call signature (q, k, v, q_lens, kv_lens, causal, scale): the lengths may be None.
-_fwd_call = ForwardCall(_resolve, 5, _given_inputs, _call_inputs)
+# Call signature (q, k, v, q_lens, kv_lens, causal, scale): the lengths may be None. The
+# plan takes q, k, v and the lengths as given; a plan that fills a missing length vector
+# has a buffer that is no plain result, and ForwardCall keeps no ready launch for it.
+_fwd_call = ForwardCall(_resolve, 5, *positions_as_given())
 
 
 def attention_with_lse(

@@ -5,7 +5,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.kernels.matmul import features, matmul_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall
+from greta_core.ops._calls import ForwardCall, positions_as_given
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
@@ -117,16 +117,9 @@ def _resolve(a: Any, b: Any, bias: Any | None) -> tuple[Plan, tuple[int, ...]]:
     return p, (0, 1) if bias is None else (0, 1, 2)
 
 
-def _call_inputs(
-    resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]
-) -> tuple[Plan, tuple[Any, ...]]:
-    p, positions = resolved
-    return p, tuple([args[i] for i in positions])
-
-
 # Call signature (a, b, bias): bias may be None (a slot of the key like any tensor). The
 # plan takes a, b (any strides) and bias as given: every signature may launch ready.
-_call = ForwardCall(_resolve, 3, lambda resolved: resolved, _call_inputs)
+_call = ForwardCall(_resolve, 3, *positions_as_given())
 
 
 def matmul(

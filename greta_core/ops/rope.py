@@ -7,7 +7,7 @@ from greta_core import configs
 from greta_core.configs.blocks import rope_blocks
 from greta_core.kernels.rope import rope_kernel, rope_positions_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall, OrdinaryInputs, PlanInputs
+from greta_core.ops._calls import ForwardCall, tensors_as_given
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes, param_dtypes
@@ -151,19 +151,10 @@ def _resolve_positions(x: Any, positions: Any, theta: float, inverse: bool) -> P
     )  # fmt: skip
 
 
-def _given(n_tensors: int) -> tuple[PlanInputs, OrdinaryInputs]:
-    """The plans take the call's tensors as given (any strides, no copy): every signature
-    may get a ready launch, and the ordinary path passes the tensors on."""
-    positions = tuple(range(n_tensors))
-    return (
-        lambda plan: (plan, positions),
-        lambda plan, args: (plan, args[:n_tensors]),
-    )
-
-
 # Call signature (x, cos, sin, inverse) / (x, positions, theta, inverse): see ops/_calls.py.
-_rope_call = ForwardCall(_resolve_rope, 3, *_given(3))
-_positions_call = ForwardCall(_resolve_positions, 2, *_given(2))
+# The plans take the call's tensors as given (any strides): every signature may launch ready.
+_rope_call = ForwardCall(_resolve_rope, 3, *tensors_as_given(3))
+_positions_call = ForwardCall(_resolve_positions, 2, *tensors_as_given(2))
 
 
 def rope(x: Any, cos: Any, sin: Any, *, inverse: bool = False, wrap: Wrap = _no_wrap) -> Any:

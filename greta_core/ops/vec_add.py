@@ -6,7 +6,7 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.kernels.vec_add import vec_add_kernel
-from greta_core.ops._calls import ForwardCall
+from greta_core.ops._calls import ForwardCall, tensors_as_given
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import (
@@ -62,10 +62,7 @@ def _resolve(x: Any, y: Any) -> Plan:
 
 # Validation and planning once per call signature (see ops/_calls.py); the plan takes x
 # and y as given (validation rejects other strides): every signature may launch ready.
-_call = ForwardCall(
-    _resolve, 2, plan_inputs=lambda plan: (plan, (0, 1)),
-    inputs=lambda plan, args: (plan, args[:2]),
-)  # fmt: skip
+_call = ForwardCall(_resolve, 2, *tensors_as_given(2))
 
 
 def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _no_wrap) -> Any:
