@@ -69,7 +69,7 @@ def _stand_ins() -> dict[str, Any]:
         __torch_function__ = torch._C._disabled_torch_function_impl
 
     probes = _calls._PROBES or _calls._eager_probes()
-    _calls._PROBES = (*probes[:4], (*probes[4], CudaLike))
+    _calls._PROBES = (*probes[:4], (*probes[4], CudaLike), *probes[5:])
 
     # rms_norm's y-only plan: (x, w, n_cols, stride, eps, y, y) + (BLOCK_N, ONE_PASS, STORE)
     kernel = Kernel()

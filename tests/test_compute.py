@@ -313,6 +313,44 @@ def test_eager_raw_never_on_cpu_or_under_a_mode() -> None:
         assert eager_raw(x) is False
 
 
+def test_eager_autograd_wants_a_gradient_and_nothing_that_needs_the_torch_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """eager_autograd (the eager training path): grad mode on and an input wanting a gradient,
+    plain GPU tensors (a subclass reporting is_cuda stands in, counted plain), no dispatch or
+    function mode, no functorch transform. Anything else declines: the torch op's autograd."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from greta_core.ops import _calls
+
+    class CudaLike(torch.Tensor):
+        is_cuda = True
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+    probes = _calls._PROBES or _calls._eager_probes()
+    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike), *probes[5:]))
+    x = torch.randn(4, 8).as_subclass(CudaLike)
+    xg = torch.randn(4, 8).as_subclass(CudaLike).requires_grad_()
+    assert _calls.eager_autograd(xg, x, None) is True
+    assert _calls.eager_raw(xg, x) is False  # the no-grad front declines the same call
+    assert _calls.eager_autograd(x, x) is False  # nothing wants a gradient
+    with torch.no_grad():
+        assert _calls.eager_autograd(xg, x) is False
+    assert _calls.eager_autograd(xg, torch.randn(4, 8)) is False  # a CPU tensor
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert _calls.eager_autograd(xg, x) is False
+    with torch.device("cpu"):  # a torch function mode
+        assert _calls.eager_autograd(xg, x) is False
+    seen = []
+    torch.func.grad(lambda t: seen.append(_calls.eager_autograd(xg, x)) or t.sum())(torch.ones(3))
+    assert seen == [False]  # inside a functorch transform
+
+
 @pytest.mark.gpu
 def test_eager_fast_path_only_when_nothing_needs_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     import greta_core.ops.rms_norm as raw_rms

@@ -546,7 +546,7 @@ def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) ->
         pass
 
     probes = _calls._PROBES or _calls._eager_probes()
-    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike)))
+    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike), *probes[5:]))
     cache, kernel = ready_setup.cache, ready_setup.kernel
     x = torch.ones(4).as_subclass(CudaLike)
     cache.launch_args(_plan._identity, True, (x,))  # Triton's path; the launch captured

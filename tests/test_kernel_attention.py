@@ -338,6 +338,81 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
         assert err < TOL[torch.bfloat16]
 
 
+def _needs_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("the eager training path takes GPU tensors only (CPU calls take the torch op)")
+
+
+def _backward_name(out: torch.Tensor) -> str:
+    return type(out.grad_fn).__name__
+
+
+def test_cpu_training_takes_the_torch_ops_autograd() -> None:
+    import greta_core.torch  # noqa: F401
+
+    q, k, v = (torch.randn(1, 2, 5, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = torch.ops.greta.attention(q, k, v, True)
+    assert "EagerTraining" not in _backward_name(out)
+    out.float().sum().backward()
+    assert q.grad is not None and k.grad is not None
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "causal"), [(4, 4, 64, True), (8, 2, 128, True), (4, 2, 64, False)]
+)
+def test_gpu_eager_training_matches_the_torch_ops_autograd_bit_for_bit(
+    hq: int, hkv: int, d: int, causal: bool
+) -> None:
+    """Eager training takes the plain autograd.Function (not torch.library's wrapper) and runs
+    the same kernels: output and gradients equal those of attention_with_lse's autograd."""
+    import greta_core.torch  # noqa: F401
+
+    _needs_cuda()
+    q, k, v = _inputs(2, hq, hkv, 130, 130, d, torch.bfloat16)
+    do = torch.randn_like(q)
+    fast = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.ops.greta.attention(*fast, causal)
+    assert _backward_name(out) == "_EagerTrainingBackward"
+    out.backward(do)
+    assert observe.last_implementation("attention_bwd") == "triton"
+    slow = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.ops.greta.attention_with_lse(*slow, causal)[0]
+    assert "EagerTraining" not in _backward_name(want)
+    want.backward(do)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    for mine, theirs in zip(fast, slow, strict=True):
+        assert mine.grad.shape == theirs.grad.shape
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=0)
+    for mine, exact in zip(fast, _grads64(q, k, v, do, causal), strict=True):
+        err = ((mine.grad.double().cpu() - exact).norm() / exact.norm()).item()
+        assert err < TOL[torch.bfloat16]
+
+
+def test_gpu_eager_training_leaves_modes_lengths_and_double_backward_to_torch() -> None:
+    """A dispatch mode or per-batch lengths take the torch op's autograd; a second derivative
+    through the eager path is refused clearly (its backward is the Triton kernels)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import greta_core.torch  # noqa: F401
+
+    _needs_cuda()
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 2, 40, 40, 64, torch.bfloat16))
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert "EagerTraining" not in _backward_name(torch.ops.greta.attention(q, k, v, True))
+    lens = torch.tensor([30], dtype=torch.int32, device=q.device)
+    with_lens = torch.ops.greta.attention(q, k, v, True, None, lens, lens)
+    assert "EagerTraining" not in _backward_name(with_lens)
+    out = torch.ops.greta.attention(q, k, v, True)
+    (dq,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        torch.autograd.grad(dq.float().sum(), q)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("hkv", "d"), [(8, 128), (2, 128), (2, 64)])  # MHA; GQA groups of 4
 def test_gpu_attention_bwd_matches_sdpa_at_scale(hkv: int, d: int) -> None:

@@ -100,7 +100,7 @@ class CallCache:
             # No compiling() here: eager=True comes only from the torch.ops fronts, which
             # the dispatcher runs (dynamo never traces into them; a tracer below it holds
             # fake tensors, caught by the type check, or a dispatch mode, caught here).
-            _, dispatch_modes, function_modes, grad_enabled, plain = probes
+            _, dispatch_modes, function_modes, grad_enabled, plain, _ = probes
             if dispatch_modes() or function_modes():
                 return None
             grad = grad_enabled()
@@ -386,13 +386,39 @@ def eager_raw(*tensors: Any) -> bool:
     same kernel with the same checks. Anything else, or a torch without these hooks, takes
     the torch op.
     """
+    return _eager(tensors, with_grad=False)
+
+
+def eager_autograd(*tensors: Any) -> bool:
+    """True when an eager call that autograd records (grad enabled, an input requiring it)
+    may run GRETA's plans under a plain ``torch.autograd.Function`` instead of the torch
+    op's autograd: :func:`eager_raw`'s checks with gradients allowed, and no functorch
+    transform active (its wrapped tensors need the torch op's rules).
+
+    torch.library's autograd wrapper (argument flattening, a generated Function per call,
+    the custom-op dispatch forward and backward) costs about a millisecond of host time per
+    training step of one attention call on an H100 host, more than the kernels run at
+    S=2048 (bench/attention_sweep.py's host column).
+    """
     probes = _PROBES or _eager_probes()
     if probes is None:
         return False
-    compiling, dispatch_modes, function_modes, grad_enabled, plain = probes
+    grad_enabled, functorch_active = probes[3], probes[5]
+    if not grad_enabled() or functorch_active():
+        return False
+    if not any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return _eager(tensors, with_grad=True)
+
+
+def _eager(tensors: tuple[Any, ...], with_grad: bool) -> bool:
+    probes = _PROBES or _eager_probes()
+    if probes is None:
+        return False
+    compiling, dispatch_modes, function_modes, grad_enabled, plain, _ = probes
     if compiling() or dispatch_modes() or function_modes():
         return False
-    grad = grad_enabled()
+    grad = not with_grad and grad_enabled()
     for t in tensors:
         if t is None:
             continue
@@ -419,6 +445,8 @@ def _eager_probes() -> tuple[Any, ...] | None:
             torch.is_grad_enabled,
             # Plain tensors only: subclasses (FakeTensor, DTensor...) take the torch op.
             (torch.Tensor, torch.nn.Parameter),
+            # Without this probe, no eager autograd path (eager_raw needs none).
+            getattr(torch._C, "_are_functorch_transforms_active", lambda: True),
         )
     except AttributeError:  # a torch without these hooks: every call takes the torch op
         return None

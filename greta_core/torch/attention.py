@@ -11,12 +11,14 @@ probabilities. The logsumexp output is not differentiable.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.library import triton_op, wrap_triton
 
 from greta_core import reference as ref
 from greta_core.observe import record
 from greta_core.ops import attention as raw
 from greta_core.ops import attention_bwd as raw_bwd
+from greta_core.ops._calls import eager_autograd
 from greta_core.torch._common import record_reference, use_interpreter_on_cpu
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16)
@@ -127,6 +129,38 @@ def _backward(ctx: object, grad: torch.Tensor, _dlse: torch.Tensor | None) -> tu
 
 attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
 
+
+class _EagerTraining(torch.autograd.Function):
+    """greta::attention in eager training (see ops._calls.eager_autograd): the forward's
+    ready launch and the Triton backward, the same kernels and saved tensors as
+    attention_with_lse's autograd, without torch.library's per-call wrapper. torch.compile,
+    dispatch modes and functorch transforms keep taking attention_with_lse."""
+
+    @staticmethod
+    def forward(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return raw.attention_with_lse(q, k, v, causal, scale)
+
+    @staticmethod
+    def setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
+        q, k, v, causal, scale = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(lse)  # type: ignore[attr-defined]
+        # The logsumexp gets no gradient: no zeros tensor materialised for it per backward.
+        ctx.set_materialize_grads(False)  # type: ignore[attr-defined]
+        ctx.causal, ctx.scale = causal, scale  # type: ignore[attr-defined]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: object, grad: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
+        q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        causal, scale = ctx.causal, ctx.scale  # type: ignore[attr-defined]
+        dq, dk, dv = raw_bwd.attention_bwd(grad.contiguous(), q, k, v, out, lse, causal, scale)
+        return dq, dk, dv, None, None
+
+
 _lib = torch.library.Library("greta", "FRAGMENT")
 _lib.define(
     "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
@@ -146,10 +180,14 @@ def _attention(
     if q.dtype in _TRITON_DTYPES:
         # Plain GPU tensors, no gradient, no tracing or mode (a decode step; the checks of
         # ops._calls.eager_raw): the plan's ready launch, without the custom-op dispatch.
-        # Autograd and torch.compile take the triton_op.
+        # torch.compile and dispatch modes take the triton_op.
         out = raw.attention_if_eager(q, k, v, causal, scale, q_lens, kv_lens)
         if out is not None:
             return out
+        # Eager training without lengths (their backward is the torch reference): the same
+        # kernels as the torch op's autograd, at a fraction of its host cost.
+        if q_lens is None and kv_lens is None and eager_autograd(q, k, v):
+            return _EagerTraining.apply(q, k, v, causal, scale)[0]
     return torch.ops.greta.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
 
 
