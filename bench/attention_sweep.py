@@ -6,10 +6,11 @@ the non-causal D128 S2048 row of bench/attention_bwd.py) it times, with
 ``triton.testing.do_bench`` (median):
 
 - SDPA forward and forward+backward with PyTorch's default backend choice and with cuDNN
-  and flash forced (GQA by ``repeat_interleave``, as bench/attention_bwd.py); the fastest
-  one is the reference;
+  and flash forced (GQA by ``repeat_interleave``, as bench/attention_bwd.py, and by SDPA's
+  ``enable_gqa``); the fastest one is the reference;
 - ``torch.ops.greta.attention`` forward and forward+backward with the table's configs
-  ("default") and with the best configs the sweep found ("best");
+  ("default") and with the best configs the sweep found ("best"), and the host time to
+  enqueue one forward+backward step;
 - each kernel alone at its table config and at every candidate: candidates are swept on
   one shape per head dim (B4 H32/8 S2048, the Llama training shape), the fastest few are
   then timed on every shape of that head dim. Each candidate's outputs are first checked
@@ -363,10 +364,13 @@ def sdpa_times(prob: Problem, rep: int) -> dict[str, Any]:
     hq, hkv, causal = prob.shape[1], prob.shape[2], prob.shape[5]
     group = hq // hkv
 
-    def sdpa(a: Any, kk: Any, vv: Any) -> Any:
+    def repeated(a: Any, kk: Any, vv: Any) -> Any:
         if group > 1:
             kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
         return F.scaled_dot_product_attention(a, kk, vv, is_causal=causal)
+
+    def native_gqa(a: Any, kk: Any, vv: Any) -> Any:
+        return F.scaled_dot_product_attention(a, kk, vv, is_causal=causal, enable_gqa=True)
 
     leaves = [t.detach().clone().requires_grad_() for t in (prob.q, prob.k, prob.v)]
     out: dict[str, Any] = {}
@@ -375,15 +379,18 @@ def sdpa_times(prob: Problem, rep: int) -> dict[str, Any]:
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "flash": SDPBackend.FLASH_ATTENTION,
     }
-    for name, backend in backends.items():
+    # GQA: k, v repeated per query head, and SDPA's own enable_gqa; the fastest counts.
+    forms = {"": repeated, "+enable_gqa": native_gqa} if group > 1 else {"": repeated}
+    for (name, backend), (suffix, sdpa) in itertools.product(backends.items(), forms.items()):
+        name += suffix
         ctx = sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
         try:
             with ctx:
                 with torch.no_grad():
-                    fwd = bench_ms(lambda: sdpa(prob.q, prob.k, prob.v), rep)
+                    fwd = bench_ms(lambda f=sdpa: f(prob.q, prob.k, prob.v), rep)
 
-                def step() -> None:
-                    sdpa(*leaves).backward(prob.do)
+                def step(f: Callable[..., Any] = sdpa) -> None:
+                    f(*leaves).backward(prob.do)
 
                 step()
                 both = bench_ms(step, rep, grad_to_none=leaves)
@@ -417,7 +424,23 @@ def greta_times(prob: Problem, rep: int) -> dict[str, Any]:
         fwd()
         f_ms = bench_ms(fwd, rep)
     step()
-    return {"fwd_ms": round(f_ms, 4), "fwd_bwd_ms": round(bench_ms(step, rep, leaves), 4)}
+    both = bench_ms(step, rep, leaves)
+    # Host time to enqueue one step (no synchronisation inside): where it exceeds the GPU
+    # time of a step, fwd_bwd_ms measures the host.
+    n = 20
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        for t in leaves:
+            t.grad = None
+        step()
+    host = (time.perf_counter() - start) / n * 1e3
+    torch.cuda.synchronize()
+    return {
+        "fwd_ms": round(f_ms, 4),
+        "fwd_bwd_ms": round(both, 4),
+        "fwd_bwd_host_ms": round(host, 4),
+    }
 
 
 def measure(args: argparse.Namespace, clock: Clock) -> int:
@@ -562,6 +585,7 @@ def measure(args: argparse.Namespace, clock: Clock) -> int:
             "sdpa_fwd_bwd_backend": sd.get("best_fwd_bwd_ms_backend"),
             "greta_table_fwd_ms": base["greta_table"]["fwd_ms"],
             "greta_table_fwd_bwd_ms": base["greta_table"]["fwd_bwd_ms"],
+            "greta_table_fwd_bwd_host_ms": base["greta_table"].get("fwd_bwd_host_ms"),
             "greta_best_fwd_ms": greta_best["fwd_ms"] if greta_best else None,
             "greta_best_fwd_bwd_ms": greta_best["fwd_bwd_ms"] if greta_best else None,
             "best_fwd": label(over["attention"]) if "attention" in over else None,
@@ -609,11 +633,12 @@ def write_outputs(
             writer = csv.DictWriter(fh, fieldnames=list(summary[0]))
             writer.writeheader()
             writer.writerows(summary)
-    print(f"\n{'shape':28} {'SDPA f':>8} {'f+b':>8} {'GRETA f':>8} {'f+b':>8} {'best f':>8} "
+    print(f"\n{'shape':28} {'SDPA f':>8} {'f+b':>8} {'GRETA f':>8} {'f+b':>8} {'host':>8} {'best f':>8} "
           f"{'f+b':>8} {'ratio f':>8} {'f+b':>6}  best fwd | dkdv | dq")  # fmt: skip
     for s in summary:
         cells = [s["sdpa_fwd_ms"], s["sdpa_fwd_bwd_ms"], s["greta_table_fwd_ms"],
-                 s["greta_table_fwd_bwd_ms"], s["greta_best_fwd_ms"], s["greta_best_fwd_bwd_ms"]]  # fmt: skip
+                 s["greta_table_fwd_bwd_ms"], s["greta_table_fwd_bwd_host_ms"],
+                 s["greta_best_fwd_ms"], s["greta_best_fwd_bwd_ms"]]  # fmt: skip
         ratio_f = s["ratio_best_fwd"] or s["ratio_table_fwd"]
         ratio_b = s["ratio_best_fwd_bwd"] or s["ratio_table_fwd_bwd"]
         print(f"{s['shape']:28} " + " ".join(f"{c or float('nan'):8.3f}" for c in cells)
