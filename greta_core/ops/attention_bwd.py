@@ -18,6 +18,7 @@ from greta_core.kernels.attention_bwd import (
     kernel_configs,
 )
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import CallCache
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_tensor
@@ -161,6 +162,16 @@ def attention_bwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate_bwd(do, q, k, v, o, lse)
-    p = _plan_for(do, q, k, v, o, causal, scale, arch)
+    p = _bwd_call(do, q, k, v, o, lse, causal, scale)
     return run(p, (q, k, v, do, lse, o), wrap=wrap)
+
+
+def _resolve(
+    do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float | None
+) -> Plan:
+    return _plan_for(do, q, k, v, o, causal, scale, validate_bwd(do, q, k, v, o, lse))
+
+
+# A training step's backward repeats one signature: validation and planning run once per
+# signature (every check reads only what the key holds).
+_bwd_call = CallCache(_resolve, 6)
