@@ -117,6 +117,34 @@ def test_attention_kernel_propagates_nan_like_sdpa(
     _assert_nan_rule(raw.attention(q, k, v, causal=causal, **lens), want, q_len)
 
 
+@pytest.mark.parametrize(
+    ("keys", "q_len", "kv_len"),
+    [
+        pytest.param((70,), None, None, id="one-key"),  # masked for rows 64-127, whole later
+        pytest.param((5, 130), None, None, id="two-keys"),
+        pytest.param((100, 145), 90, 140, id="lens"),  # key 145 is past kv_len: never seen
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_attention_kernel_nan_in_v_across_blocks(
+    keys: tuple[int, ...], q_len: int | None, kv_len: int | None, dtype: torch.dtype
+) -> None:
+    """Causal, several key blocks: a NaN value reaches exactly the rows that see its key,
+    whether the key falls in a block every row of a tile sees or on the diagonal."""
+    need_triton()
+    q, k, v = _qkv(dtype, seq=150)
+    for key in keys:
+        v[0, 0, key, 9] = float("nan")
+    lens = {
+        "q_lens": None if q_len is None else torch.tensor([q_len], dtype=torch.int32),
+        "kv_lens": None if kv_len is None else torch.tensor([kv_len], dtype=torch.int32),
+    }
+    want = _nan_rows(q, k, v, True, q_len, kv_len)
+    assert want.any() and not want.all()
+    lens = {n: t if t is None else t.to(DEVICE) for n, t in lens.items()}
+    _assert_nan_rule(raw.attention(q, k, v, causal=True, **lens), want, q_len)
+
+
 def test_attention_rows_without_keys_stay_zero() -> None:
     # The other half of the rule: a padding row (sees no key) is zeros, not NaN.
     q, k, v = _qkv(torch.float32, device="cpu")

@@ -42,6 +42,7 @@ def _attn_blocks(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
+    ZERO_NAN: tl.constexpr,
 ):
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -80,9 +81,9 @@ def _attn_blocks(
         p_dtype = v.dtype
         if UPCAST:
             v = v.to(tl.float32)
-        if MASKED:
-            # A NaN value of a key some rows cannot see would reach them as 0 * NaN through the
-            # dot: the dot takes it as 0 here, and _nan_rows marks the rows that do see it.
+        if ZERO_NAN:
+            # A NaN value of a key some rows cannot see would reach them as 0 * NaN through
+            # the dot: the dot takes it as 0 here, and the kernel marks the rows that see it.
             v = tl.where(v == v, v, tl.zeros_like(v))
         if UPCAST:
             acc = tl.dot(p.to(p_dtype).to(tl.float32), v, acc)
@@ -93,17 +94,15 @@ def _attn_blocks(
 
 
 @triton.jit
-def _nan_rows(
-    v_base, stride_vs, pos_m, kv_len, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+def _first_nan_key(
+    v_base, stride_vs, kv_len, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """[BLOCK_M] > 0 for the rows that see a key of [lo, hi) whose value holds a NaN (the
-    masked blocks zeroed them). After the loops, not in them: the [BLOCK_N, D] test of v
-    then adds nothing to the loop's registers (on sm_90 at D64, 187 registers per thread
-    against 126: two CTAs per SM instead of four, the forward 17% slower)."""
+    """The lowest key of [lo, hi) whose value holds a NaN, else hi. Keys past kv_len read
+    as zeros: the kernel never sees them."""
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    hit = tl.zeros(pos_m.shape, dtype=tl.int32)
+    first = hi
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         v = tl.load(
@@ -114,11 +113,8 @@ def _nan_rows(
         if UPCAST:  # the interpreter's bf16 is raw uint16: compare floats
             v = v.to(tl.float32)
         key_nan = tl.max((v != v).to(tl.int32), 1)  # [BLOCK_N]
-        visible = offs_n[None, :] < kv_len
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= pos_m[:, None])
-        hit = tl.maximum(hit, tl.max(tl.where(visible, key_nan[None, :], 0), 1))
-    return hit
+        first = tl.minimum(first, tl.min(tl.where(key_nan > 0, offs_n, hi), 0))
+    return first
 
 
 @triton.jit
@@ -180,15 +176,6 @@ def attention_fwd_kernel(
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    q = tl.load(
-        q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
-        mask=offs_m[:, None] < Sq,
-        other=0.0,
-    )
-    if UPCAST:
-        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
-        q = q.to(tl.float32)
-
     # Key range this program needs: [0, hi); [0, full_end) is visible to all of its rows.
     last_row = tl.minimum(start_m + BLOCK_M, q_len) - 1
     if CAUSAL:
@@ -202,6 +189,24 @@ def attention_fwd_kernel(
     full_end = tl.maximum(tl.minimum(full_end, hi), 0)
     full_end = (full_end // BLOCK_N) * BLOCK_N
 
+    # Causal: a NaN value of a key that only some rows of the diagonal blocks see. Found
+    # before the loops, not in them: testing v there put the masked loop's registers on
+    # sm_90 at D64 at 187 per thread against 126 (two CTAs per SM instead of four, the
+    # forward 17% slower); a program with a NaN takes the loop that zeroes it.
+    first_nan = hi
+    if CAUSAL:
+        first_nan = _first_nan_key(
+            v_base, stride_vs, kv_len, full_end, hi, HEAD_DIM, BLOCK_N, UPCAST
+        )
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
+        mask=offs_m[:, None] < Sq,
+        other=0.0,
+    )
+    if UPCAST:
+        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
+        q = q.to(tl.float32)
+
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
@@ -211,18 +216,22 @@ def attention_fwd_kernel(
 
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
-        0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST,
+        0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST, False,
     )  # fmt: skip
-    acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
-        full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST,
-    )  # fmt: skip
-    # The whole row (a per-column mark needs a second dot, whose tiles overflow an H100's
-    # shared memory at D=128).
-    hit = _nan_rows(
-        v_base, stride_vs, pos_m, kv_len, full_end, hi, HEAD_DIM, BLOCK_N, CAUSAL, UPCAST
-    )
-    acc = tl.where(hit[:, None] > 0, float("nan"), acc)
+    if first_nan < hi:
+        acc, l_i, m_i = _attn_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
+            full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST, True,
+        )  # fmt: skip
+        # The rows that see the first NaN key (a later one's rows see it too), whole rows:
+        # a per-column mark needs a second dot, whose tiles overflow an H100's shared
+        # memory at D=128.
+        acc = tl.where(pos_m[:, None] >= first_nan, float("nan"), acc)
+    else:
+        acc, l_i, m_i = _attn_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
+            full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST, False,
+        )  # fmt: skip
 
     # l_i is exactly 0 only for a row that sees no key (zeros out, lse -inf); a NaN from the
     # inputs keeps the row (NaN out, as in SDPA).
