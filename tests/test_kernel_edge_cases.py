@@ -126,11 +126,16 @@ def test_attention_kernel_propagates_nan_like_sdpa(
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tiles", [None, (32, 64)], ids=["table", "block_n>block_m"])
 def test_attention_kernel_nan_in_v_across_blocks(
-    keys: tuple[int, ...], q_len: int | None, kv_len: int | None, dtype: torch.dtype
-) -> None:
+    keys: tuple[int, ...], q_len: int | None, kv_len: int | None, dtype: torch.dtype,
+    tiles: tuple[int, int] | None,
+) -> None:  # fmt: skip
     """Causal, several key blocks: a NaN value reaches exactly the rows that see its key,
-    whether the key falls in a block every row of a tile sees or on the diagonal."""
+    whether the key falls in a block every row of a tile sees, on the diagonal, or past the
+    last key a tile's rows see (a key block wider than the query block loads it)."""
+    from greta_core import configs
+
     need_triton()
     q, k, v = _qkv(dtype, seq=150)
     for key in keys:
@@ -142,7 +147,10 @@ def test_attention_kernel_nan_in_v_across_blocks(
     want = _nan_rows(q, k, v, True, q_len, kv_len)
     assert want.any() and not want.all()
     lens = {n: t if t is None else t.to(DEVICE) for n, t in lens.items()}
-    _assert_nan_rule(raw.attention(q, k, v, causal=True, **lens), want, q_len)
+    over = {} if tiles is None else {"attention": {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]}}
+    with configs.Override(over):
+        out = raw.attention(q, k, v, causal=True, **lens)
+    _assert_nan_rule(out, want, q_len)
 
 
 def test_attention_rows_without_keys_stay_zero() -> None:

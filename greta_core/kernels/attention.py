@@ -98,11 +98,13 @@ def _first_nan_key(
     v_base, stride_vs, kv_len, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """The lowest key of [lo, hi) whose value holds a NaN, else hi. Keys past kv_len read
-    as zeros: the kernel never sees them."""
+    """The lowest key whose value holds a NaN among the blocks [lo, hi) loads, else kv_len.
+    Whole blocks: the last one may load keys past hi (BLOCK_N > BLOCK_M), which the rows
+    cannot see and which reach them as 0 * NaN all the same; keys past kv_len read as
+    zeros."""
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    first = hi
+    first = kv_len
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         v = tl.load(
@@ -113,7 +115,7 @@ def _first_nan_key(
         if UPCAST:  # the interpreter's bf16 is raw uint16: compare floats
             v = v.to(tl.float32)
         key_nan = tl.max((v != v).to(tl.int32), 1)  # [BLOCK_N]
-        first = tl.minimum(first, tl.min(tl.where(key_nan > 0, offs_n, hi), 0))
+        first = tl.minimum(first, tl.min(tl.where(key_nan > 0, offs_n, kv_len), 0))
     return first
 
 
@@ -193,7 +195,7 @@ def attention_fwd_kernel(
     # before the loops, not in them: testing v there put the masked loop's registers on
     # sm_90 at D64 at 187 per thread against 126 (two CTAs per SM instead of four, the
     # forward 17% slower); a program with a NaN takes the loop that zeroes it.
-    first_nan = hi
+    first_nan = kv_len
     if CAUSAL:
         first_nan = _first_nan_key(
             v_base, stride_vs, kv_len, full_end, hi, HEAD_DIM, BLOCK_N, UPCAST
@@ -218,7 +220,7 @@ def attention_fwd_kernel(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
         0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL, UPCAST, False,
     )  # fmt: skip
-    if first_nan < hi:
+    if first_nan < kv_len:
         acc, l_i, m_i = _attn_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
             full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, UPCAST, True,
