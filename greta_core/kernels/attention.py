@@ -23,6 +23,21 @@ import triton.language as tl
 
 
 @triton.jit
+def load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST: tl.constexpr):
+    """Rows `offs_rows` of a [n_rows, D] tile at `base` (row stride `stride`), rows past
+    n_rows read as zeros."""
+    tile = tl.load(
+        base + offs_rows[:, None] * stride + offs_d[None, :],
+        mask=offs_rows[:, None] < n_rows,
+        other=0.0,
+    )
+    if UPCAST:
+        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
+        tile = tile.to(tl.float32)
+    return tile
+
+
+@triton.jit
 def _attn_blocks(
     acc,
     l_i,
@@ -107,13 +122,7 @@ def _first_nan_key(
     first = kv_len
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vs + offs_d[None, :],
-            mask=offs_n[:, None] < kv_len,
-            other=0.0,
-        )
-        if UPCAST:  # the interpreter's bf16 is raw uint16: compare floats
-            v = v.to(tl.float32)
+        v = load_tile(v_base, offs_n, stride_vs, kv_len, offs_d, UPCAST)
         key_nan = tl.max((v != v).to(tl.int32), 1)  # [BLOCK_N]
         first = tl.minimum(first, tl.min(tl.where(key_nan > 0, offs_n, kv_len), 0))
     return first
@@ -200,14 +209,7 @@ def attention_fwd_kernel(
         first_nan = _first_nan_key(
             v_base, stride_vs, kv_len, full_end, hi, HEAD_DIM, BLOCK_N, UPCAST
         )
-    q = tl.load(
-        q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
-        mask=offs_m[:, None] < Sq,
-        other=0.0,
-    )
-    if UPCAST:
-        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
-        q = q.to(tl.float32)
+    q = load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)

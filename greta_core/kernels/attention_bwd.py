@@ -34,24 +34,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST: tl.constexpr):
-    tile = tl.load(
-        base + offs_rows[:, None] * stride + offs_d[None, :],
-        mask=offs_rows[:, None] < n_rows,
-        other=0.0,
-    )
-    if UPCAST:
-        # Triton's CPU interpreter keeps bf16 as raw uint16: only casts are exact there.
-        tile = tile.to(tl.float32)
-    return tile
+from greta_core.kernels.attention import load_tile
 
 
 @triton.jit
 def _load_rows(base, offs_rows, stride, n_rows, offs_d, MASKED: tl.constexpr, UPCAST: tl.constexpr):
     if MASKED:
-        tile = _load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST)
+        tile = load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST)
     else:
         tile = tl.load(base + offs_rows[:, None] * stride + offs_d[None, :])
         if UPCAST:
@@ -123,8 +112,8 @@ def attention_bwd_delta_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    o = _load_tile(o_base, offs_m, stride_os, Sq, offs_d, UPCAST).to(tl.float32)
-    do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST).to(tl.float32)
+    o = load_tile(o_base, offs_m, stride_os, Sq, offs_d, UPCAST).to(tl.float32)
+    do = load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST).to(tl.float32)
     delta = tl.sum(o * do, axis=1)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * Sq + offs_m, delta, mask=offs_m < Sq)
 
@@ -242,8 +231,8 @@ def attention_bwd_dkdv_kernel(
 
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    k = _load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
-    v = _load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
+    k = load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
+    v = load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
     # exp2 with log2(e) folded into the scale (and into lse in _row_stats). fp32 even when
     # a binding passes an fp64 scalar.
     qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
@@ -348,8 +337,8 @@ def attention_bwd_dq_kernel(
 
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    q = _load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
-    do = _load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
+    q = load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
+    do = load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
     row_base = pid_bh.to(tl.int64) * Sq
     lse2, delta = _row_stats(lse_ptr + row_base, delta_ptr + row_base, offs_m, Sq, True)
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh

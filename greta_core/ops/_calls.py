@@ -400,32 +400,30 @@ def eager_autograd(*tensors: Any) -> bool:
     training step of one attention call on an H100 host, more than the kernels run at
     S=2048 (bench/attention_sweep.py's host column).
     """
-    probes = _PROBES or _eager_probes()
-    if probes is None:
-        return False
-    grad_enabled, functorch_active = probes[3], probes[5]
-    if not grad_enabled() or functorch_active():
-        return False
-    if not any(t is not None and t.requires_grad for t in tensors):
-        return False
     return _eager(tensors, with_grad=True)
 
 
 def _eager(tensors: tuple[Any, ...], with_grad: bool) -> bool:
+    """`with_grad` False: no tensor may want a gradient (eager_raw); True: one must, with
+    grad mode on and no functorch transform (eager_autograd). The other checks: both."""
     probes = _PROBES or _eager_probes()
     if probes is None:
         return False
-    compiling, dispatch_modes, function_modes, grad_enabled, plain, _ = probes
+    compiling, dispatch_modes, function_modes, grad_enabled, plain, functorch_active = probes
     if compiling() or dispatch_modes() or function_modes():
         return False
-    grad = not with_grad and grad_enabled()
+    grad = grad_enabled()
+    if with_grad and (not grad or functorch_active()):
+        return False
+    wants_grad = False
     for t in tensors:
         if t is None:
             continue
         # is_cuda: CUDA and ROCm tensors (cheaper than building t.device.type).
-        if type(t) not in plain or not t.is_cuda or (grad and t.requires_grad):
+        if type(t) not in plain or not t.is_cuda:
             return False
-    return True
+        wants_grad = wants_grad or (grad and t.requires_grad)
+    return wants_grad == with_grad
 
 
 # torch's checks that eager_raw runs on every call, looked up once (a hot path). A module
