@@ -8,6 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
 from greta_core.arch import interpreter_active  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -71,3 +73,25 @@ def graph_recorder() -> tuple[list[set[str]], Any]:
         return aot(gm, example_inputs)
 
     return graphs, backend
+
+
+class PassthroughMode(TorchDispatchMode):
+    """A dispatch mode that changes nothing: its presence alone must send GRETA's eager
+    fronts to their torch ops."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func(*args, **(kwargs or {}))
+
+
+def cuda_stand_in(monkeypatch: pytest.MonkeyPatch) -> type:
+    """A tensor subclass that reports ``is_cuda`` and that ops._calls' eager checks count as
+    plain (patched into its probes for the test): the eager paths' checks on a CPU."""
+    from greta_core.ops import _calls
+
+    class CudaLike(torch.Tensor):
+        is_cuda = True
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+    probes = _calls._PROBES or _calls._eager_probes()
+    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike), *probes[5:]))
+    return CudaLike

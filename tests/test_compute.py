@@ -10,6 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _kernel_testing import PassthroughMode, cuda_stand_in  # noqa: E402
+
 from greta_core import compute, observe  # noqa: E402
 from greta_core.compute import (  # noqa: E402
     GretaConfigError,
@@ -296,18 +298,12 @@ def test_attention_backends_without_lengths(impl: str, sq: int, skv: int) -> Non
 
 
 def test_eager_raw_never_on_cpu_or_under_a_mode() -> None:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from greta_core.compute._probes import eager_raw
 
     x = torch.randn(4, 8)
     assert eager_raw(x) is False  # CPU tensors always take the torch op
 
-    class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            return func(*args, **(kwargs or {}))
-
-    with Passthrough():
+    with PassthroughMode():
         assert eager_raw(x) is False
     with torch.device("cpu"):  # a torch function mode
         assert eager_raw(x) is False
@@ -319,16 +315,9 @@ def test_eager_autograd_wants_a_gradient_and_nothing_that_needs_the_torch_op(
     """eager_autograd (the eager training path): grad mode on and an input wanting a gradient,
     plain GPU tensors (a subclass reporting is_cuda stands in, counted plain), no dispatch or
     function mode, no functorch transform. Anything else declines: the torch op's autograd."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from greta_core.ops import _calls
 
-    class CudaLike(torch.Tensor):
-        is_cuda = True
-        __torch_function__ = torch._C._disabled_torch_function_impl
-
-    probes = _calls._PROBES or _calls._eager_probes()
-    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike), *probes[5:]))
+    CudaLike = cuda_stand_in(monkeypatch)
     x = torch.randn(4, 8).as_subclass(CudaLike)
     xg = torch.randn(4, 8).as_subclass(CudaLike).requires_grad_()
     assert _calls.eager_autograd(xg, x, None) is True
@@ -338,11 +327,7 @@ def test_eager_autograd_wants_a_gradient_and_nothing_that_needs_the_torch_op(
         assert _calls.eager_autograd(xg, x) is False
     assert _calls.eager_autograd(xg, torch.randn(4, 8)) is False  # a CPU tensor
 
-    class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            return func(*args, **(kwargs or {}))
-
-    with Passthrough():
+    with PassthroughMode():
         assert _calls.eager_autograd(xg, x) is False
     with torch.device("cpu"):  # a torch function mode
         assert _calls.eager_autograd(xg, x) is False

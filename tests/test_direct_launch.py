@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
+from _kernel_testing import PassthroughMode, cuda_stand_in  # noqa: E402
+
 from greta_core.ops import _direct, _plan  # noqa: E402
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan  # noqa: E402
 
@@ -534,19 +536,12 @@ def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) ->
     for CUDA ones (a subclass reporting is_cuda, counted plain) launch; a tensor wanting
     grad while grad mode is on, a dispatch mode, a subclass not counted plain, or a CPU
     tensor decline (None: the front takes its torch op)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from greta_core.ops import _calls
+    CudaLike = cuda_stand_in(monkeypatch)
 
-    class CudaLike(torch.Tensor):
-        is_cuda = True
-        __torch_function__ = torch._C._disabled_torch_function_impl
-
-    class Other(CudaLike):
+    class Other(CudaLike):  # type: ignore[misc,valid-type]
         pass
 
-    probes = _calls._PROBES or _calls._eager_probes()
-    monkeypatch.setattr(_calls, "_PROBES", (*probes[:4], (*probes[4], CudaLike), *probes[5:]))
     cache, kernel = ready_setup.cache, ready_setup.kernel
     x = torch.ones(4).as_subclass(CudaLike)
     cache.launch_args(_plan._identity, True, (x,))  # Triton's path; the launch captured
@@ -558,11 +553,7 @@ def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) ->
     with torch.no_grad():
         assert cache.launch_args(_plan._identity, True, (wants_grad,)) is not None
 
-    class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    with Passthrough():
+    with PassthroughMode():
         assert cache.launch_args(_plan._identity, True, (x,)) is None
     assert cache.launch_args(_plan._identity, True, (torch.ones(4).as_subclass(Other),)) is None
     assert cache.launch_args(_plan._identity, True, (torch.ones(4),)) is None
@@ -907,13 +898,7 @@ def test_gpu_every_raw_op_matches_tritons_path(
 def test_gpu_eager_launch_declines_what_eager_raw_declines(op: str) -> None:
     """The torch.ops front's hot path (ForwardCall.if_eager) launches only where eager_raw
     allows the raw launcher: a tensor wanting grad, or a dispatch mode, takes the torch op."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from greta_core.ops import _calls
-
-    class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
 
     case = _front(op)
     t = case.tensors
@@ -929,6 +914,6 @@ def test_gpu_eager_launch_declines_what_eager_raw_declines(op: str) -> None:
         assert _calls.eager_raw(*wants_grad)
         for have, expected in zip(_outputs(case.if_eager(*wants_grad)), y, strict=True):
             assert torch.equal(have, expected)
-    with Passthrough():
+    with PassthroughMode():
         assert not _calls.eager_raw(*t) and case.if_eager(*t) is None
     assert case.if_eager(*(None if v is None else v.cpu() for v in t)) is None

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _kernel_testing import expected_impl, expected_jax_impl  # noqa: E402
+from _kernel_testing import PassthroughMode, expected_impl, expected_jax_impl  # noqa: E402
 
 from greta_core import observe, raw  # noqa: E402
 from greta_core.arch import interpreter_active  # noqa: E402
@@ -392,18 +392,12 @@ def test_gpu_eager_training_leaves_modes_lengths_and_double_backward_to_torch() 
     """A dispatch mode or per-batch lengths take the torch op's autograd; the eager path's
     gradients carry no graph (its backward is the Triton kernels), so a second derivative
     is refused by autograd rather than silently wrong."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     import greta_core.torch  # noqa: F401
 
     _needs_cuda()
     q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 2, 40, 40, 64, torch.bfloat16))
 
-    class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            return func(*args, **(kwargs or {}))
-
-    with Passthrough():
+    with PassthroughMode():
         assert "EagerTraining" not in _backward_name(torch.ops.greta.attention(q, k, v, True))
     lens = torch.tensor([30], dtype=torch.int32, device=q.device)
     with_lens = torch.ops.greta.attention(q, k, v, True, None, lens, lens)
