@@ -10,6 +10,11 @@
 #                                       # (every op beside its PyTorch eager op, ratios), the
 #                                       # direct launcher's GPU tests, eager layer_norm
 #                                       # 4096/8192 vs torch.compile (greta bench)
+#   bash scripts/gpu_extra.sh multi     # issue 14 on a machine of two GPUs or more: the GPU
+#                                       # topology, a snapshot, greta doctor (multi_gpu.*),
+#                                       # greta doctor --collective (NCCL, graph capture, two
+#                                       # sizes), the tensor-parallel block under torchrun, the
+#                                       # tests that need two GPUs
 #
 #   device run: command "bash scripts/gpu_extra.sh PART"  carry [".whl", ".devcarry"]
 #
@@ -21,7 +26,7 @@
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
-PART=${1:?usage: gpu_extra.sh install|models|overhead}
+PART=${1:?usage: gpu_extra.sh install|models|overhead|multi}
 OUT=${OUT:-$REPO/gpu-extra-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d -t greta-extra.XXXXXX)
@@ -92,6 +97,22 @@ overhead)
     run layer_norm_bench 240 python3 -m greta bench --preset standard --ops layer_norm \
         --out "$WORK/bench_layer_norm"
     ;;
+multi)
+    run topology 30 bash -c "nvidia-smi; nvidia-smi topo -m; nvidia-smi topo -p2p r; \
+        nvidia-smi nvlink -s; python3 -c 'import torch; print(torch.cuda.device_count(), \
+        torch.cuda.nccl.version())'"
+    run snapshot 60 python3 -m greta snapshot "$WORK/snapshot"
+    run doctor 150 bash -c "python3 -m greta doctor --json -v > '$WORK/doctor.json'"
+    run collective 120 python3 -m greta doctor --collective --capture --json --out "$WORK/collective"
+    run collective_256mb 120 python3 -m greta doctor --collective --size-mb 256 --iters 20 \
+        --json --out "$WORK/collective"
+    run tp_block 150 python3 -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 \
+        --master-port 29512 examples/llama_block_tp.py --out "$WORK/tp"
+    run tests_two_gpus 240 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_doctor_collective.py tests/test_llama_block_tp.py \
+        "tests/test_direct_launch.py::test_gpu_each_device_gets_its_own_kernel" \
+        tests/test_doctor_multi_gpu.py
+    ;;
 *)
     echo "unknown part $PART" >&2
     exit 2
@@ -99,7 +120,7 @@ overhead)
 esac
 
 cp "$WORK/summary.txt" "$OUT/summary.txt"
-for f in smoke.json binding_overhead.json kernels.json kernels_again.json first_kernel_call_h100.json \
+for f in doctor.json smoke.json binding_overhead.json kernels.json kernels_again.json first_kernel_call_h100.json \
     kernel_build_sm90.json kernel_build_sm90.csv; do [[ -f "$WORK/$f" ]] && cp "$WORK/$f" "$OUT/$f"; done
 tar -czf "$OUT/results.tar.gz" -C "$WORK" --exclude greta-cache --exclude kernel-wheel-cache .
 rm -rf "$WORK" "$SITE"
