@@ -108,6 +108,11 @@ multi)
         --json --out "$WORK/collective"
     run tp_block 150 python3 -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 \
         --master-port 29512 examples/llama_block_tp.py --out "$WORK/tp"
+    # Llama-3-8B's layer shape (dim 4096, 32/8 heads, MLP 14336), a 512-token prefill.
+    run tp_block_8b 150 python3 -m torch.distributed.run --nproc-per-node 2 \
+        --master-addr 127.0.0.1 --master-port 29513 examples/llama_block_tp.py --dim 4096 \
+        --heads 32 --kv-heads 8 --hidden 14336 --batch 8 --prefill-len 512 --decode-steps 32 \
+        --out "$WORK/tp"
     run tests_two_gpus 240 python3 -m pytest -q -p no:cacheprovider -rs \
         tests/test_doctor_collective.py tests/test_llama_block_tp.py \
         "tests/test_direct_launch.py::test_gpu_each_device_gets_its_own_kernel" \

@@ -117,6 +117,7 @@ def test_torchrun_two_cpu_ranks_match_the_single_device_block(tmp_path: Path) ->
     data = json.loads(result.read_text())
     assert data["world"] == 2 and data["backend"] == "gloo" and data["match"] is True
     assert data["rel_err_vs_single_device"] <= data["tolerance"] == 1e-4
+    assert data["single_device_prefill_ms"] > 0 and data["single_device_decode_step_ms"] > 0
     assert data["rel_err_vs_reference"] <= data["tolerance"]
     assert {"matmul", "attention", "rms_norm"} <= set(data["implementations"])
 
@@ -137,3 +138,4 @@ def test_torchrun_two_gpus_match_the_single_device_block(tmp_path: Path) -> None
     data = json.loads(result.read_text())
     assert data["backend"] == "nccl" and data["match"] is True
     assert data["rel_err_vs_single_device"] <= data["tolerance"]
+    assert data["single_device_prefill_ms"] > 0 and data["single_device_decode_step_ms"] > 0
