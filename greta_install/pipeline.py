@@ -473,12 +473,16 @@ CHECKPOINT_ENV = "GRETA_TEST_CHECKPOINT"
 
 def _checkpoint(name: str) -> None:
     """Test hook: with GRETA_TEST_CHECKPOINT=<name>, announce the point and wait there,
-    so the reliability tests can kill GRETA at an exact point of the commit."""
+    so the reliability tests can kill GRETA at an exact point of the commit, or (with
+    GRETA_TEST_CHECKPOINT_RELEASE=<file>) go on once the test creates that file."""
     if os.environ.get(CHECKPOINT_ENV) == name:
         print(f"greta-checkpoint: {name}", file=sys.stderr, flush=True)
         import time
 
-        time.sleep(float(os.environ.get("GRETA_TEST_CHECKPOINT_WAIT", "30")))
+        deadline = time.monotonic() + float(os.environ.get("GRETA_TEST_CHECKPOINT_WAIT", "30"))
+        release = os.environ.get("GRETA_TEST_CHECKPOINT_RELEASE")
+        while time.monotonic() < deadline and not (release and os.path.exists(release)):
+            time.sleep(0.05)
 
 
 def bad_python_reason(text: str) -> str:

@@ -132,12 +132,16 @@ def start(venv: Path, lock: Path, installer: str, env: dict[str, str]) -> subpro
     )
 
 
-def wait_for(proc: subprocess.Popen[str], marker: str, timeout: float = 120) -> str:
-    assert proc.stderr is not None
+def wait_for(
+    proc: subprocess.Popen[str], marker: str, timeout: float = 120, stdout: bool = False
+) -> str:
+    """Read proc's stderr (or stdout: progress lines) up to the line holding marker."""
+    stream = proc.stdout if stdout else proc.stderr
+    assert stream is not None
     seen = ""
     deadline = time.monotonic() + timeout
     while marker not in seen and time.monotonic() < deadline:
-        line = proc.stderr.readline()
+        line = stream.readline()
         if not line:
             break
         seen += line
@@ -310,18 +314,36 @@ def test_kill_sweep(
     print(f"KILL-SWEEP {installer} {signal.Signals(sig).name} {point}+{delay}: {outcome}")
 
 
-def concurrent(base_venv: Path, tmp_path: Path, delay: float, installer: str) -> tuple[str, str]:
-    """A (beta + gamma) succeeds while B (alpha 2.0 + a clash) fails in its offline install."""
+def concurrent(
+    base_venv: Path, tmp_path: Path, delay: float | None, installer: str
+) -> tuple[str, str]:
+    """A (beta + gamma) succeeds while B (alpha 2.0 + a clash) fails in its offline install.
+    ``delay``: seconds between starting B and A; None: A starts while B holds the
+    environment lock (B waits at its installer checkpoint until A says it is waiting)."""
     venv = copy_venv(base_venv, tmp_path / "venv")
     good = write_lock(tmp_path, ["beta-pkg", "gamma-pkg"], "good")
     bad = write_lock(tmp_path, ["alpha-pkg", "aaa-clash"], "bad")
+    release = tmp_path / "release-b"
     with Index(NEW, {}) as index:
         env = env_of(index, tmp_path)
-        b = start(venv, bad, installer, env)
-        time.sleep(delay)
-        a = start(venv, good, installer, env)
+        a_seen = b_seen = ""
+        if delay is None:
+            b_env = env_of(
+                index, tmp_path, GRETA_TEST_CHECKPOINT="installer",
+                GRETA_TEST_CHECKPOINT_WAIT="200", GRETA_TEST_CHECKPOINT_RELEASE=str(release),
+            )  # fmt: skip
+            b = start(venv, bad, installer, b_env)
+            b_seen = wait_for(b, "greta-checkpoint: installer")
+            a = start(venv, good, installer, env)
+            a_seen = wait_for(a, "waiting for it", stdout=True)
+            release.touch()
+        else:
+            b = start(venv, bad, installer, env)
+            time.sleep(delay)
+            a = start(venv, good, installer, env)
         a_out, a_err = a.communicate(timeout=240)
         b_out, b_err = b.communicate(timeout=240)
+        a_out, b_err = a_seen + a_out, b_seen + b_err
     assert a.returncode == 0, a_out + a_err
     assert b.returncode == 1, b_out + b_err
     assert "failed during the offline install step" in b_err, b_err
@@ -340,7 +362,7 @@ def concurrent(base_venv: Path, tmp_path: Path, delay: float, installer: str) ->
 def test_two_installs_one_failing_keep_each_others_packages(
     base_venv: Path, tmp_path: Path
 ) -> None:
-    a_err, _ = concurrent(base_venv, tmp_path, 0.5, "pip")
+    a_err, _ = concurrent(base_venv, tmp_path, None, "pip")
     assert "waiting for it" in a_err  # the second install waited for the environment lock
 
 
