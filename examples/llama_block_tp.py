@@ -5,7 +5,9 @@ Megatron-style: QKV and gate/up are column-parallel (each rank owns heads/N atte
 and hidden/N MLP columns), the attention output and down projections are row-parallel,
 and one all-reduce per sublayer adds the partial sums. Each shard runs GRETA ops
 (``greta_core.compute``); the sharding lives in ``greta_core.distributed``. Rank 0 checks
-the result against the single-device block and a plain-PyTorch reference.
+the result against the single-device block and a plain-PyTorch reference, and times that
+block alone beside the tensor-parallel one. On GPUs each is timed eagerly and captured in a
+GretaGraph (CUDA/HIP graph, the all-reduces inside it), where decode stops being host-bound.
 
     torchrun --nproc-per-node 2 examples/llama_block_tp.py            # 2 GPUs (NCCL/RCCL)
     torchrun --nproc-per-node 2 examples/llama_block_tp.py --device cpu   # gloo
@@ -17,9 +19,7 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,10 @@ from llama_block import (  # noqa: E402
     TOLERANCE,
     Config,
     LlamaBlock,
+    Runner,
     make_weights,
     reference_run,
     rel_error,
-    rope_tables,
 )
 
 from greta_core import compute as gc  # noqa: E402
@@ -60,38 +60,6 @@ class TensorParallelLlamaBlock(LlamaBlock):
         return all_reduce_(partial, self.group)
 
 
-def run_block(
-    block: torch.nn.Module,
-    cfg: Config,
-    prompt: torch.Tensor,
-    steps: torch.Tensor,
-    device: str,
-    dtype: torch.dtype,
-) -> tuple[list[torch.Tensor], float, float]:
-    """Prefill then one decode step per row of ``steps``; outputs and the two latencies."""
-    batch = prompt.shape[0]
-    shape = (batch, cfg.kv_heads, cfg.max_seq, cfg.head_dim)
-    k_cache = torch.zeros(shape, device=device, dtype=dtype)
-    v_cache = torch.zeros(shape, device=device, dtype=dtype)
-    lens = torch.zeros(batch, device=device, dtype=torch.int32)
-    cos, sin = rope_tables(cfg, device, dtype)
-    p = prompt.shape[1]
-    gc.synchronize(device)
-    t0 = time.perf_counter()
-    outputs = [block(prompt, cos[:p], sin[:p], k_cache, v_cache, lens)]
-    gc.synchronize(device)
-    prefill = time.perf_counter() - t0
-    lens.add_(p)
-    t0 = time.perf_counter()
-    for i, x in enumerate(steps):
-        pos = p + i
-        outputs.append(block(x, cos[pos : pos + 1], sin[pos : pos + 1], k_cache, v_cache, lens))
-        lens.add_(1)
-    gc.synchronize(device)
-    decode = (time.perf_counter() - t0) / max(1, len(steps))
-    return [o.clone() for o in outputs], prefill, decode
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=4)
@@ -104,9 +72,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, ...")
     ap.add_argument("--device", default="auto", help="auto (GPU if present) or cpu")
     ap.add_argument("--repeats", type=int, default=5, help="timed repetitions (median kept)")
+    ap.add_argument(
+        "--modes", default="auto",
+        help="eager and/or graph (GretaGraph: the collectives captured with the kernels); "
+        "auto: eager,graph on GPUs, eager on the CPU",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="rank 0 writes a JSON result here")
     args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if [m for m in modes if m not in ("auto", "eager", "graph")] or not modes:
+        ap.error(f"--modes: {args.modes!r} (choose from eager, graph)")
     if args.dim % args.heads or args.heads % args.kv_heads or (args.dim // args.heads) % 2:
         ap.error("--dim must split into --heads of even size, and --heads into --kv-heads groups")
     return args
@@ -173,34 +149,46 @@ def _main(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
     gen = torch.Generator().manual_seed(args.seed + 1)
     prompt = torch.randn(args.batch, args.prefill_len, args.dim, generator=gen).to(device, dtype)
     steps = torch.randn(args.decode_steps, args.batch, 1, args.dim, generator=gen).to(device, dtype)
-    run_block(block, local_cfg, prompt, steps, device, dtype)  # warm-up: kernels, NCCL rings
-    prefill_times, decode_times = [], []
-    for _ in range(max(1, args.repeats)):
-        outputs, prefill, decode = run_block(block, local_cfg, prompt, steps, device, dtype)
-        prefill_times.append(prefill)
-        decode_times.append(decode)
-    medians = [statistics.median(prefill_times), statistics.median(decode_times)]
-    timings = torch.tensor(medians, device=device, dtype=torch.float64)
-    dist.all_reduce(timings, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    modes = [m for m in args.modes.split(",") if m != "auto"] or (
+        ["eager"] if device == "cpu" else ["eager", "graph"]
+    )
+    tol = TOLERANCE[dtype]
+    reference = reference_run(cfg, weights, prompt, steps) if rank == 0 else []
     failed = torch.zeros(1, device=device)
-    if rank == 0:
+    rows: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        # The same Runner as the single-device example: prefill, then decode steps, each
+        # repeated and the median kept; "graph" captures the block, all-reduces included.
+        tp = Runner(block, local_cfg, args.batch, device, dtype, args.repeats).run(
+            mode, prompt, steps
+        )
+        timings = torch.tensor([tp["prefill_s"], tp["decode_step_s"]], device=device)
+        dist.all_reduce(timings, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        if rank != 0:
+            continue
         # The whole block on rank 0's device alone, timed the same way: what TP buys.
-        single_block = LlamaBlock(cfg, weights)
-        single, _, _ = run_block(single_block, cfg, prompt, steps, device, dtype)
-        single_times = [
-            run_block(single_block, cfg, prompt, steps, device, dtype)[1:]
-            for _ in range(max(1, args.repeats))
-        ]
-        single_prefill = statistics.median(t[0] for t in single_times)
-        single_decode = statistics.median(t[1] for t in single_times)
-        reference = reference_run(cfg, weights, prompt, steps)
-        tol = TOLERANCE[dtype]
-        err_single, err_ref = rel_error(outputs, single), rel_error(outputs, reference)
+        one = Runner(LlamaBlock(cfg, weights), cfg, args.batch, device, dtype, args.repeats).run(
+            mode, prompt, steps
+        )
+        err_single = rel_error(tp["outputs"], one["outputs"])
+        err_ref = rel_error(tp["outputs"], reference)
         ok = err_single <= tol and err_ref <= tol
         failed += 0.0 if ok else 1.0
+        rows[mode] = {
+            "backend": tp["backend"],
+            "prefill_ms": 1e3 * float(timings[0]),
+            "decode_step_ms": 1e3 * float(timings[1]),
+            "single_device_prefill_ms": 1e3 * one["prefill_s"],
+            "single_device_decode_step_ms": 1e3 * one["decode_step_s"],
+            "rel_err_vs_single_device": err_single,
+            "rel_err_vs_reference": err_ref,
+            "match": ok,
+        }
+    if rank == 0:
         impls = {
             k[8:]: v for k, v in observe.implementations_seen().items() if k.startswith("compute.")
         }
+        first = rows[modes[0]]
         row = {
             "world": world,
             "backend": dist.get_backend(),
@@ -210,26 +198,25 @@ def _main(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
             "batch": args.batch,
             "prefill_len": args.prefill_len,
             "decode_steps": args.decode_steps,
-            "prefill_ms": 1e3 * float(timings[0]),
-            "decode_step_ms": 1e3 * float(timings[1]),
-            "single_device_prefill_ms": 1e3 * single_prefill,
-            "single_device_decode_step_ms": 1e3 * single_decode,
-            "rel_err_vs_single_device": err_single,
-            "rel_err_vs_reference": err_ref,
+            "repeats": args.repeats,
+            **{k: v for k, v in first.items() if k != "backend"},  # the first mode's, as before
             "tolerance": tol,
-            "match": ok,
+            "match": all(r["match"] for r in rows.values()),
+            "modes": rows,
             "implementations": impls,
         }
-        print(
-            f"tensor-parallel x{world} ({row['backend']}, {row['device']}, {row['dtype']}): "
-            f"prefill {row['prefill_ms']:.3f} ms, decode {row['decode_step_ms']:.3f} ms/step "
-            f"(one device: {row['single_device_prefill_ms']:.3f} ms, "
-            f"{row['single_device_decode_step_ms']:.3f} ms/step); "
-            f"rel_err vs single-device {err_single:.2e}, vs reference {err_ref:.2e} "
-            f"(tol {tol:.0e})"
-        )
+        for mode, r in rows.items():
+            print(
+                f"tensor-parallel x{world} {mode} ({row['backend']}, {row['device']}, "
+                f"{row['dtype']}): prefill {r['prefill_ms']:.3f} ms, decode "
+                f"{r['decode_step_ms']:.3f} ms/step (one device: "
+                f"{r['single_device_prefill_ms']:.3f} ms, "
+                f"{r['single_device_decode_step_ms']:.3f} ms/step); rel_err vs single-device "
+                f"{r['rel_err_vs_single_device']:.2e}, vs reference "
+                f"{r['rel_err_vs_reference']:.2e} (tol {tol:.0e})"
+            )
         print("implementations: " + ", ".join(f"{k}={v}" for k, v in sorted(impls.items())))
-        print("tensor-parallel check " + ("passed" if ok else "FAILED"))
+        print("tensor-parallel check " + ("passed" if row["match"] else "FAILED"))
         if args.out:
             now = datetime.datetime.now(datetime.timezone.utc)
             args.out.mkdir(parents=True, exist_ok=True)

@@ -109,7 +109,8 @@ def test_torchrun_two_cpu_ranks_match_the_single_device_block(tmp_path: Path) ->
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            str(ROOT / "examples" / "llama_block_tp.py"), "--device", "cpu", "--batch", "2",
            "--dim", "64", "--heads", "4", "--kv-heads", "2", "--prefill-len", "7",
-           "--decode-steps", "3", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
+           "--decode-steps", "3", "--repeats", "1", "--modes", "eager,graph",
+           "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tensor-parallel check passed" in done.stdout
@@ -119,6 +120,11 @@ def test_torchrun_two_cpu_ranks_match_the_single_device_block(tmp_path: Path) ->
     assert data["rel_err_vs_single_device"] <= data["tolerance"] == 1e-4
     assert data["single_device_prefill_ms"] > 0 and data["single_device_decode_step_ms"] > 0
     assert data["rel_err_vs_reference"] <= data["tolerance"]
+    # A GretaGraph on the CPU runs eagerly: both modes, both matching.
+    assert {m: r["backend"] for m, r in data["modes"].items()} == {
+        "eager": "eager", "graph": "eager",
+    }  # fmt: skip
+    assert all(r["rel_err_vs_single_device"] <= 1e-4 for r in data["modes"].values())
     assert {"matmul", "attention", "rms_norm"} <= set(data["implementations"])
 
 
@@ -139,3 +145,8 @@ def test_torchrun_two_gpus_match_the_single_device_block(tmp_path: Path) -> None
     assert data["backend"] == "nccl" and data["match"] is True
     assert data["rel_err_vs_single_device"] <= data["tolerance"]
     assert data["single_device_prefill_ms"] > 0 and data["single_device_decode_step_ms"] > 0
+    # On GPUs both modes run; the graph one captured the block with its all-reduces.
+    graph = data["modes"]["graph"]
+    assert graph["backend"] == ("hip-graph" if torch.version.hip else "cuda-graph")
+    assert graph["match"] is True
+    assert graph["rel_err_vs_single_device"] <= data["tolerance"]
