@@ -179,6 +179,14 @@ def pick(per_shape: dict[str, dict[str, float]]) -> str | None:
     )
 
 
+def _entry(comment: str, default: Config, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    """A table entry; trailing rules that pick the default anyway are left out (first match
+    wins, so only trailing ones can go without changing a lookup)."""
+    while rules and rules[-1]["config"] == default:
+        rules.pop()
+    return {"comment": comment, "default": default, **({"rules": rules} if rules else {})}
+
+
 def table_entries(best: dict[str, dict[Any, Config]], current: dict[str, Any]) -> dict[str, Any]:
     """sm_90.json entries from the best configs. `best["fwd"]` is keyed by (D, causal),
     `best["dkdv"]`/`best["dq"]` by D (the backward's features are D and backend only).
@@ -196,23 +204,17 @@ def table_entries(best: dict[str, dict[Any, Config]], current: dict[str, Any]) -
         # Non-causal D64 (not swept) takes the causal D64 tiles, as the old D_max rule did.
         if (64, True) in fwd and (64, False) not in fwd and default_key != (64, True):
             rules.append({"when": {"D_max": 64}, "config": dict(fwd[(64, True)])})
-        out["attention"] = {
-            "comment": f"H100: {note}.",
-            "default": dict(fwd[default_key]),
-            "rules": rules,
-        }
+        out["attention"] = _entry(f"H100: {note}.", dict(fwd[default_key]), rules)
     for kernel in ("dkdv", "dq"):
         per_d = best.get(kernel, {})
         if not per_d:
             continue
         top = max(per_d)
-        out[TABLE_OPS[kernel]] = {
-            "comment": f"H100 FlashAttention-2 backward ({kernel}): {note}.",
-            "default": dict(per_d[top]),
-            "rules": [
-                {"when": {"D_max": d}, "config": dict(per_d[d])} for d in sorted(per_d) if d != top
-            ],
-        }
+        out[TABLE_OPS[kernel]] = _entry(
+            f"H100 FlashAttention-2 backward ({kernel}): {note}.",
+            dict(per_d[top]),
+            [{"when": {"D_max": d}, "config": dict(per_d[d])} for d in sorted(per_d) if d != top],
+        )
     return out
 
 

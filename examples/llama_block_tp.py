@@ -83,6 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     modes = [m for m in args.modes.split(",") if m]
     if [m for m in modes if m not in ("auto", "eager", "graph")] or not modes:
         ap.error(f"--modes: {args.modes!r} (choose from eager, graph)")
+    args.mode_list = [m for m in modes if m != "auto"]  # empty: the device's default
     if args.dim % args.heads or args.heads % args.kv_heads or (args.dim // args.heads) % 2:
         ap.error("--dim must split into --heads of even size, and --heads into --kv-heads groups")
     return args
@@ -149,9 +150,7 @@ def _main(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
     gen = torch.Generator().manual_seed(args.seed + 1)
     prompt = torch.randn(args.batch, args.prefill_len, args.dim, generator=gen).to(device, dtype)
     steps = torch.randn(args.decode_steps, args.batch, 1, args.dim, generator=gen).to(device, dtype)
-    modes = [m for m in args.modes.split(",") if m != "auto"] or (
-        ["eager"] if device == "cpu" else ["eager", "graph"]
-    )
+    modes = args.mode_list or (["eager"] if device == "cpu" else ["eager", "graph"])
     tol = TOLERANCE[dtype]
     reference = reference_run(cfg, weights, prompt, steps) if rank == 0 else []
     failed = torch.zeros(1, device=device)

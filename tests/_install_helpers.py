@@ -11,6 +11,7 @@ import hashlib
 import http.server
 import io
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -193,3 +194,20 @@ def make_kernel_wheel(
     manifest = {"arch": manifest_arch or arch, "package": package, "kernels": []}
     files = {f"{package}/manifest.json": json.dumps(manifest).encode(), **(extra or {})}
     return make_wheel(name, version, extra=files)
+
+
+def wait_for(
+    proc: subprocess.Popen[str], marker: str, timeout: float = 120, stdout: bool = False
+) -> str:
+    """Read proc's stderr (or stdout: progress lines) up to the line holding marker."""
+    stream = proc.stdout if stdout else proc.stderr
+    assert stream is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while marker not in seen and time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen += line
+    assert marker in seen, seen
+    return seen

@@ -32,6 +32,7 @@ from _install_helpers import (
     create_venv,
     make_wheel,
     python_of,
+    wait_for,
 )
 
 from greta_install.lockfile import Lock, LockedPackage, format_lock
@@ -130,23 +131,6 @@ def start(venv: Path, lock: Path, installer: str, env: dict[str, str]) -> subpro
     return subprocess.Popen(
         argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-
-
-def wait_for(
-    proc: subprocess.Popen[str], marker: str, timeout: float = 120, stdout: bool = False
-) -> str:
-    """Read proc's stderr (or stdout: progress lines) up to the line holding marker."""
-    stream = proc.stdout if stdout else proc.stderr
-    assert stream is not None
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while marker not in seen and time.monotonic() < deadline:
-        line = stream.readline()
-        if not line:
-            break
-        seen += line
-    assert marker in seen, seen
-    return seen
 
 
 def next_greta_run(venv: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

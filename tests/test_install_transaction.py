@@ -29,6 +29,7 @@ from _install_helpers import (
     make_wheel,
     python_of,
     snapshot,
+    wait_for,
 )
 
 from greta_install import installer as inst
@@ -169,15 +170,7 @@ def test_ctrl_c_while_staging(fresh_venv: Path, tmp_path: Path) -> None:
     with Index(dict(WHEELS.values()), {WHEELS["beta-pkg"][0]: "slow"}) as index:
         before = snapshot(fresh_venv)
         proc = greta_install(fresh_venv, write_lock(tmp_path), "pip", pip_env(index, tmp_path))
-        assert proc.stdout is not None
-        seen = ""
-        deadline = time.monotonic() + 120
-        while "staging beta-pkg" not in seen and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen += line
-        assert "staging beta-pkg" in seen, seen
+        seen = wait_for(proc, "staging beta-pkg", stdout=True)
         time.sleep(1.0)  # the slow download is under way
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
