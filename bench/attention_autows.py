@@ -360,13 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['config']:24} {row['status']:14} {row.get('greta_ms', ''):>8} "
               f"{row.get('ws_ms', ''):>7} {row.get('greta_over_ws', ''):>8}")  # fmt: skip
     if args.out is not None:
-        from greta_core.bench.metadata import collect, command_line
+        from greta_core.bench.metadata import header
         from greta_core.bench.report import write_json
 
+        device = "cpu" if args.dry_run else "cuda"
         doc = {
-            "metadata": collect("attention_autows", "cpu" if args.dry_run else "cuda"),
-            "command": command_line("bench/attention_autows.py",
-                                    sys.argv[1:] if argv is None else argv, args.out),
+            **header("attention_autows", device, "bench/attention_autows.py", argv, args.out),
             "shape": dict(zip(("B", "Hq", "Hkv", "S"), SHAPE, strict=True)),
             "rows": rows,
         }  # fmt: skip

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep", type=int, default=100, help="do_bench ms")
     args = parser.parse_args(argv)
 
-    from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.metadata import header
     from greta_core.bench.report import write_json
 
     rows = []
@@ -191,9 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = {k: v for k, v in rows[-1].items() if k not in ("failed", "rejected")}
         print(json.dumps(shown), f"failed {len(rows[-1]['failed'])}", flush=True)
     doc = {
-        "metadata": collect("attention_bwd_tma_reduce", "cuda"),
-        "command": command_line("bench/attention_bwd_tma_reduce.py",
-                                sys.argv[1:] if argv is None else argv, args.out),
+        **header("attention_bwd_tma_reduce", "cuda", "bench/attention_bwd_tma_reduce.py",
+                 argv, args.out),
         "rows": rows,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -108,18 +108,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.metadata import header
     from greta_core.bench.report import write_csv, write_json
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     shape = "tiny" if args.tiny else args.shape
     result = measure(shape, args.rounds, args.tokens, args.prompt, device)
-    doc = {
-        "metadata": collect("decode_ab", device),
-        "command": command_line("bench/decode_ab.py", sys.argv[1:] if argv is None else argv,
-                                args.out),
-        **result,
-    }  # fmt: skip
+    doc = {**header("decode_ab", device, "bench/decode_ab.py", argv, args.out), **result}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "decode_ab.json", doc)
     rows = [

@@ -3,12 +3,11 @@ abort) and its sm_90 compile of one config into the warp-specialised form."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from _script_module import load_script
 
 pytest.importorskip("triton")
 
@@ -17,13 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def autows():
-    spec = importlib.util.spec_from_file_location(
-        "attention_autows", REPO / "bench" / "attention_autows.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["attention_autows"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/attention_autows.py")
 
 
 ASSERT = (
@@ -48,10 +41,18 @@ def test_classify_reads_how_a_child_ended(autows, code, stdout, stderr, want):
     assert autows.classify(code, stdout, stderr) == want
 
 
-def test_dry_run_compiles_a_config_into_producer_and_consumer_warp_groups(autows, capsys):
+def test_dry_run_compiles_a_config_into_producer_and_consumer_warp_groups(autows, capsys, tmp_path):
     index = autows.CONFIGS.index(("fwd", 64, 64, 64, 2))
-    assert autows.main(["--dry-run", "--only", str(index)]) == 0
+    out = tmp_path / "autows.json"
+    assert autows.main(["--dry-run", "--only", str(index), "--out", str(out)]) == 0
     row = json.loads(capsys.readouterr().out.splitlines()[0])
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == [row]
+    assert doc["metadata"]["preset"] == "attention_autows"
+    # The command names the output folder as <out>, never this machine's path.
+    assert doc["command"] == (
+        f"python bench/attention_autows.py --dry-run --only {index} --out <out>/autows.json"
+    )
     assert row["config"] == "fwd D64 64x64 s2"
     assert row["status"] == "compiled"
     # One producer warp group beside the two consumer groups of the kernel's 4 warps each.

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from _script_module import load_script
 
 from greta_core import configs
 from greta_core.kernels.attention import features
@@ -20,13 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location(
-        "attention_sweep", REPO / "bench" / "attention_sweep.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["attention_sweep"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/attention_sweep.py")
 
 
 def test_dry_run_lists_only_valid_candidates(sweep, tmp_path: Path, capsys) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import statistics
 import sys
 from pathlib import Path
 
 import pytest
+from _script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -19,11 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "decode_ab.py"
 
 def _load():
     sys.path.insert(0, str(BENCH.parent))  # decode_ab imports hf_llama beside it
-    spec = importlib.util.spec_from_file_location("decode_ab_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/decode_ab.py", "decode_ab_bench")
 
 
 def test_tiny_run_alternates_forms_and_leaves_no_patch(tmp_path: Path, monkeypatch) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from _script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -17,11 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "hf_llama.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("hf_llama_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/hf_llama.py", "hf_llama_bench")
 
 
 def test_tiny_run_writes_rows_for_every_variant(tmp_path: Path, monkeypatch) -> None:

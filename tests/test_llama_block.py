@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _script_module import load_script
 
 pytest.importorskip("torch")
 
@@ -52,14 +53,7 @@ def test_llama_block_rejects_bad_arguments() -> None:
 
 def test_llama_block_cpu_defaults_are_small() -> None:
     """The first thing a user runs finishes in seconds on a CPU: a small block, no compile."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "llama_block", ROOT / "examples" / "llama_block.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = load_script("examples/llama_block.py")
     args = module.parse_args(["--device", "cpu"])
     assert (args.dim, args.heads, args.kv_heads) == (256, 8, 2)
     assert args.mode_list == ["eager", "graph"] and args.batches == [1, 4]

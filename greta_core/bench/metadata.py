@@ -10,6 +10,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,15 @@ def git_commit(repo: Path | None = None) -> dict[str, Any]:
         return {"commit": None, "dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def header(
+    preset: str, device: str, script: str, argv: list[str] | None, out: Path
+) -> dict[str, Any]:
+    """The fields a bench script's result file starts with: ``metadata`` and the
+    ``command`` (`argv` None: this process's own arguments)."""
+    args = sys.argv[1:] if argv is None else argv
+    return {"metadata": collect(preset, device), "command": command_line(script, args, out)}
 
 
 def command_line(script: str, argv: list[str], out: Path) -> str:
