@@ -315,9 +315,10 @@ def run_child(
 ) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", ",".join(map(str, cfg)), "--rep", str(rep)]
     cmd += ["--dry-run"] if dry else []
-    # A real compile: an inherited TRITON_INTERPRET=1 (the CPU tests set it) would hand
-    # triton.compile an interpreted function.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # A real compile: TRITON_INTERPRET=1 (the CPU tests set it; on a CPU-only machine
+    # `greta install`'s environment fixes set it in every Python that does not set it
+    # itself) would hand triton.compile an interpreted function.
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)  # fmt: skip
