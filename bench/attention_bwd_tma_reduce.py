@@ -195,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
                  argv, args.out),
         "rows": rows,
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, doc)
     return 0
 

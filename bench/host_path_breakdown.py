@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     from greta_core.bench.metadata import collect
     from greta_core.bench.report import write_json
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, {**collect("host_path_breakdown", "cuda"), "calls": args.calls,
                           "steps": rows})  # fmt: skip
     return 0

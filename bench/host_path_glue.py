@@ -182,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         from greta_core.bench.metadata import collect
         from greta_core.bench.report import write_json
 
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.out, {**collect("host_path_glue", "cpu"), "number": args.number,
                               "steps": rows})  # fmt: skip
     return 0

@@ -105,6 +105,8 @@ def write_csv(path: Path, rows: Iterable[Row], fields: tuple[str, ...]) -> None:
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
+    """`document` as indented JSON at `path`, its folder made first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
 
 
