@@ -294,3 +294,47 @@ def sm_from_name(name: str | None, architecture: str | None = None) -> str | Non
 def sm_number(sm: str | None) -> int | None:
     match = re.fullmatch(r"sm_(\d+)", sm or "")
     return int(match.group(1)) if match else None
+
+
+# --- primary-GPU choice (issue 27) ----------------------------------------------------
+
+# The oldest compute capability the cuda target's torch wheels carry code for (the
+# `archs` of the cuda row in lock/matrix.toml; a test holds the two together).
+CUDA_MIN_SM = 75
+
+
+def locked_build_supports(vendor: str, arch: str | None, *, soc: bool = False) -> bool:
+    """Whether some locked build can run this GPU (AMD: a GRETA target; NVIDIA: sm_75+).
+
+    ``soc``: an NVIDIA GPU without a PCI bus (Jetson): aarch64, outside every lock.
+    """
+    if vendor == "nvidia":
+        if soc:
+            return False
+        sm = sm_number(arch)
+        return sm is not None and sm >= CUDA_MIN_SM
+    return target_for_gfx(arch) is not None
+
+
+def usability_rank(
+    vendor: str,
+    arch: str | None,
+    *,
+    usable: bool,
+    integrated: bool,
+    compute_units: int | None,
+    memory_bytes: int | None,
+    soc: bool = False,
+) -> tuple[bool, bool, bool, int, int]:
+    """Sort key of a GPU as a primary: higher runs more. Never vendor or enumeration order.
+
+    Usable here, then runnable by a locked build, then a discrete GPU over an iGPU
+    (that shares the CPU's memory bandwidth), then compute units, then memory.
+    """
+    return (
+        usable,
+        locked_build_supports(vendor, arch, soc=soc),
+        not integrated,
+        compute_units or 0,
+        memory_bytes or 0,
+    )
