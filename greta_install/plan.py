@@ -131,6 +131,9 @@ class InstallPlan:
     smoke: bool = True
     keep_failed: bool = False
     wheelhouse: str | None = None  # --save-wheelhouse DIR
+    # The GPU is there but nothing here can use it (detection's "unusable" state):
+    # each entry says why and what to type.
+    device_blockers: list[str] = field(default_factory=list)
 
     @property
     def unverified(self) -> list[str]:
@@ -145,8 +148,8 @@ class InstallPlan:
     @property
     def blockers(self) -> list[str]:
         if not self.strict:
-            return []
-        return [
+            return list(self.device_blockers)
+        return list(self.device_blockers) + [
             f"{p.name}=={p.version}: no hash in the lock and none recorded (--strict); run "
             "`greta lock --fill-hashes` where the vendor index is reachable, or install with "
             "--from-record FILE from a machine that already trusted it"
@@ -316,6 +319,13 @@ def build_plan(
         warnings=warnings,
         allow_unverified=allow_unverified,
         detected=detection is not None,
+        device_blockers=(
+            list(detection.blockers)
+            if detection is not None
+            and detection.state == "unusable"
+            and detection.target == lock.target
+            else []
+        ),
         strict=strict,
         row=row_name,
         row_label=row.label,

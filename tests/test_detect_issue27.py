@@ -1,0 +1,143 @@
+"""Detection on every machine users have: output forms, mixed boxes, odd devices (issue 27).
+
+The per-snapshot expectations live in tests/data/snapshots/*/expected.json (checked by
+test_detect_snapshots.py); these tests pin the rules those snapshots exercise.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import SNAPSHOTS
+
+from greta_install import archs
+from greta_install.detect import _pick_primary, conclude, detect
+from greta_install.evidence import Evidence
+from greta_install.lockfile import load_lock
+from greta_install.matrix import load_matrix
+from greta_install.model import Gpu
+from greta_install.parsers import amd_smi, rocm_smi
+from greta_install.plan import build_plan
+from greta_install.system_view import SnapshotSystem
+
+
+def _detect(name: str, root: Path = SNAPSHOTS):
+    return detect(SnapshotSystem(root / name))
+
+
+def test_list_and_static_pasted_together_are_one_gpu() -> None:
+    text = (SNAPSHOTS / "strix-point-amdsmi-list-static" / "amd-smi.txt").read_text()
+    records = amd_smi.parse(text).records
+    assert len(records) == 1
+    gpu = records[0]
+    # list gave the KFD identity, static the device, the arch and the compute units
+    assert (gpu.kfd_id, gpu.node_id) == ("57812", 1)
+    assert (gpu.device_id, gpu.gfx, gpu.compute_units) == ("0x150e", "gfx1150", 16)
+
+
+def test_rocm_smi_gfx_version_is_decimal() -> None:
+    assert rocm_smi.gfx_from_decimal("gfx9010") == "gfx90a"
+    assert rocm_smi.gfx_from_decimal("gfx9012") == "gfx90c"
+    assert rocm_smi.gfx_from_decimal("gfx942") == "gfx942"
+    assert rocm_smi.gfx_from_decimal("gfx1100") == "gfx1100"
+    assert rocm_smi.gfx_from_decimal("gfx90a") == "gfx90a"
+    assert rocm_smi.gfx_from_decimal("N/A") is None
+
+
+def test_card_model_that_is_a_subsystem_id_is_not_a_device_id() -> None:
+    text = (SNAPSHOTS / "mi100-x2-rocmsmi-csv" / "rocm-smi.txt").read_text()
+    records = rocm_smi.parse(text).records
+    assert [r.device_id for r in records] == [None, None]
+    assert [r.keys["card model"] for r in records] == ["0x0c34", "0x0c34"]
+
+
+def test_merge_by_kfd_identity_without_a_bus_id() -> None:
+    det = _detect("mi210-x2-rocmsmi-amdsmi-list")
+    # rocm-smi has no bus id: its GPU[1] (node 3, GUID 36740) is amd-smi's 0000:83:00.0
+    assert [g.pci_bus for g in det.gpus] == ["0000:03:00.0", "0000:83:00.0"]
+    ev = Evidence()
+    ev.rocm_smi = rocm_smi.parse(
+        (SNAPSHOTS / "mi210-x2-rocmsmi-amdsmi-list" / "rocm-smi.txt").read_text()
+    ).records[::-1]
+    ev.amd_smi = amd_smi.parse(
+        (SNAPSHOTS / "mi210-x2-rocmsmi-amdsmi-list" / "amd-smi.txt").read_text()
+    ).records
+    swapped = conclude(ev)
+    # listed in the other order, still two GPUs, each with both tools
+    assert len(swapped.gpus) == 2
+    assert all(g.evidence == ("amd-smi", "rocm-smi") for g in swapped.gpus)
+
+
+def _gpu(vendor: str, arch: str | None, **kw) -> Gpu:
+    return Gpu(vendor=vendor, arch=arch, product=kw.pop("product", arch), pci_id=None, **kw)
+
+
+def test_primary_is_never_chosen_by_vendor_or_order() -> None:
+    # An old NVIDIA card no locked build supports, listed first, beside a Radeon.
+    gtx1060 = _gpu("nvidia", "sm_61", vram_bytes=6 << 30)
+    rx9070 = _gpu("amd", "gfx1201", vram_bytes=16 << 30, compute_units=56)
+    assert _pick_primary([gtx1060, rx9070]) == 1
+    assert _pick_primary([rx9070, gtx1060]) == 0
+    # A tiny iGPU listed first beside a discrete Radeon.
+    raphael = _gpu("amd", "gfx1036", integrated=True, compute_units=2)
+    xtx = _gpu("amd", "gfx1100", compute_units=96)
+    assert _pick_primary([raphael, xtx]) == 1
+    # Between two supported discrete GPUs, the one with more compute units.
+    small = _gpu("amd", "gfx1102", compute_units=32)
+    assert _pick_primary([small, xtx]) == 1
+    # An unusable GPU never beats a usable one.
+    assert _pick_primary([_gpu("amd", "gfx942", usable=False), small]) == 1
+
+
+def test_cuda_min_sm_matches_the_cuda_row_of_the_matrix() -> None:
+    spec = load_matrix().target("cuda")
+    assert min(archs.sm_number(a) or 0 for a in spec.archs) == archs.CUDA_MIN_SM
+
+
+def test_present_but_unusable_gets_a_plan_blocker_with_the_fix() -> None:
+    det = _detect("mi300x-container-kfd-einval")
+    assert det.state == "unusable"
+    plan = build_plan(load_matrix(), load_lock("mi300x", "3.12"), detection=det).to_json()
+    assert not plan["ready"]
+    assert any("/dev/kfd" in b and "--device=/dev/kfd" in b for b in plan["blockers"])
+    # a usable machine's plan has no such blocker
+    ok = _detect("mi300x-x4")
+    assert ok.state == "usable" and ok.blockers == []
+    plan = build_plan(load_matrix(), load_lock("mi300x", "3.12"), detection=ok).to_json()
+    assert plan["blockers"] == []
+
+
+def test_no_gpu_is_state_none(tmp_path: Path) -> None:
+    det = detect(SnapshotSystem(tmp_path))
+    assert det.state == "none" and det.gpus == [] and det.target == "cpu"
+
+
+AMD_SNAPSHOTS_WITH_ROCM_SMI = [
+    p.name
+    for p in sorted(SNAPSHOTS.iterdir())
+    if (p / "rocm-smi.txt").is_file() and ((p / "amd-smi.txt").is_file() or (p / "sys").is_dir())
+]
+
+
+def test_rocm10_snapshot_without_rocm_smi_detects_like_the_full_one() -> None:
+    full = _detect("mi210-x2-rocmsmi-amdsmi-list")
+    rocm10 = _detect("mi210-x2-amdsmi-list-only")
+    assert (rocm10.target, rocm10.arch, rocm10.state) == (full.target, full.arch, full.state)
+    assert [(g.pci_bus, g.pci_id, g.arch) for g in rocm10.gpus] == [
+        (g.pci_bus, g.pci_id, g.arch) for g in full.gpus
+    ]
+
+
+@pytest.mark.parametrize("name", AMD_SNAPSHOTS_WITH_ROCM_SMI)
+def test_dropping_rocm_smi_keeps_the_detection(name: str, tmp_path: Path) -> None:
+    shutil.copytree(SNAPSHOTS / name, tmp_path / name)
+    (tmp_path / name / "rocm-smi.txt").unlink()
+    full, rocm10 = _detect(name), _detect(name, tmp_path)
+    assert (rocm10.target, rocm10.arch, rocm10.state) == (full.target, full.arch, full.state)
+    assert [(g.pci_bus, g.arch) for g in rocm10.gpus] == [(g.pci_bus, g.arch) for g in full.gpus]
+
+
+def test_there_is_a_rocm10_case() -> None:
+    assert AMD_SNAPSHOTS_WITH_ROCM_SMI
