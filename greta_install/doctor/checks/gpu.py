@@ -251,6 +251,14 @@ def check_apu_memory(facts: Facts) -> Finding:
             "/etc/default/grub, then sudo update-grub && sudo reboot",
             **details,
         )
+    if usable is None:
+        # "ok" needs a number to be ok about: say what could not be read instead.
+        unknown = [k for k, v in details.items() if v is None]
+        return skip(
+            summary + f": not measured ({', '.join(unknown)} unknown: the RAM size from "
+            "/proc/meminfo and the GTT/TTM limits from sysfs are needed)",
+            **details,
+        )
     return ok(summary, **details)
 
 
