@@ -141,3 +141,28 @@ def test_dropping_rocm_smi_keeps_the_detection(name: str, tmp_path: Path) -> Non
 
 def test_there_is_a_rocm10_case() -> None:
     assert AMD_SNAPSHOTS_WITH_ROCM_SMI
+
+
+def _doctor(path: Path) -> dict[str, tuple[str, str]]:
+    from greta_install.doctor.collect import collect_facts
+    from greta_install.doctor.runner import run_checks
+
+    facts = collect_facts(SnapshotSystem(path), snapshot=str(path))
+    return {r.id: (r.status, r.finding) for r in run_checks(facts)}
+
+
+def test_rocm10_snapshot_doctors_like_the_full_one() -> None:
+    full = _doctor(SNAPSHOTS / "mi210-x2-rocmsmi-amdsmi-list")
+    rocm10 = _doctor(SNAPSHOTS / "mi210-x2-amdsmi-list-only")
+    assert full.keys() == rocm10.keys()
+    differ = {k: (full[k], rocm10[k]) for k in full if full[k] != rocm10[k]}
+    assert differ == {}
+    assert full["gpu.detect"][0] == "ok"
+
+
+@pytest.mark.parametrize("name", AMD_SNAPSHOTS_WITH_ROCM_SMI)
+def test_dropping_rocm_smi_keeps_the_doctor(name: str, tmp_path: Path) -> None:
+    shutil.copytree(SNAPSHOTS / name, tmp_path / name)
+    (tmp_path / name / "rocm-smi.txt").unlink()
+    full, rocm10 = _doctor(SNAPSHOTS / name), _doctor(tmp_path / name)
+    assert {k: v[0] for k, v in full.items()} == {k: v[0] for k, v in rocm10.items()}
