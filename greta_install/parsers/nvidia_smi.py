@@ -49,13 +49,12 @@ class NvidiaGpu:
 
 
 def _device_id(value: str | None) -> str | None:
-    # nvidia-smi prints the combined id 0xDDDDVVVV (device, then vendor 10DE).
-    number = to_int(value, 16)
-    if number is None:
+    # nvidia-smi prints the combined id 0xDDDDVVVV (device, then vendor 10DE); a cut
+    # paste leaves a prefix of it, which must not pass for another id.
+    match = re.fullmatch(r"\s*(?:0x)?([0-9a-fA-F]{4})(10de)?\s*", value or "", re.I)
+    if not match or int(match.group(1), 16) == 0:
         return None
-    if number > 0xFFFF:
-        number >>= 16
-    return f"0x{number:04x}"
+    return f"0x{int(match.group(1), 16):04x}"
 
 
 def _mib(value: str | None) -> int | None:
