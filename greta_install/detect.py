@@ -339,6 +339,11 @@ def _runtime_blocker(ev: Evidence) -> tuple[str, str] | None:
             "this kernel, e.g. `sudo apt install amdgpu-dkms`, and reboot)",
         )
     error = ev.info.get("rocminfo.kfd_open_error")
+    device = ev.info.get("dev.kfd")
+    if error is None and device == "absent":
+        error = "No such file or directory"
+    elif error is None and device == "denied":
+        error = "Permission denied"
     if error is None:
         return None
     what = f"ROCm cannot open /dev/kfd ({error})"

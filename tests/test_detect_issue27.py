@@ -166,3 +166,30 @@ def test_dropping_rocm_smi_keeps_the_doctor(name: str, tmp_path: Path) -> None:
     (tmp_path / name / "rocm-smi.txt").unlink()
     full, rocm10 = _doctor(SNAPSHOTS / name), _doctor(tmp_path / name)
     assert {k: v[0] for k, v in full.items()} == {k: v[0] for k, v in rocm10.items()}
+
+
+def _live_amd_view(**kw) -> object:
+    from fake_view import FakeView
+
+    props = (SNAPSHOTS / "mi210-kfd/sys/class/kfd/kfd/topology/nodes/2/properties").read_text()
+    return FakeView(
+        files={"/sys/class/kfd/kfd/topology/nodes/2/properties": props, **kw},
+        is_live=True,
+    )
+
+
+def test_live_container_without_dev_kfd_is_unusable_with_the_fix() -> None:
+    det = detect(_live_amd_view())
+    assert det.gpus and det.state == "unusable"
+    assert any("--device=/dev/kfd" in b for b in det.blockers), det.blockers
+
+
+def test_live_dev_kfd_not_permitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import greta_install.evidence as evidence
+
+    monkeypatch.setattr(evidence.os, "access", lambda path, mode: False)
+    det = detect(_live_amd_view(**{"/dev/kfd": ""}))
+    assert det.state == "unusable"
+    assert any("usermod -aG render,video" in b for b in det.blockers), det.blockers
+    monkeypatch.setattr(evidence.os, "access", lambda path, mode: True)
+    assert detect(_live_amd_view(**{"/dev/kfd": ""})).state == "usable"
