@@ -193,3 +193,15 @@ def test_live_dev_kfd_not_permitted(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any("usermod -aG render,video" in b for b in det.blockers), det.blockers
     monkeypatch.setattr(evidence.os, "access", lambda path, mode: True)
     assert detect(_live_amd_view(**{"/dev/kfd": ""})).state == "usable"
+
+
+def test_doctor_fails_gpu_detect_with_the_fix_when_the_gpu_is_unusable() -> None:
+    from greta_install.doctor.collect import collect_facts
+    from greta_install.doctor.runner import run_checks
+
+    path = SNAPSHOTS / "mi100-x4-container-kfd-denied"
+    facts = collect_facts(SnapshotSystem(path), snapshot=str(path))
+    result = next(r for r in run_checks(facts) if r.id == "gpu.detect")
+    assert result.status == "fail"
+    assert "/dev/kfd (Permission denied)" in result.finding
+    assert "usermod -aG render,video" in (result.fix or "")

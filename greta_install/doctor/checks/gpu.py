@@ -51,6 +51,18 @@ def check_detect(facts: Facts) -> Finding:
             **details,
         )
     notes = f"; {len(warnings)} detection note(s), see `greta detect`" if warnings else ""
+    if det.state == "unusable" and det.blockers:
+        # What stops the GPU, as detection saw it: "what: fix" per blocker.
+        whats = [b.split(": ", 1)[0] for b in det.blockers]
+        fixes = [b.split(": ", 1)[1] if ": " in b else b for b in det.blockers]
+        return fail(
+            f"{len(det.gpus)} GPU(s) present ({_gpu_name(gpu) if gpu else 'unnamed'}) but none "
+            f"usable here: {'; '.join(whats)}",
+            "\n".join(fixes),
+            state=det.state,
+            blockers=list(det.blockers),
+            **details,
+        )
     if gpu is None:
         return ok(f"target {det.target}: no usable GPU detected{notes}", **details)
     if det.target == "cpu":
