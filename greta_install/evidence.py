@@ -8,7 +8,6 @@ ROCm tools run only when sysfs could not name every AMD GPU's architecture, so
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -173,9 +172,10 @@ def gather(view: SystemView, tools: ToolPolicy | None = None) -> Evidence:
         # sysfs shows the GPUs even in a container that was given no devices, and
         # rocminfo (which would say so) is skipped when sysfs named every GPU: ask the
         # device node itself.
+        can_open = getattr(view, "can_open_rw", None)
         if not view.exists(KFD_DEVICE):
             ev.info["dev.kfd"] = "absent"
-        elif not os.access(KFD_DEVICE, os.R_OK | os.W_OK):
+        elif can_open is not None and not can_open(KFD_DEVICE):
             ev.info["dev.kfd"] = "denied"
     if run_rocm:
         ev.rocminfo = _tool(ev, view, "rocminfo", "rocminfo", rocminfo.parse)

@@ -168,13 +168,18 @@ def test_dropping_rocm_smi_keeps_the_doctor(name: str, tmp_path: Path) -> None:
     assert {k: v[0] for k, v in full.items()} == {k: v[0] for k, v in rocm10.items()}
 
 
-def _live_amd_view(**kw) -> object:
+def _live_amd_view(can_open: bool | None = None, **files: str) -> object:
     from fake_view import FakeView
 
+    class LiveView(FakeView):
+        def can_open_rw(self, path: str) -> bool:
+            assert path == "/dev/kfd"
+            return bool(can_open)
+
     props = (SNAPSHOTS / "mi210-kfd/sys/class/kfd/kfd/topology/nodes/2/properties").read_text()
-    return FakeView(
-        files={"/sys/class/kfd/kfd/topology/nodes/2/properties": props, **kw},
-        is_live=True,
+    cls = FakeView if can_open is None else LiveView
+    return cls(
+        files={"/sys/class/kfd/kfd/topology/nodes/2/properties": props, **files}, is_live=True
     )
 
 
@@ -184,15 +189,11 @@ def test_live_container_without_dev_kfd_is_unusable_with_the_fix() -> None:
     assert any("--device=/dev/kfd" in b for b in det.blockers), det.blockers
 
 
-def test_live_dev_kfd_not_permitted(monkeypatch: pytest.MonkeyPatch) -> None:
-    import greta_install.evidence as evidence
-
-    monkeypatch.setattr(evidence.os, "access", lambda path, mode: False)
-    det = detect(_live_amd_view(**{"/dev/kfd": ""}))
+def test_live_dev_kfd_not_permitted() -> None:
+    det = detect(_live_amd_view(can_open=False, **{"/dev/kfd": ""}))
     assert det.state == "unusable"
     assert any("usermod -aG render,video" in b for b in det.blockers), det.blockers
-    monkeypatch.setattr(evidence.os, "access", lambda path, mode: True)
-    assert detect(_live_amd_view(**{"/dev/kfd": ""})).state == "usable"
+    assert detect(_live_amd_view(can_open=True, **{"/dev/kfd": ""})).state == "usable"
 
 
 def test_doctor_fails_gpu_detect_with_the_fix_when_the_gpu_is_unusable() -> None:
