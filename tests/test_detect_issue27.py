@@ -206,3 +206,22 @@ def test_doctor_fails_gpu_detect_with_the_fix_when_the_gpu_is_unusable() -> None
     assert result.status == "fail"
     assert "/dev/kfd (Permission denied)" in result.finding
     assert "usermod -aG render,video" in (result.fix or "")
+
+
+def test_rocm_smi_json_on_one_line_and_its_system_object() -> None:
+    # `rocm-smi -a --json` prints one line; the "system" object is no GPU.
+    text = (
+        '{"card0": {"Device ID": "0x74a1", "PCI Bus": "0000:0C:00.0", "GFX Version": "gfx942"}, '
+        '"card1": {"Device ID": "0x74a1"}, "system": {"Driver version": "6.7.0", '
+        '"Device ID": "0x7408"}}'
+    )
+    records = rocm_smi.parse(text).records
+    assert [(r.index, r.device_id, r.pci_bus, r.gfx) for r in records] == [
+        (0, "0x74a1", "0000:0c:00.0", "gfx942"),
+        (1, "0x74a1", None, None),
+    ]
+
+
+def test_amd_smi_json_after_tool_warnings_is_read() -> None:
+    det = _detect("rx7800xt-amdsmi-static-json-cut")
+    assert [(g.pci_id, g.arch, g.compute_units) for g in det.gpus] == [("0x747e", "gfx1101", 60)]

@@ -197,14 +197,13 @@ def _table(text: str, out: Parsed[AmdSmiGpu]) -> None:
 
 def parse(text: str | None) -> Parsed[AmdSmiGpu]:
     def body(clean_text: str, out: Parsed[AmdSmiGpu]) -> None:
+        # Each reader acts only on its own form (quoted JSON keys, a "gpu," CSV header,
+        # GPU: N blocks), so a paste mixing them, or with tool warnings before the
+        # JSON, gives every GPU once: the readers share one record per index.
         blocks: dict[int, dict[str, str]] = {}
-        stripped = clean_text.lstrip()
-        if stripped.startswith(("[", "{")):
-            _json(clean_text, blocks)
-        elif stripped.lower().startswith("gpu,"):
-            _csv(clean_text, blocks)
-        else:
-            _blocks(clean_text, blocks)
+        _json(clean_text, blocks)
+        _csv(clean_text, blocks)
+        _blocks(clean_text, blocks)
         if blocks:
             out.records.extend(_gpu(i, blocks[i]) for i in sorted(blocks))
         else:

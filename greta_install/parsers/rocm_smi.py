@@ -31,8 +31,11 @@ _HW_HEADER = re.compile(r"^\s*GPU\s+(?:NODE\s+)?DID\b")
 # ROCm 5 and older concise rows start with the index and a temperature ("37.0c",
 # "42.0°C"); a row of N/A is a non-AMD DRM card rocm-smi walked (an Intel iGPU).
 _CONCISE_ROW = re.compile(r"^\s*(?P<idx>\d+)\s+\d+(?:\.\d+)?\s*(?:°\s*)?[cC]\s")
-_JSON_CARD = re.compile(r'^\s*"card(?P<idx>\d+)"\s*:\s*\{')
-_JSON_KV = re.compile(r'^\s*"(?P<key>[^"]+)"\s*:\s*"(?P<value>[^"]*)"')
+_JSON_TOKEN = re.compile(
+    r'"card(?P<card>\d+)"\s*:\s*\{|"(?P<other>[^"\n]+)"\s*:\s*\{'
+    r'|"(?P<key>[^"\n]+)"\s*:\s*"(?P<value>[^"\n]*)"'
+)
+_JSON_LINE = re.compile(r'^\s*"[^"]*"\s*:')
 _CSV_ROW = re.compile(r"^\s*card(?P<idx>\d+)\s*,")
 _GFX = re.compile(r"\bgfx([0-9a-f]{3,5})\b")
 _BUS = re.compile(r"\b((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
@@ -133,6 +136,15 @@ def parse(text: str | None) -> Parsed[RocmSmiGpu]:
                 gpus[idx] = RocmSmiGpu(index=idx)
             return gpus[idx]
 
+        for token in _JSON_TOKEN.finditer(clean_text):
+            # --json, pretty-printed or on one line, complete or cut: "cardN": { opens a
+            # GPU, "Key": "value" pairs fill it.
+            if token["card"] is not None:
+                json_card = int(token["card"])
+            elif token["other"] is not None:
+                json_card = None  # "system": {...} and the like are no GPU
+            elif json_card is not None:
+                _set(gpu(json_card), token["key"], token["value"])
         for line in clean_text.splitlines():
             driver = _DRIVER.match(line)
             if driver:
@@ -142,14 +154,7 @@ def parse(text: str | None) -> Parsed[RocmSmiGpu]:
             if kv:
                 _set(gpu(int(kv["idx"])), kv["key"], kv["value"])
                 continue
-            card = _JSON_CARD.match(line)
-            if card:
-                json_card = int(card["idx"])
-                continue
-            jkv = _JSON_KV.match(line)
-            if jkv:
-                if json_card is not None:
-                    _set(gpu(json_card), jkv["key"], jkv["value"])
+            if _JSON_LINE.match(line):
                 continue
             if line.strip().startswith("device,"):
                 csv_header = next(csv.reader([line.strip()]))
