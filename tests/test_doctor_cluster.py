@@ -75,7 +75,10 @@ def make_node(root: Path, *, shm: str = "16g", gids: dict[int, tuple[str, str]] 
 
 
 def test_shm_size_from_the_mount_table() -> None:
-    assert shm_from_mounts("shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0") == 64 * 2**20
+    assert (
+        shm_from_mounts("shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0")
+        == 64 * 2**20
+    )
     assert shm_from_mounts("tmpfs /dev/shm tmpfs rw,size=16g 0 0") == 16 * GiB
     # Remounted: the last line is the mount in effect.
     two = "tmpfs /dev/shm tmpfs rw,size=64m 0 0\ntmpfs /dev/shm tmpfs rw,size=2g 0 0"
@@ -107,7 +110,9 @@ def test_rendezvous_from_torchrun_and_slurm() -> None:
         "MASTER_ADDR": "gpu03", "MASTER_PORT": "29511",
     }  # fmt: skip
     assert "export MASTER_PORT" in str(rendezvous_env({**slurm, "MASTER_PORT": ""}))
-    assert "MASTER_PORT" in str(rendezvous_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}))
+    assert "MASTER_PORT" in str(
+        rendezvous_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+    )
     assert "torchrun" in str(rendezvous_env({}))
     assert slurm_first_host("node7") == "node7"
 
@@ -115,7 +120,9 @@ def test_rendezvous_from_torchrun_and_slurm() -> None:
 def test_driver_versions() -> None:
     text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024"
     assert nvidia_driver(text) == "550.54.15"
-    open_kernel = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build"
+    open_kernel = (
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build"
+    )
     assert nvidia_driver(open_kernel) == "570.86.15"
     assert nvidia_driver(None) is None
 
@@ -228,7 +235,9 @@ def test_small_shm_fails_with_the_container_fix(tmp_path: Path) -> None:
         ("^docker,lo,eno", None, None),
     ],
 )
-def test_socket_ifname(pair: list[dict[str, Any]], value: str, status: str | None, text: str | None) -> None:
+def test_socket_ifname(
+    pair: list[dict[str, Any]], value: str, status: str | None, text: str | None
+) -> None:
     for rec in pair:
         rec["env"]["NCCL_SOCKET_IFNAME"] = value if rec["rank"] == 1 else "ens"
     r = _by_id(pair)["cluster.socket_ifname"]
@@ -321,7 +330,10 @@ def test_a_malformed_record_is_an_internal_finding_not_a_crash(pair: list[dict[s
 
 
 def test_default_gate_follows_the_link() -> None:
-    one_host = [{"host": "a", "link": {"local": "nvlink"}}, {"host": "a", "link": {"local": "nvlink"}}]
+    one_host = [
+        {"host": "a", "link": {"local": "nvlink"}},
+        {"host": "a", "link": {"local": "nvlink"}},
+    ]
     assert default_gate("nccl", one_host) == ("nvlink", 100.0)
     rdma = [{"host": h, "link": {"rdma_gbits": 8 * 400.0}} for h in "ab"]
     assert default_gate("nccl", rdma) == ("rdma", 100.0)
@@ -331,7 +343,10 @@ def test_default_gate_follows_the_link() -> None:
 
 
 def test_gate_rows_judge_only_bandwidth_bound_sizes() -> None:
-    rows = [{"bytes": 2**20, "all_reduce_busbw": 0.5}, {"bytes": 256 * 2**20, "all_reduce_busbw": 90.0}]
+    rows = [
+        {"bytes": 2**20, "all_reduce_busbw": 0.5},
+        {"bytes": 256 * 2**20, "all_reduce_busbw": 90.0},
+    ]
     assert [r["gate"] for r in gate_rows(rows, 100.0)] == ["n/a", "below"]
     assert [r["gate"] for r in gate_rows(rows, 50.0)] == ["n/a", "pass"]
     assert [r["gate"] for r in gate_rows(rows[:1], 0.25)] == ["pass"]  # the largest is gated

@@ -59,15 +59,11 @@ def gather(
 def human_report(records: list[dict[str, Any]], results: list[CheckResult], verbose: bool) -> str:
     from greta_install.doctor.render import human
 
-    header = (
-        f"greta doctor --cluster: {len(records)} rank(s) on {len(nodes(records))} node(s)"
-    )
+    header = f"greta doctor --cluster: {len(records)} rank(s) on {len(nodes(records))} node(s)"
     return human(results, header, verbose=verbose)
 
 
-def write_result(
-    out: Path, records: list[dict[str, Any]], results: list[CheckResult]
-) -> Path:
+def write_result(out: Path, records: list[dict[str, Any]], results: list[CheckResult]) -> Path:
     now = datetime.datetime.now(datetime.timezone.utc)
     out.mkdir(parents=True, exist_ok=True)
     host = str(records[0].get("host", "unknown")).replace("/", "_")

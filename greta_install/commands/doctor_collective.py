@@ -20,7 +20,6 @@ from greta_install.doctor.collective import (
 )
 
 CPU_DEFAULT_NPROC = 2
-JOB_SIZES_MB = {"nccl": (1.0, 16.0, 64.0, 256.0), "gloo": (0.25, 1.0)}
 
 
 def in_job(environ: dict[str, str]) -> bool:
@@ -154,8 +153,6 @@ def job_table(run: JobRun) -> str:
             f"{r['all_gather_busbw']:>10.2f}  {r['gate']}"
         )
     lines += ["", f"  {label:<4}  collective  {run.message}"]
-    for s in run.result.get("suspects") or []:
-        lines.append(f"        suspect rank {s['rank']}: {s['why']}")
     if run.status != "ok" and run.stderr_tail:
         lines.append(f"        stderr: {run.stderr_tail.strip().splitlines()[-1][:200]}")
     return "\n".join(lines)
@@ -207,17 +204,12 @@ def run_job(args: argparse.Namespace) -> int:
     if args.stall_timeout is not None and not args.stall_timeout > 0:
         print("greta doctor: --stall-timeout must be positive", file=sys.stderr)
         return 2
-    offer = probe(min(args.collective_timeout, 120.0))
-    if offer.get("error"):
-        print(f"greta doctor --collective: {offer['error']}", file=sys.stderr)
-        return 2
-    backend = "nccl" if offer.get("gpus") and offer.get("nccl") and not args.cpu else "gloo"
-    mib = sizes or list(JOB_SIZES_MB[backend])
     stall = args.stall_timeout or max(5.0, args.collective_timeout / 3)
     run = run_job_rank(
-        rdv, backend, [int(m * 2**20) for m in mib], args.iters, args.collective_timeout,
-        stall, args.busbw_min, capture=args.capture,
+        rdv, "gloo" if args.cpu else "auto", [int(m * 2**20) for m in sizes] or None,
+        args.iters, args.collective_timeout, stall, args.busbw_min, capture=args.capture,
     )  # fmt: skip
+    offer = {k: run.result.get(k) for k in ("torch", "cuda", "hip")}
     code = 0 if run.status == "ok" else 1
     if run.rank != 0:
         if run.status != "ok":
@@ -238,7 +230,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     if not args.snapshot and in_job(dict(os.environ)):
         if not (args.collective_timeout > 0 and args.iters > 0):
-            print("greta doctor: --collective-timeout and --iters must be positive", file=sys.stderr)
+            print(
+                "greta doctor: --collective-timeout and --iters must be positive", file=sys.stderr
+            )
             return 2
         return run_job(args)
     if args.snapshot:

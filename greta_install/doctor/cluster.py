@@ -93,7 +93,9 @@ def check_versions(records: Sequence[Record]) -> Finding:
         if name in differ or any(not p.get("record_sha256") for p in pkgs):
             continue
         if len({p["record_sha256"] for p in pkgs}) > 1:
-            builds[name] = {_label(r): p["record_sha256"] for r, p in zip(per_node, pkgs, strict=True)}
+            builds[name] = {
+                _label(r): p["record_sha256"] for r, p in zip(per_node, pkgs, strict=True)
+            }
     if differ:
         shown = "; ".join(
             f"{name}: " + ", ".join(f"{n} {v or 'absent'}" for n, v in by.items())
@@ -167,9 +169,7 @@ def _up(nic: dict[str, Any]) -> bool:
 
 
 def _best_interface(nics: list[dict[str, Any]]) -> str | None:
-    usable = [
-        n for n in nics if _up(n) and n.get("type") != 772 and not _VIRTUAL.match(n["name"])
-    ]
+    usable = [n for n in nics if _up(n) and n.get("type") != 772 and not _VIRTUAL.match(n["name"])]
     usable.sort(key=lambda n: (-(n.get("speed_mbps") or 0), not n.get("physical"), n["name"]))
     return usable[0]["name"] if usable else None
 
@@ -185,15 +185,31 @@ def _ifname_problem(
     fix = f"export {var}={best}" if best else f"unset {var}"
     fix += f"   # on {_label(rec)}"
     if not chosen:
-        return "fail", f"{var}={value} names no interface on {_label(rec)} (it has {', '.join(names) or 'none'})", fix
+        return (
+            "fail",
+            f"{var}={value} names no interface on {_label(rec)} (it has {', '.join(names) or 'none'})",
+            fix,
+        )
     by_name = {n["name"]: n for n in nics}
     up = [c for c in chosen if _up(by_name[c])]
     if not up:
-        return "fail", f"{var}={value} matches only interfaces that are down on {_label(rec)} ({', '.join(chosen)})", fix
+        return (
+            "fail",
+            f"{var}={value} matches only interfaces that are down on {_label(rec)} ({', '.join(chosen)})",
+            fix,
+        )
     if multi_host and all(by_name[c].get("type") == 772 for c in up):
-        return "fail", f"{var}={value} is the loopback interface on {_label(rec)}, but the ranks span hosts", fix
+        return (
+            "fail",
+            f"{var}={value} is the loopback interface on {_label(rec)}, but the ranks span hosts",
+            fix,
+        )
     if all(_VIRTUAL.match(c) for c in up):
-        return "warn", f"{var}={value} selects virtual interface(s) {', '.join(up)} on {_label(rec)}", fix
+        return (
+            "warn",
+            f"{var}={value} selects virtual interface(s) {', '.join(up)} on {_label(rec)}",
+            fix,
+        )
     fastest = max((n.get("speed_mbps") or 0 for n in nics if _up(n)), default=0)
     speeds = [by_name[c].get("speed_mbps") for c in up]
     if fastest and all(s and s * MANAGEMENT_RATIO <= fastest for s in speeds):
@@ -220,9 +236,13 @@ def check_socket_ifname(records: Sequence[Record]) -> Finding:
             if found and found not in problems:
                 problems.append(found)
     if not seen:
-        return ok("NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unset: NCCL and gloo pick the interface")
+        return ok(
+            "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unset: NCCL and gloo pick the interface"
+        )
     if not problems:
-        return ok("NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME select an interface that is up on every node")
+        return ok(
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME select an interface that is up on every node"
+        )
     make = fail if any(s == "fail" for s, _, _ in problems) else warn
     return make(
         "; ".join(f for _, f, _ in problems),
@@ -270,7 +290,10 @@ def check_iommu(records: Sequence[Record]) -> Finding:
         if rec.get("cmdline") is None:
             continue
         params = _cmdline_params(rec["cmdline"])
-        off = params.get("iommu") == "off" or "off" in (params.get("amd_iommu"), params.get("intel_iommu"))
+        off = params.get("iommu") == "off" or "off" in (
+            params.get("amd_iommu"),
+            params.get("intel_iommu"),
+        )
         if params.get("iommu") != "pt" and not off:
             missing.append(_label(rec))
     if missing:
@@ -292,9 +315,9 @@ def check_scratch_reclaim(records: Sequence[Record]) -> Finding:
     hit = []
     for rec in records:
         rocm = rec.get("rocm") or (rec.get("torch") or {}).get("hip")
-        if "gfx90a" in _archs(rec) and _version_tuple(rocm) >= (7, 13):
-            if (rec.get("env") or {}).get("HSA_NO_SCRATCH_RECLAIM") != "1":
-                hit.append(rec.get("rank"))
+        unset = (rec.get("env") or {}).get("HSA_NO_SCRATCH_RECLAIM") != "1"
+        if "gfx90a" in _archs(rec) and _version_tuple(rocm) >= (7, 13) and unset:
+            hit.append(rec.get("rank"))
     if not any("gfx90a" in _archs(r) for r in records):
         return skip("no gfx90a (MI200-series) GPU")
     if hit:
@@ -311,7 +334,9 @@ def check_scratch_reclaim(records: Sequence[Record]) -> Finding:
 def check_msccl(records: Sequence[Record]) -> Finding:
     if not (_spans_hosts(records) and any(_is_amd(r) for r in records)):
         return skip("not an AMD job across hosts")
-    unset = [r.get("rank") for r in records if (r.get("env") or {}).get("RCCL_MSCCL_ENABLE") is None]
+    unset = [
+        r.get("rank") for r in records if (r.get("env") or {}).get("RCCL_MSCCL_ENABLE") is None
+    ]
     if unset:
         return warn(
             f"ranks {unset} leave RCCL_MSCCL_ENABLE unset: AMD's multi-node training recipes "
@@ -376,7 +401,9 @@ def check_ib_hca(records: Sequence[Record]) -> Finding:
             fixes.append(f"{fix}   # {_label(rec)}")
         elif not any(p.get("state") == "ACTIVE" for p in chosen):
             shown = ", ".join(f"{p['device']}:{p['port']} {p.get('state')}" for p in chosen)
-            problems.append(f"NCCL_IB_HCA={value} selects only ports that are not ACTIVE on {_label(rec)} ({shown})")
+            problems.append(
+                f"NCCL_IB_HCA={value} selects only ports that are not ACTIVE on {_label(rec)} ({shown})"
+            )
             fixes.append(f"{fix}   # {_label(rec)}")
     if not seen:
         return ok("NCCL_IB_HCA unset: NCCL uses every RDMA port it finds")
@@ -391,7 +418,9 @@ def check_ib_hca(records: Sequence[Record]) -> Finding:
 
 def _roce_v2_ipv4(port: dict[str, Any]) -> int | None:
     for g in port.get("gids", []):
-        if "v2" in str(g.get("type") or "").lower() and str(g.get("gid", "")).startswith("0000:0000:0000:0000:0000:ffff:"):
+        if "v2" in str(g.get("type") or "").lower() and str(g.get("gid", "")).startswith(
+            "0000:0000:0000:0000:0000:ffff:"
+        ):
             return g["index"]
     return None
 
@@ -403,7 +432,10 @@ def check_gid_index(records: Sequence[Record]) -> Finding:
         for p in _ports(rec)
         if p.get("link_layer") == "Ethernet"
         and p.get("state") == "ACTIVE"
-        and (not (rec.get("env") or {}).get("NCCL_IB_HCA") or _hca_matches(rec["env"]["NCCL_IB_HCA"], p))
+        and (
+            not (rec.get("env") or {}).get("NCCL_IB_HCA")
+            or _hca_matches(rec["env"]["NCCL_IB_HCA"], p)
+        )
     ]
     if not roce:
         return skip("no ACTIVE RoCE port (NCCL_IB_GID_INDEX applies to RoCE)")
@@ -422,11 +454,14 @@ def check_gid_index(records: Sequence[Record]) -> Finding:
             problems.append(f"NCCL_IB_GID_INDEX={value} is an empty GID slot of {where}")
             fixes.append(f"{fix}   # {_label(rec)}")
         elif "v2" not in str(gid.get("type") or "").lower():
-            problems.append(f"NCCL_IB_GID_INDEX={value} is a {gid.get('type')} GID of {where} (RoCE v2 routes across subnets; v1 does not)")
+            problems.append(
+                f"NCCL_IB_GID_INDEX={value} is a {gid.get('type')} GID of {where} (RoCE v2 routes across subnets; v1 does not)"
+            )
             fixes.append(f"{fix}   # {_label(rec)}")
     if problems:
         return fail(
-            "; ".join(problems) + ": the queue pairs do not connect, NCCL times out in its first collective",
+            "; ".join(problems)
+            + ": the queue pairs do not connect, NCCL times out in its first collective",
             "\n".join(dict.fromkeys(fixes)),
             roce_v2_ipv4=v2_indexes,
         )

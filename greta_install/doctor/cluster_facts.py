@@ -88,7 +88,9 @@ def shm_from_mounts(mounts: str | None, path: str = SHM_PATH) -> int | None:
         fields = line.split()
         if len(fields) >= 4 and fields[1] == path:
             m = _SIZE.search(fields[3])
-            size = None if not m or m.group(2) == "%" else int(m.group(1)) * _UNITS[m.group(2).lower()]
+            size = (
+                None if not m or m.group(2) == "%" else int(m.group(1)) * _UNITS[m.group(2).lower()]
+            )
     return size  # the last mount at a path is the one in effect
 
 
@@ -354,9 +356,7 @@ def collect_record(environ: Mapping[str, str], view: SystemView | None = None) -
             "amdgpu": first_line(view.read_text("/sys/module/amdgpu/version")),
             "nvidia": nvidia_driver(view.read_text("/proc/driver/nvidia/version")),
         },
-        "rocm": next(
-            (v for p in ROCM_VERSION_FILES if (v := first_line(view.read_text(p)))), None
-        ),
+        "rocm": next((v for p in ROCM_VERSION_FILES if (v := first_line(view.read_text(p)))), None),
         "nics": collect_nics(view),
         "rdma": collect_rdma(view),
         "shm": collect_shm(view),
@@ -375,4 +375,3 @@ def collect_record(environ: Mapping[str, str], view: SystemView | None = None) -
     with contextlib.suppress(Exception):
         record["acs_redirecting"] = collect_acs(view)
     return record
-

@@ -389,9 +389,7 @@ class JobRun:
         return dict(self.__dict__)
 
 
-def judge_job(
-    run: JobRun, code: int | None, timeout_s: float, threshold: float | None
-) -> JobRun:
+def judge_job(run: JobRun, code: int | None, timeout_s: float, threshold: float | None) -> JobRun:
     """The verdict of one rank's worker (pure but for its arguments)."""
     res = run.result
     peers = res.get("peers") or []
@@ -438,8 +436,8 @@ def judge_job(
 
 def run_job_rank(
     rdv: dict[str, str],
-    backend: str,
-    sizes: list[int],
+    backend: str,  # "auto": NCCL/RCCL where torch sees a GPU, else gloo
+    sizes: list[int] | None,
     iters: int,
     timeout_s: float,
     stall_s: float,
@@ -458,7 +456,7 @@ def run_job_rank(
             **rdv,
             "GRETA_COLLECTIVE_MODE": "job",
             "GRETA_COLLECTIVE_BACKEND": backend,
-            "GRETA_COLLECTIVE_SIZES": ",".join(map(str, sizes)),
+            "GRETA_COLLECTIVE_SIZES": ",".join(map(str, sizes or ())),
             "GRETA_COLLECTIVE_ITERS": str(iters),
             "GRETA_COLLECTIVE_TIMEOUT": str(timeout_s),
             "GRETA_COLLECTIVE_STALL_S": str(stall_s),
@@ -473,4 +471,5 @@ def run_job_rank(
             run.result = json.loads(result_path.read_text())
         except (OSError, ValueError):
             run.result = {} if code is None else {"error": f"no result (exit code {code})"}
+    run.backend = str(run.result.get("backend") or backend)
     return judge_job(run, code, timeout_s, threshold)

@@ -9,6 +9,7 @@ torch is imported inside the functions: the installer half must import without i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -20,6 +21,7 @@ from typing import Any
 
 HEARTBEAT_S = 0.5
 HB_PREFIX = "greta/collective/hb/"
+ABORT_KEY = "greta/collective/verdict"
 
 
 def probe() -> dict[str, Any]:
@@ -207,6 +209,7 @@ class Heartbeat:
 
     def leave(self) -> None:
         self.busy = False
+        self.phase = f"between collectives, after {self.phase}"
 
     def _beat(self) -> None:
         store = self._store()
@@ -215,6 +218,12 @@ class Heartbeat:
             entry = {**self.me, "beat": self.beat, "seq": self.seq, "phase": self.phase}
             try:
                 store.set(f"{HB_PREFIX}{self.rank}", json.dumps(entry))
+                # A peer's watchdog judged a stall: every rank ends with its verdict, so no
+                # rank waits out the launcher's timeout in a collective that cannot finish.
+                if store.check([ABORT_KEY]):
+                    verdict = json.loads(store.get(ABORT_KEY))
+                    _write(self.result_path, {**self.partial, **verdict, "rank": self.rank})
+                    os._exit(3)
             except Exception:
                 return  # the store is gone: the job is ending
             self._stop.wait(HEARTBEAT_S)
@@ -244,7 +253,10 @@ class Heartbeat:
                 first, second = {}, {}
                 self.partial["watchdog_error"] = f"{type(exc).__name__}: {exc}"
             verdict = judge_stall(self.world, first, second, self.phase, self.stall_s)
-            _write(self.result_path, {**self.partial, "rank": self.rank, **verdict})
+            verdict["judged_by"] = self.rank
+            _write(self.result_path, {**self.partial, **verdict, "rank": self.rank})
+            with contextlib.suppress(Exception):
+                (store or self._store()).set(ABORT_KEY, json.dumps(verdict))
             os._exit(3)
 
 
@@ -271,11 +283,26 @@ def judge_stall(
     behind = sorted(r for r, e in alive.items() if e["seq"] < top)
     suspects: list[dict[str, Any]] = []
     for r in silent:
-        suspects.append({"rank": r, "why": "never published a heartbeat (did not start or cannot reach the store)"})
+        suspects.append(
+            {
+                "rank": r,
+                "why": "never published a heartbeat (did not start or cannot reach the store)",
+            }
+        )
     for r in frozen:
-        suspects.append({"rank": r, "why": f"heartbeat stopped (process frozen or dead) at {second[r]['phase']}"})
+        suspects.append(
+            {
+                "rank": r,
+                "why": f"heartbeat stopped (process frozen or dead) at {second[r]['phase']}",
+            }
+        )
     for r in behind:
-        suspects.append({"rank": r, "why": f"alive but never entered the collective; it is at {alive[r]['phase']}"})
+        suspects.append(
+            {
+                "rank": r,
+                "why": f"alive but never entered the collective; it is at {alive[r]['phase']}",
+            }
+        )
     if suspects:
         names = "; ".join(f"{who(s['rank'])}: {s['why']}" for s in suspects)
         message = f"{phase} did not finish within {stall_s:g} s. Suspect {names}"
@@ -297,11 +324,15 @@ def judge_stall(
     }
 
 
-def _sizes() -> list[int]:
+# Default message sizes of the job form (MiB): up to 256 MiB on GPUs, where bandwidth shows.
+JOB_SIZES_MIB = {"nccl": (1.0, 16.0, 64.0, 256.0), "gloo": (0.25, 1.0)}
+
+
+def _sizes(backend: str) -> list[int]:
     raw = os.environ.get("GRETA_COLLECTIVE_SIZES")
     if raw:
         return [int(x) for x in raw.split(",") if x]
-    return [int(os.environ["GRETA_COLLECTIVE_BYTES"])]
+    return [int(m * 2**20) for m in JOB_SIZES_MIB[backend]]
 
 
 def _planted_stall(rank: int, index: int) -> None:
@@ -322,6 +353,9 @@ def run_sweep(result_path: str) -> dict[str, Any]:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", 0))
     backend = os.environ["GRETA_COLLECTIVE_BACKEND"]
+    if backend == "auto":  # one torch import per rank: the launcher does not probe first
+        gpu = torch.cuda.is_available() and dist.is_nccl_available()
+        backend = "nccl" if gpu else "gloo"
     iters = int(os.environ["GRETA_COLLECTIVE_ITERS"])
     timeout = float(os.environ["GRETA_COLLECTIVE_TIMEOUT"])
     stall_s = float(os.environ.get("GRETA_COLLECTIVE_STALL_S", timeout / 2))
@@ -340,7 +374,9 @@ def run_sweep(result_path: str) -> dict[str, Any]:
         def sync() -> None:
             return None
 
-    out: dict[str, Any] = {"rank": rank, "world": world, "device": name, "backend": backend}
+    out: dict[str, Any] = {"rank": rank, "world": world, "device": name, "backend": backend,
+                           "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "hip": getattr(torch.version, "hip", None)}  # fmt: skip
     dist.init_process_group(
         backend, timeout=timedelta(seconds=timeout),
         **({"device_id": device} if backend == "nccl" else {}),
@@ -360,7 +396,7 @@ def run_sweep(result_path: str) -> dict[str, Any]:
         hb.leave()
         out["peers"] = peers
         rows = []
-        for index, nbytes in enumerate(_sizes()):
+        for index, nbytes in enumerate(_sizes(backend)):
             _planted_stall(rank, index)
             n = max(1, nbytes // 4)
             label = f"{n * 4 / 2**20:g} MiB"
@@ -379,9 +415,9 @@ def run_sweep(result_path: str) -> dict[str, Any]:
             ag_ok = bool(torch.equal(gathered.view(world, n), pattern + offsets))
             buf = torch.zeros(n, device=device)
             hb.enter(f"all_reduce of {label} (timed)")
-            t_ar = _timed(lambda: dist.all_reduce(buf), iters, sync)
+            t_ar = _timed(lambda b=buf: dist.all_reduce(b), iters, sync)
             hb.enter(f"all_gather of {label} (timed)")
-            t_ag = _timed(lambda: all_gather(gathered, buf), iters, sync)
+            t_ag = _timed(lambda g=gathered, b=buf: all_gather(g, b), iters, sync)
             times = torch.tensor([t_ar, t_ag], device=device, dtype=torch.float64)
             hb.enter(f"the max-reduce of the {label} timings")
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
