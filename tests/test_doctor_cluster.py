@@ -24,7 +24,16 @@ from greta_install.doctor.cluster_facts import (
     shm_from_mounts,
     slurm_first_host,
 )
-from greta_install.doctor.collective import default_gate, gate_rows, local_link, rdma_gbits
+from greta_install.commands.doctor_collective import in_job, parse_sizes
+from greta_install.doctor.collective import (
+    JobRun,
+    default_gate,
+    gate_rows,
+    judge_job,
+    local_link,
+    rdma_gbits,
+)
+from greta_install.doctor.collective_worker import judge_stall
 from greta_install.system_view import SnapshotSystem
 
 GiB = 2**30
@@ -362,3 +371,91 @@ def test_local_link_from_nvidia_topology() -> None:
     assert local_link({"nvidia": topo}) == "nvlink"
     assert local_link({"nvidia": topo.replace("NV18", "PIX")}) == "pcie"
     assert local_link({}) is None
+
+
+# --- the collective's verdicts (pure) -----------------------------------------------------------
+
+
+def _hb(beat: int, seq: int, phase: str, node: int) -> dict[str, Any]:
+    return {"beat": beat, "seq": seq, "phase": phase, "host": f"host{node}", "node": str(node),
+            "transport": {}}  # fmt: skip
+
+
+def test_stall_blames_the_rank_that_never_entered() -> None:
+    first = {0: _hb(10, 7, "all_reduce of 64 MiB (check)", 0), 1: _hb(9, 5, "between", 1)}
+    second = {0: _hb(14, 7, "all_reduce of 64 MiB (check)", 0), 1: _hb(13, 5, "between", 1)}
+    v = judge_stall(2, first, second, "all_reduce of 64 MiB (check)", 30.0)
+    assert [s["rank"] for s in v["suspects"]] == [1]
+    assert "Suspect rank 1 (node 1, host host1): alive but never entered" in v["error"]
+
+
+def test_stall_blames_a_frozen_rank_and_a_silent_one() -> None:
+    first = {0: _hb(10, 7, "p", 0), 1: _hb(9, 7, "p", 1)}
+    second = {0: _hb(14, 7, "p", 0), 1: _hb(9, 7, "p", 1)}  # rank 1's beat stopped
+    v = judge_stall(3, first, second, "p", 30.0)
+    assert [(s["rank"], s["why"].split(" (")[0]) for s in v["suspects"]] == [
+        (2, "never published a heartbeat"),
+        (1, "heartbeat stopped"),
+    ]
+
+
+def test_stall_with_every_rank_inside_names_the_link() -> None:
+    both = {0: _hb(10, 7, "p", 0), 1: _hb(10, 7, "p", 1)}
+    later = {r: {**e, "beat": e["beat"] + 4} for r, e in both.items()}
+    later[1]["transport"] = {"NCCL_SOCKET_IFNAME": "ens1"}
+    v = judge_stall(2, both, later, "all_reduce of 256 MiB (timed)", 30.0)
+    assert v["suspects"] == []
+    assert "every rank inside it" in v["error"]
+    assert 'node 1 (host1, {"NCCL_SOCKET_IFNAME": "ens1"})' in v["error"]
+
+
+def _job(result: dict[str, Any], code: int | None = 0, threshold: float | None = None) -> JobRun:
+    return judge_job(JobRun(0, 2, "nccl", result=result), code, 60.0, threshold)
+
+
+def _row(nbytes: int, busbw: float, ok: bool = True) -> dict[str, Any]:
+    return {"bytes": nbytes, "all_reduce_ok": ok, "all_gather_ok": True, "all_reduce_s": 1e-3,
+            "all_gather_s": 1e-3, "all_reduce_busbw": busbw, "all_gather_busbw": busbw / 2}  # fmt: skip
+
+
+def test_job_verdicts() -> None:
+    peers = [{"host": "a", "link": {"local": "nvlink"}}, {"host": "a", "link": {"local": "nvlink"}}]
+    good = {"peers": peers, "sizes": [_row(2**20, 10.0), _row(256 * 2**20, 280.0)],
+            "all_reduce_ok": True, "all_gather_ok": True, "graph_capture": "ok"}  # fmt: skip
+    run = _job(good)
+    assert (run.status, run.link, run.threshold_gbps) == ("ok", "nvlink", 100.0)
+    assert [r["gate"] for r in run.rows] == ["n/a", "pass"]
+    assert run.message.endswith("graph capture: ok")
+    slow = _job(good, threshold=300.0)
+    assert slow.status == "slow" and "280.00 GB/s at 256 MiB is below the 300 GB/s" in slow.message
+    wrong = _job({**good, "sizes": [_row(2**20, 1.0, ok=False)], "all_reduce_ok": False})
+    assert wrong.status == "wrong" and "all-reduce of 1 MiB" in wrong.message
+    killed = _job({"peers": peers}, code=None)
+    assert killed.status == "hang" and "joining the process group" in killed.message
+    crashed = _job({"error": "DistBackendError: NCCL error"}, code=1)
+    assert crashed.status == "crashed" and "NCCL error" in crashed.message
+
+
+def test_job_detection_and_sizes() -> None:
+    assert in_job({"RANK": "0", "WORLD_SIZE": "2"})
+    assert in_job({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"})
+    assert not in_job({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})  # an salloc shell
+    assert not in_job({})
+    assert parse_sizes("64,1,16") == [1.0, 16.0, 64.0]
+    assert "comma-separated" in str(parse_sizes("1,x"))
+    assert "positive" in str(parse_sizes("0"))
+
+
+def test_preflight_inside_an_existing_process_group() -> None:
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    from greta_core.distributed import cluster_preflight
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        found = {r.id: r for r in cluster_preflight()}
+    finally:
+        dist.destroy_process_group()
+    assert found["cluster.gather"].status == "ok"
+    assert found["cluster.gather"].finding.startswith("1 rank(s) on 1 node(s)")
+    assert found["cluster.versions"].status == "skip"  # one node: nothing to compare

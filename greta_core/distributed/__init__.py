@@ -4,6 +4,7 @@ GRETA does not bring its own communication: the shards run GRETA kernels, the su
 them are torch.distributed collectives. torch is imported when these functions are used.
 """
 
+from greta_core.distributed.preflight import cluster_preflight
 from greta_core.distributed.tensor_parallel import (
     GretaShardingError,
     all_reduce_,
@@ -15,6 +16,7 @@ from greta_core.distributed.tensor_parallel import (
 
 __all__ = [
     "GretaShardingError",
+    "cluster_preflight",
     "all_reduce_",
     "column_shard",
     "row_shard",
