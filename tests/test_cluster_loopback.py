@@ -141,3 +141,25 @@ def test_collective_across_nodes_names_the_stalled_rank(tmp_path: Path) -> None:
     assert csv_path.read_text().splitlines()[1].split(",")[6] == str(2**16)
     # The stalled rank ended with the same verdict instead of waiting out the timeout.
     assert "Suspect rank 1" in results[1][2]
+
+
+@pytest.mark.slow
+def test_cluster_gpu_script_in_cpu_mode(tmp_path: Path) -> None:
+    """scripts/cluster_gpu.sh --cpu: the coordinator's GPU proof, with gloo, end to end."""
+    env = _env({"OUT": str(tmp_path), "PYTHON": sys.executable})
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "cluster_gpu.sh"), "--cpu"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cluster.json", "collective.csv", "collective.json", "llama_block_tp.json",
+        "logs.txt", "machine.json", "summary.csv",
+    ]  # fmt: skip
+    table = done.stdout.strip().splitlines()[-3:]
+    assert [line.split()[:3] for line in table] == [
+        ["cluster", "0/0", "pass"], ["collective", "0/0", "pass"], ["example", "0/0", "pass"],
+    ]  # fmt: skip
+    example = json.loads((tmp_path / "llama_block_tp.json").read_text())
+    assert example["world"] == 2 and example["match"] is True
+    assert example["rel_err_vs_single_device"] <= example["tolerance"]

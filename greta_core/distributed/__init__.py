@@ -16,8 +16,8 @@ from greta_core.distributed.tensor_parallel import (
 
 __all__ = [
     "GretaShardingError",
-    "cluster_preflight",
     "all_reduce_",
+    "cluster_preflight",
     "column_shard",
     "row_shard",
     "shard_llama_weights",
