@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from greta_install.commands.doctor_collective import in_job, parse_sizes
 from greta_install.doctor.cluster import cluster_findings
 from greta_install.doctor.cluster_facts import (
     OverlayView,
@@ -24,7 +25,6 @@ from greta_install.doctor.cluster_facts import (
     shm_from_mounts,
     slurm_first_host,
 )
-from greta_install.commands.doctor_collective import in_job, parse_sizes
 from greta_install.doctor.collective import (
     JobRun,
     default_gate,
