@@ -361,6 +361,8 @@ def run_sweep(result_path: str) -> dict[str, Any]:
     stall_s = float(os.environ.get("GRETA_COLLECTIVE_STALL_S", timeout / 2))
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     if backend == "nccl":
+        # srun --gpus-per-task leaves each task one visible GPU whatever its local rank.
+        local %= max(1, torch.cuda.device_count())
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
         name = torch.cuda.get_device_name(local)
