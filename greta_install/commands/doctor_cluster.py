@@ -49,7 +49,8 @@ def gather(
             )
         if code != 0:
             last = tail.strip().splitlines()[-1] if tail.strip() else ""
-            return f"the gather worker exited with {code}: {last}"
+            where = f"{rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}"
+            return f"the gather (rendezvous at {where}) failed with exit code {code}: {last}"
         try:
             return list(json.loads(out_path.read_text()))
         except (OSError, ValueError) as exc:
