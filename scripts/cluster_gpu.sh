@@ -65,7 +65,7 @@ two_nodes() {
 echo "cluster_gpu.sh: mode $MODE, results in $OUT" >&2
 
 # 0. The machine and its versions.
-timeout 120 "$PY" - "$MODE" >"$OUT/machine.json" 2>>"$LOG" <<'EOF'
+timeout 60 "$PY" - "$MODE" >"$OUT/machine.json" 2>>"$LOG" <<'EOF'
 import datetime, json, platform, shutil, socket, subprocess, sys
 import torch
 out = {
@@ -96,13 +96,13 @@ if [ "$MODE" = gpu ]; then
 fi
 
 # 1. greta doctor --cluster across the two nodes.
-two_nodes cluster 150 -- -m greta doctor --cluster --out "$WORK/cluster" --collective-timeout 90
+two_nodes cluster 120 -- -m greta doctor --cluster --out "$WORK/cluster" --collective-timeout 90
 cp "$WORK"/cluster/cluster_*.json "$OUT/cluster.json" 2>/dev/null
 
 # 2. greta doctor --collective across the two nodes (graph capture on GPUs).
 coll=(--collective --collective-timeout 150 --out "$WORK/collective")
 [ "$MODE" = gpu ] && coll+=(--capture) || coll+=(--cpu --iters 5)
-two_nodes collective 200 -- -m greta doctor "${coll[@]}"
+two_nodes collective 180 -- -m greta doctor "${coll[@]}"
 cp "$WORK"/collective/collective_job_*.json "$OUT/collective.json" 2>/dev/null
 cp "$WORK"/collective/collective_job_*.csv "$OUT/collective.csv" 2>/dev/null
 
@@ -110,7 +110,7 @@ cp "$WORK"/collective/collective_job_*.csv "$OUT/collective.csv" 2>/dev/null
 ex=(examples/llama_block_tp.py --out "$WORK/example")
 [ "$MODE" = cpu ] && ex+=(--device cpu --dim 64 --heads 4 --kv-heads 2 --prefill-len 7 \
     --decode-steps 3 --repeats 1)
-two_nodes example 200 -- "${ex[@]}"
+two_nodes example 180 -- "${ex[@]}"
 cp "$WORK"/example/llama_block_tp_*.json "$OUT/llama_block_tp.json" 2>/dev/null
 
 # 4. The summary: a CSV and, last, the table.

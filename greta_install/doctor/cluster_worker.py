@@ -36,8 +36,10 @@ def torch_facts() -> dict[str, Any]:
             out["nccl"] = None
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            arch = getattr(props, "gcnArchName", "") or ""
-            arch = arch.split(":")[0] if arch else f"sm_{props.major}{props.minor}"
+            if out["hip"]:  # "gfx90a:sramecc+:xnack-" -> "gfx90a"
+                arch = str(getattr(props, "gcnArchName", "") or "gfx?").split(":")[0]
+            else:
+                arch = f"sm_{props.major}{props.minor}"
             out["gpus"].append({"name": props.name, "arch": arch, "bus_id": _bus_id(props)})
     return out
 

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -145,13 +146,23 @@ def run_child(
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + timeout_s
+    # torchrun and `timeout` stop a rank with SIGTERM: unwind, so the child's group is ended
+    # here too instead of outliving us in its own session.
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _exit_on_signal) if main else None
     try:
         while _status(proc) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         code = _status(proc)
     finally:
         kill_group(proc)
+        if main:
+            signal.signal(signal.SIGTERM, old)
     return code, _tail(err_path, 8)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _tail(path: Path, lines: int = 6) -> str:
