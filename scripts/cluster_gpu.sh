@@ -4,17 +4,21 @@
 #
 #   scripts/cluster_gpu.sh          # GPU mode: 2 GPUs, one per node (NCCL/RCCL)
 #   scripts/cluster_gpu.sh --cpu    # CPU mode: the same steps with gloo (checks the script)
+#   NODES=4 scripts/cluster_gpu.sh                    # 4 nodes of one GPU (a 4-GPU machine)
+#   NODES=2 GPUS_PER_NODE=2 scripts/cluster_gpu.sh    # 2 nodes of two GPUs
 #
 # Run from the repository root (PYTHONPATH = the repository, or GRETA installed). Each node is
-# a separate `torchrun --nnodes 2 --node-rank N --nproc-per-node 1` on 127.0.0.1 with its own
-# CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES; every step has its own free port and a hard
-# time limit. Results go to $OUT (7 files: machine.json, cluster.json, collective.json,
+# a separate `torchrun --nnodes $NODES --node-rank N --nproc-per-node $GPUS_PER_NODE` on
+# 127.0.0.1 with its own CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES; every step has its own
+# free port and a hard time limit. Results go to $OUT (7 files: machine.json, cluster.json, collective.json,
 # collective.csv, llama_block_tp.json, summary.csv, logs.txt); the summary table comes last.
 # Nothing here is a launcher of GRETA's own: torchrun and torch.distributed do the work.
 set -u
 
 MODE=gpu
 [ "${1:-}" = "--cpu" ] && MODE=cpu
+NODES=${NODES:-2}
+PER=${GPUS_PER_NODE:-1}
 PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/cluster-results}
 mkdir -p "$OUT"
@@ -33,28 +37,33 @@ free_port() {
     "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# two_nodes NAME LIMIT_S -- ARGS...: one torchrun per node, both waited for, exit codes in
-# $WORK/NAME.rc ("rc0 rc1"); outputs appended to logs.txt.
-two_nodes() {
+# nodes NAME LIMIT_S -- ARGS...: one torchrun per node, all waited for, exit codes in
+# $WORK/NAME.rc ("rc0 rc1 ..."); outputs appended to logs.txt.
+nodes() {
     local name=$1 limit=$2
     shift 3
     local port pids=() n
     port=$(free_port)
-    for n in 0 1; do
+    for ((n = 0; n < NODES; n++)); do
         local dev=()
-        [ "$MODE" = gpu ] && dev=(env CUDA_VISIBLE_DEVICES=$n HIP_VISIBLE_DEVICES=$n)
-        ${dev[@]+"${dev[@]}"} timeout -k 10 "$limit" "$PY" -m torch.distributed.run --nnodes 2 \
-            --node-rank "$n" --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port" \
+        if [ "$MODE" = gpu ]; then
+            local ids
+            ids=$(seq -s, $((n * PER)) $((n * PER + PER - 1)))
+            dev=(env CUDA_VISIBLE_DEVICES=$ids HIP_VISIBLE_DEVICES=$ids)
+        fi
+        ${dev[@]+"${dev[@]}"} timeout -k 10 "$limit" "$PY" -m torch.distributed.run \
+            --nnodes "$NODES" --node-rank "$n" --nproc-per-node "$PER" \
+            --master-addr 127.0.0.1 --master-port "$port" \
             "$@" >"$WORK/$name.node$n.out" 2>&1 &
         pids+=($!)
     done
     local rcs=()
-    for n in 0 1; do
+    for ((n = 0; n < NODES; n++)); do
         wait "${pids[$n]}"
         rcs+=($?)
     done
     echo "${rcs[*]}" >"$WORK/$name.rc"
-    for n in 0 1; do
+    for ((n = 0; n < NODES; n++)); do
         {
             echo "===== $name node $n (exit ${rcs[$n]}) ====="
             tail -n 80 "$WORK/$name.node$n.out"
@@ -62,7 +71,7 @@ two_nodes() {
     done
 }
 
-echo "cluster_gpu.sh: mode $MODE, results in $OUT" >&2
+echo "cluster_gpu.sh: mode $MODE, $NODES nodes x $PER rank(s), results in $OUT" >&2
 
 # 0. The machine and its versions.
 timeout 60 "$PY" - "$MODE" >"$OUT/machine.json" 2>>"$LOG" <<'EOF'
@@ -89,20 +98,21 @@ EOF
 
 if [ "$MODE" = gpu ]; then
     ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG")
-    if [ "${ngpu:-0}" -lt 2 ]; then
-        echo "cluster_gpu.sh: needs 2 GPUs, torch sees ${ngpu:-0} (use --cpu for the gloo mode)" >&2
+    if [ "${ngpu:-0}" -lt $((NODES * PER)) ]; then
+        echo "cluster_gpu.sh: needs $((NODES * PER)) GPUs, torch sees ${ngpu:-0}" \
+            "(use --cpu for the gloo mode)" >&2
         exit 2
     fi
 fi
 
 # 1. greta doctor --cluster across the two nodes.
-two_nodes cluster 120 -- -m greta doctor --cluster --out "$WORK/cluster" --collective-timeout 90
+nodes cluster 120 -- -m greta doctor --cluster --out "$WORK/cluster" --collective-timeout 90
 cp "$WORK"/cluster/cluster_*.json "$OUT/cluster.json" 2>/dev/null
 
 # 2. greta doctor --collective across the two nodes (graph capture on GPUs).
 coll=(--collective --collective-timeout 150 --out "$WORK/collective")
 [ "$MODE" = gpu ] && coll+=(--capture) || coll+=(--cpu --iters 5)
-two_nodes collective 180 -- -m greta doctor "${coll[@]}"
+nodes collective 180 -- -m greta doctor "${coll[@]}"
 cp "$WORK"/collective/collective_job_*.json "$OUT/collective.json" 2>/dev/null
 cp "$WORK"/collective/collective_job_*.csv "$OUT/collective.csv" 2>/dev/null
 
@@ -110,7 +120,7 @@ cp "$WORK"/collective/collective_job_*.csv "$OUT/collective.csv" 2>/dev/null
 ex=(examples/llama_block_tp.py --out "$WORK/example")
 [ "$MODE" = cpu ] && ex+=(--device cpu --dim 64 --heads 4 --kv-heads 2 --prefill-len 7 \
     --decode-steps 3 --repeats 1)
-two_nodes example 180 -- "${ex[@]}"
+nodes example 180 -- "${ex[@]}"
 cp "$WORK"/example/llama_block_tp_*.json "$OUT/llama_block_tp.json" 2>/dev/null
 
 # 4. The summary: a CSV and, last, the table.
@@ -130,7 +140,7 @@ def rc(step):
     try:
         return (work / f"{step}.rc").read_text().split()
     except OSError:
-        return ["?", "?"]
+        return ["?"]
 
 machine = load("machine.json") or {}
 rows = []
@@ -170,15 +180,16 @@ else:
 with open(out / "summary.csv", "w", newline="") as fh:
     w = csv.writer(fh)
     w.writerow(["date", "mode", "host", "gpus", "torch", "cuda", "hip", "nccl", "step",
-                "exit_node0", "exit_node1", "verdict", "detail"])
+                "exit_per_node", "verdict", "detail"])
     for step, codes, verdict, detail in rows:
         w.writerow([machine.get("date"), machine.get("mode"), machine.get("host"),
                     "; ".join(machine.get("gpus", [])), machine.get("torch"), machine.get("cuda"),
-                    machine.get("hip"), machine.get("nccl"), step, *codes, verdict, detail])
+                    machine.get("hip"), machine.get("nccl"), step, "/".join(codes), verdict,
+                    detail])
 gpus = ", ".join(machine.get("gpus") or ["cpu"])
 print(f"\ncluster_gpu.sh ({machine.get('mode')}): {gpus}; torch {machine.get('torch')}, "
       f"CUDA {machine.get('cuda')}, HIP {machine.get('hip')}, NCCL {machine.get('nccl')}")
-print(f"{'step':<11} {'exit':<6} {'verdict':<10} detail")
+print(f"{'step':<11} {'exit':<8} {'verdict':<10} detail")
 for step, codes, verdict, detail in rows:
-    print(f"{step:<11} {'/'.join(codes):<6} {verdict:<10} {detail}")
+    print(f"{step:<11} {'/'.join(codes):<8} {verdict:<10} {detail}")
 EOF

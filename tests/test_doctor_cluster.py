@@ -5,6 +5,9 @@ its fix on records that carry one planted fault."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from greta_install.doctor.collective import (
 from greta_install.doctor.collective_worker import judge_stall
 from greta_install.system_view import SnapshotSystem
 
+ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
 ROCE_GIDS = {  # a ConnectX port on RoCE: link-local v1/v2, then the IPv4-mapped v1/v2
     0: ("fe80:0000:0000:0000:0a3b:4cff:fe5d:6e7f", "IB/RoCE v1"),
@@ -459,3 +463,32 @@ def test_preflight_inside_an_existing_process_group() -> None:
     assert found["cluster.gather"].status == "ok"
     assert found["cluster.gather"].finding.startswith("1 rank(s) on 1 node(s)")
     assert found["cluster.versions"].status == "skip"  # one node: nothing to compare
+
+
+def _greta_doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK"))
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "greta", "doctor", *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**base, "PYTHONPATH": str(ROOT), **(env or {})},
+    )  # fmt: skip
+
+
+def test_cluster_outside_a_job_says_how_to_start_it() -> None:
+    done = _greta_doctor("--cluster")
+    assert done.returncode == 2 and "torchrun --nnodes N" in done.stderr
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"}
+    done = _greta_doctor("--cluster", env=slurm)
+    assert done.returncode == 2 and "export MASTER_PORT" in done.stderr
+
+
+def test_collective_in_a_job_rejects_bad_options_before_starting() -> None:
+    job = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    done = _greta_doctor("--collective", "--sizes-mb", "1,big", env=job)
+    assert done.returncode == 2 and "comma-separated list of MiB" in done.stderr
+    done = _greta_doctor("--collective", "--stall-timeout", "0", env=job)
+    assert done.returncode == 2 and "--stall-timeout must be positive" in done.stderr
