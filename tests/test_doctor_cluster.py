@@ -320,6 +320,15 @@ def test_amd_nodes_iommu_scratch_reclaim_and_msccl(pair: list[dict[str, Any]]) -
     assert found["cluster.msccl"].status == "ok"
 
 
+def test_numa_balancing_on_a_gpu_node(pair: list[dict[str, Any]]) -> None:
+    pair[0]["numa_balancing"], pair[1]["numa_balancing"] = "0", "1"
+    r = _by_id(pair)["cluster.numa_balancing"]
+    assert r.status == "warn" and "is on on node 1 (host1):" in r.finding
+    assert r.fix.startswith("sudo sysctl -w kernel.numa_balancing=0")
+    pair[1]["torch"]["gpus"] = []  # a CPU-only node: nothing to tune
+    assert _by_id(pair)["cluster.numa_balancing"].status == "ok"
+
+
 def test_env_and_arch_differences(pair: list[dict[str, Any]]) -> None:
     pair[1]["env"]["NCCL_PROTO"] = "Simple"
     pair[1]["torch"]["gpus"] = [{"name": "NVIDIA A100", "arch": "sm_80"}]
@@ -336,7 +345,7 @@ def test_a_malformed_record_is_an_internal_finding_not_a_crash(pair: list[dict[s
     bad[1]["env"]["NCCL_SOCKET_IFNAME"] = "x"
     found = _by_id(bad)
     assert found["cluster.socket_ifname"].status == "fail"
-    assert len(found) == 13
+    assert len(found) == 14
 
 
 # --- the collective's bandwidth gate ----------------------------------------------------------

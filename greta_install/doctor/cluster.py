@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from greta_install.doctor.cluster_facts import select
+from greta_install.doctor.cluster_facts import parse_selector, select
 from greta_install.doctor.model import CheckResult, Finding, fail, ok, skip, warn
 
 Record = dict[str, Any]
@@ -363,6 +363,24 @@ def check_acs(records: Sequence[Record]) -> Finding:
     return ok(f"ACS off on the bridges of {len(known)} node(s)")
 
 
+def check_numa_balancing(records: Sequence[Record]) -> Finding:
+    known = [r for r in nodes(records) if r.get("numa_balancing") is not None]
+    if not known:
+        return skip("kernel.numa_balancing not readable on any node")
+    on = [r for r in known if r["numa_balancing"] != "0" and _archs(r)]
+    if on:
+        return warn(
+            f"NUMA auto-balancing is on on {', '.join(_label(r) for r in on)}: the kernel keeps "
+            "unmapping pages to migrate them, which AMD's MI300X tuning guide and RCCL name as "
+            "a cause of slow collectives (and it differs from node to node when only some "
+            "were tuned)",
+            "sudo sysctl -w kernel.numa_balancing=0   # on those nodes\n"
+            "echo kernel.numa_balancing=0 | sudo tee /etc/sysctl.d/90-greta-numa.conf",
+            nodes=[_label(r) for r in on],
+        )
+    return ok(f"NUMA auto-balancing off (or no GPU) on the {len(known)} node(s) that report it")
+
+
 # --- RDMA -----------------------------------------------------------------------------------
 
 
@@ -371,8 +389,6 @@ def _ports(rec: Record) -> list[dict[str, Any]]:
 
 
 def _hca_matches(value: str, port: dict[str, Any]) -> bool:
-    from greta_install.doctor.cluster_facts import parse_selector
-
     exclude, exact, items = parse_selector(value)
     hit = any(
         (port["device"] == n if exact else str(port["device"]).startswith(n))
@@ -517,6 +533,7 @@ CLUSTER_CHECKS: tuple[tuple[str, str, Callable[[Sequence[Record]], Finding]], ..
     ("cluster.shm", "/dev/shm size", check_shm),
     ("cluster.iommu", "iommu=pt on AMD nodes", check_iommu),
     ("cluster.acs", "PCIe ACS on every node", check_acs),
+    ("cluster.numa_balancing", "NUMA auto-balancing on GPU nodes", check_numa_balancing),
     ("cluster.rdma", "RDMA ports up", check_rdma_state),
     ("cluster.ib_hca", "NCCL_IB_HCA names a present, ACTIVE port", check_ib_hca),
     ("cluster.gid_index", "RoCE GID index", check_gid_index),

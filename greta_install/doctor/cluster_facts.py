@@ -348,7 +348,7 @@ def collect_record(environ: Mapping[str, str], view: SystemView | None = None) -
         "rank": int(ranks.get("RANK", 0)),
         "local_rank": int(ranks.get("LOCAL_RANK", 0)),
         "node_rank": int(ranks.get("GROUP_RANK", 0)),
-        "host": environ.get("GRETA_CLUSTER_HOST") or socket.gethostname(),
+        "host": socket.gethostname(),
         "greta": __version__,
         "python": ".".join(map(str, sys.version_info[:3])),
         "packages": collect_packages(),
