@@ -20,6 +20,9 @@ from datetime import timedelta
 from typing import Any
 
 HEARTBEAT_S = 0.5
+# Between the two reads of the heartbeats: six beats, so a loaded host that delays one
+# beat thread by a second is not taken for a frozen rank.
+SAMPLE_GAP_S = 6 * HEARTBEAT_S
 HB_PREFIX = "greta/collective/hb/"
 ABORT_KEY = "greta/collective/verdict"
 
@@ -247,7 +250,7 @@ class Heartbeat:
             try:
                 store = store or self._store()
                 first = self._read(store)
-                time.sleep(4 * HEARTBEAT_S)
+                time.sleep(SAMPLE_GAP_S)
                 second = self._read(store)
             except Exception as exc:
                 first, second = {}, {}
