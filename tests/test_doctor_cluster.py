@@ -501,3 +501,21 @@ def test_collective_in_a_job_rejects_bad_options_before_starting() -> None:
     assert done.returncode == 2 and "comma-separated list of MiB" in done.stderr
     done = _greta_doctor("--collective", "--stall-timeout", "0", env=job)
     assert done.returncode == 2 and "--stall-timeout must be positive" in done.stderr
+
+
+def test_collective_check_inside_an_existing_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    from greta_core.distributed import collective_check
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)  # no store to watch: no watchdog
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        run = collective_check(sizes_mib=(0.0625, 0.25), iters=2)
+    finally:
+        dist.destroy_process_group()
+    assert (run.status, run.backend, run.link, run.threshold_gbps) == ("ok", "gloo", "gloo", None)
+    assert [r["bytes"] for r in run.rows] == [2**16, 2**18]
+    assert all(r["all_reduce_ok"] and r["all_gather_ok"] and r["gate"] == "n/a" for r in run.rows)
+    # One rank: busbw = algbw x 2(n-1)/n = 0, the formula nccl-tests uses.
+    assert all(r["all_reduce_busbw"] == 0 for r in run.rows)

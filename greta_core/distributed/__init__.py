@@ -4,7 +4,7 @@ GRETA does not bring its own communication: the shards run GRETA kernels, the su
 them are torch.distributed collectives. torch is imported when these functions are used.
 """
 
-from greta_core.distributed.preflight import cluster_preflight
+from greta_core.distributed.preflight import cluster_preflight, collective_check
 from greta_core.distributed.tensor_parallel import (
     GretaShardingError,
     all_reduce_,
@@ -18,6 +18,7 @@ __all__ = [
     "GretaShardingError",
     "all_reduce_",
     "cluster_preflight",
+    "collective_check",
     "column_shard",
     "row_shard",
     "shard_llama_weights",

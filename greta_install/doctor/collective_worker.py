@@ -62,7 +62,7 @@ def _timed(fn: Any, iters: int, sync: Any) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def _capture(dist: Any, buf: Any) -> str:
+def _capture(dist: Any, buf: Any, group: Any = None) -> str:
     """Whether an all-reduce can be captured in a CUDA/HIP graph and replayed.
 
     NCCL allows it; RCCL refuses collectives during graph capture since ROCm 7.0.
@@ -72,7 +72,7 @@ def _capture(dist: Any, buf: Any) -> str:
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         graph.replay()
         torch.cuda.synchronize()
         return "ok"
@@ -174,7 +174,7 @@ class Heartbeat:
     """
 
     def __init__(self, store_addr: tuple[str, int], rank: int, world: int, stall_s: float,
-                 result_path: str, partial: dict[str, Any]) -> None:  # fmt: skip
+                 result_path: str | None, partial: dict[str, Any]) -> None:  # fmt: skip
         self.addr, self.rank, self.world, self.stall_s = store_addr, rank, world, stall_s
         self.result_path, self.partial = result_path, partial
         self.seq, self.phase, self.busy_since = 0, "joined", 0.0
@@ -191,6 +191,12 @@ class Heartbeat:
             },
         }
         self._stop = threading.Event()
+
+    def _report(self, result: dict[str, Any]) -> None:
+        if self.result_path:
+            _write(self.result_path, result)
+        else:  # inside a user's program: the verdict goes to its stderr before the exit
+            print(f"greta collective watchdog: {result.get('error')}", file=sys.stderr, flush=True)
 
     def _store(self) -> Any:
         import torch.distributed as dist
@@ -225,7 +231,7 @@ class Heartbeat:
                 # rank waits out the launcher's timeout in a collective that cannot finish.
                 if store.check([ABORT_KEY]):
                     verdict = json.loads(store.get(ABORT_KEY))
-                    _write(self.result_path, {**self.partial, **verdict, "rank": self.rank})
+                    self._report({**self.partial, **verdict, "rank": self.rank})
                     os._exit(3)
             except Exception:
                 return  # the store is gone: the job is ending
@@ -257,7 +263,7 @@ class Heartbeat:
                 self.partial["watchdog_error"] = f"{type(exc).__name__}: {exc}"
             verdict = judge_stall(self.world, first, second, self.phase, self.stall_s)
             verdict["judged_by"] = self.rank
-            _write(self.result_path, {**self.partial, **verdict, "rank": self.rank})
+            self._report({**self.partial, **verdict, "rank": self.rank})
             with contextlib.suppress(Exception):
                 (store or self._store()).set(ABORT_KEY, json.dumps(verdict))
             os._exit(3)
@@ -362,7 +368,6 @@ def run_sweep(result_path: str) -> dict[str, Any]:
     iters = int(os.environ["GRETA_COLLECTIVE_ITERS"])
     timeout = float(os.environ["GRETA_COLLECTIVE_TIMEOUT"])
     stall_s = float(os.environ.get("GRETA_COLLECTIVE_STALL_S", timeout / 2))
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     if backend == "nccl":
         # srun --gpus-per-task leaves each task one visible GPU whatever its local rank.
         local %= max(1, torch.cuda.device_count())
@@ -393,66 +398,101 @@ def run_sweep(result_path: str) -> dict[str, Any]:
     hb.start()
     try:
         link = json.loads(os.environ.get("GRETA_COLLECTIVE_LINK", "{}"))
-        peers: list[Any] = [None] * world
-        hb.enter("the gather of the ranks' hosts")
-        dist.all_gather_object(peers, {"rank": rank, "host": socket.gethostname(),
-                                       "node": os.environ.get("GROUP_RANK"), "link": link,
-                                       "device": name})  # fmt: skip
-        hb.leave()
-        out["peers"] = peers
-        rows = []
-        for index, nbytes in enumerate(_sizes(backend)):
-            _planted_stall(rank, index)
-            n = max(1, nbytes // 4)
-            label = f"{n * 4 / 2**20:g} MiB"
-            x = torch.full((n,), float(rank + 1), device=device)
-            hb.enter(f"all_reduce of {label} (check)")
-            dist.all_reduce(x)
-            sync()
-            want = world * (world + 1) / 2
-            ar_ok = bool(torch.all(x == want).item())
-            pattern = torch.arange(n, device=device, dtype=torch.float32) % 1024
-            gathered = torch.empty(world * n, device=device)
-            hb.enter(f"all_gather of {label} (check)")
-            all_gather(gathered, pattern + 1024 * rank)
-            sync()
-            offsets = 1024 * torch.arange(world, device=device, dtype=torch.float32)[:, None]
-            ag_ok = bool(torch.equal(gathered.view(world, n), pattern + offsets))
-            buf = torch.zeros(n, device=device)
-            hb.enter(f"all_reduce of {label} (timed)")
-            t_ar = _timed(lambda b=buf: dist.all_reduce(b), iters, sync)
-            hb.enter(f"all_gather of {label} (timed)")
-            t_ag = _timed(lambda g=gathered, b=buf: all_gather(g, b), iters, sync)
-            times = torch.tensor([t_ar, t_ag], device=device, dtype=torch.float64)
-            hb.enter(f"the max-reduce of the {label} timings")
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
-            hb.leave()
-            t_ar, t_ag = times.tolist()
-            row = {"bytes": n * 4, "all_reduce_ok": ar_ok, "all_gather_ok": ag_ok,
-                   "all_reduce_s": t_ar, "all_gather_s": t_ag}  # fmt: skip
-            row["all_reduce_algbw"], row["all_reduce_busbw"] = bus_bandwidth(
-                "all_reduce", n * 4, t_ar, world
-            )
-            row["all_gather_algbw"], row["all_gather_busbw"] = bus_bandwidth(
-                "all_gather", world * n * 4, t_ag, world
-            )
-            rows.append(row)
-            out["sizes"] = rows
-            _write(result_path, out)  # what was measured survives a later hang
-        out["all_reduce_ok"] = all(r["all_reduce_ok"] for r in rows)
-        out["all_gather_ok"] = all(r["all_gather_ok"] for r in rows)
-        if backend == "nccl" and os.environ.get("GRETA_COLLECTIVE_CAPTURE") == "1":
-            _write(result_path, out)
-            hb.enter("an all-reduce inside a graph capture")
-            out["graph_capture"] = _capture(dist, torch.zeros(1 << 20, device=device))
-            hb.leave()
-        hb.enter("the final barrier")
-        dist.barrier()
-        hb.leave()
-        return out
+        capture = backend == "nccl" and os.environ.get("GRETA_COLLECTIVE_CAPTURE") == "1"
+        return sweep(out, _sizes(backend), iters, device, sync, hb, link, capture, result_path)
     finally:
         hb.stop()
         dist.destroy_process_group()
+
+
+class NoWatch:
+    """A Heartbeat's interface with no watchdog (a group whose store is not reachable)."""
+
+    def enter(self, phase: str) -> None:
+        return None
+
+    def leave(self) -> None:
+        return None
+
+
+def sweep(
+    out: dict[str, Any],
+    sizes: list[int],
+    iters: int,
+    device: Any,
+    sync: Any,
+    hb: Any,
+    link: dict[str, Any],
+    capture: bool,
+    result_path: str | None = None,
+    group: Any = None,
+) -> dict[str, Any]:
+    """Check and time an all-reduce and an all-gather of every size over ``group`` (the
+    default group: the whole job), each call announced to ``hb``; fills and returns ``out``."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    peers: list[Any] = [None] * world
+    hb.enter("the gather of the ranks' hosts")
+    me = {"rank": rank, "host": socket.gethostname(), "node": os.environ.get("GROUP_RANK"),
+          "link": link, "device": out.get("device")}  # fmt: skip
+    dist.all_gather_object(peers, me, group=group)
+    hb.leave()
+    out["peers"] = peers
+    rows: list[dict[str, Any]] = []
+    for index, nbytes in enumerate(sizes):
+        _planted_stall(rank, index)
+        n = max(1, nbytes // 4)
+        label = f"{n * 4 / 2**20:g} MiB"
+        x = torch.full((n,), float(rank + 1), device=device)
+        hb.enter(f"all_reduce of {label} (check)")
+        dist.all_reduce(x, group=group)
+        sync()
+        want = world * (world + 1) / 2
+        ar_ok = bool(torch.all(x == want).item())
+        pattern = torch.arange(n, device=device, dtype=torch.float32) % 1024
+        gathered = torch.empty(world * n, device=device)
+        hb.enter(f"all_gather of {label} (check)")
+        all_gather(gathered, pattern + 1024 * rank, group=group)
+        sync()
+        offsets = 1024 * torch.arange(world, device=device, dtype=torch.float32)[:, None]
+        ag_ok = bool(torch.equal(gathered.view(world, n), pattern + offsets))
+        buf = torch.zeros(n, device=device)
+        hb.enter(f"all_reduce of {label} (timed)")
+        t_ar = _timed(lambda b=buf: dist.all_reduce(b, group=group), iters, sync)
+        hb.enter(f"all_gather of {label} (timed)")
+        t_ag = _timed(lambda g=gathered, b=buf: all_gather(g, b, group=group), iters, sync)
+        times = torch.tensor([t_ar, t_ag], device=device, dtype=torch.float64)
+        hb.enter(f"the max-reduce of the {label} timings")
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+        hb.leave()
+        t_ar, t_ag = times.tolist()
+        row = {"bytes": n * 4, "all_reduce_ok": ar_ok, "all_gather_ok": ag_ok,
+               "all_reduce_s": t_ar, "all_gather_s": t_ag}  # fmt: skip
+        row["all_reduce_algbw"], row["all_reduce_busbw"] = bus_bandwidth(
+            "all_reduce", n * 4, t_ar, world
+        )
+        row["all_gather_algbw"], row["all_gather_busbw"] = bus_bandwidth(
+            "all_gather", world * n * 4, t_ag, world
+        )
+        rows.append(row)
+        out["sizes"] = rows
+        if result_path:
+            _write(result_path, out)  # what was measured survives a later hang
+    out["all_reduce_ok"] = all(r["all_reduce_ok"] for r in rows)
+    out["all_gather_ok"] = all(r["all_gather_ok"] for r in rows)
+    if capture:
+        if result_path:
+            _write(result_path, out)
+        hb.enter("an all-reduce inside a graph capture")
+        out["graph_capture"] = _capture(dist, torch.zeros(1 << 20, device=device), group)
+        hb.leave()
+    hb.enter("the final barrier")
+    dist.barrier(group=group)
+    hb.leave()
+    return out
 
 
 def main(argv: list[str]) -> int:
