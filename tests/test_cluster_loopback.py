@@ -47,9 +47,25 @@ def _two_nodes(doctor_args: list[str], node_env: list[dict[str, str]], cwd: Path
     port, addr = free_port(), _master_addr()
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-               "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", addr,
-               "--master-port", str(port), "-m", "greta", "doctor", *doctor_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            addr,
+            "--master-port",
+            str(port),
+            "-m",
+            "greta",
+            "doctor",
+            *doctor_args,
+        ]
         procs.append(
             subprocess.Popen(
                 cmd,
@@ -90,11 +106,15 @@ def test_cluster_preflight_finds_the_planted_faults(tmp_path: Path) -> None:
     out = tmp_path / "out"
     node_env = [
         {"GRETA_CLUSTER_FIXTURE": str(clean)},
-        {"GRETA_CLUSTER_FIXTURE": str(small), "PYTHONPATH": str(site),
-         "NCCL_SOCKET_IFNAME": "eth9greta"},
-    ]  # fmt: skip
-    results = _two_nodes(["--cluster", "--out", str(out), "--collective-timeout", "120"],
-                         node_env, tmp_path)  # fmt: skip
+        {
+            "GRETA_CLUSTER_FIXTURE": str(small),
+            "PYTHONPATH": str(site),
+            "NCCL_SOCKET_IFNAME": "eth9greta",
+        },
+    ]
+    results = _two_nodes(
+        ["--cluster", "--out", str(out), "--collective-timeout", "120"], node_env, tmp_path
+    )
     # Every rank judges the same records: both exit 1.
     assert [r[0] for r in results] == [1, 1], results
     (report,) = out.glob("cluster_*_x2_*.json")
@@ -122,8 +142,19 @@ def test_cluster_preflight_finds_the_planted_faults(tmp_path: Path) -> None:
 
 def test_collective_across_nodes_names_the_stalled_rank(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    args = ["--collective", "--sizes-mb", "0.0625,0.125", "--iters", "1", "--stall-timeout", "5",
-            "--collective-timeout", "120", "--out", str(out)]  # fmt: skip
+    args = [
+        "--collective",
+        "--sizes-mb",
+        "0.0625,0.125",
+        "--iters",
+        "1",
+        "--stall-timeout",
+        "5",
+        "--collective-timeout",
+        "120",
+        "--out",
+        str(out),
+    ]
     node_env = [{}, {"GRETA_COLLECTIVE_PLANT_STALL": "1:1"}]
     results = _two_nodes(args, node_env, tmp_path)
     assert [r[0] for r in results] == [1, 1], results
@@ -149,17 +180,28 @@ def test_cluster_gpu_script_in_cpu_mode(tmp_path: Path) -> None:
     env = _env({"OUT": str(tmp_path), "PYTHON": sys.executable})
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "cluster_gpu.sh"), "--cpu"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "cluster.json", "collective.csv", "collective.json", "llama_block_tp.json",
-        "logs.txt", "machine.json", "summary.csv",
-    ]  # fmt: skip
+        "cluster.json",
+        "collective.csv",
+        "collective.json",
+        "llama_block_tp.json",
+        "logs.txt",
+        "machine.json",
+        "summary.csv",
+    ]
     table = done.stdout.strip().splitlines()[-3:]
     assert [line.split()[:3] for line in table] == [
-        ["cluster", "0/0", "pass"], ["collective", "0/0", "pass"], ["example", "0/0", "pass"],
-    ]  # fmt: skip
+        ["cluster", "0/0", "pass"],
+        ["collective", "0/0", "pass"],
+        ["example", "0/0", "pass"],
+    ]
     example = json.loads((tmp_path / "llama_block_tp.json").read_text())
     assert example["world"] == 2 and example["match"] is True
     assert example["rel_err_vs_single_device"] <= example["tolerance"]

@@ -55,8 +55,13 @@ def _write(root: Path, path: str, text: str) -> None:
     where.write_text(text + "\n")
 
 
-def make_node(root: Path, *, shm: str = "16g", gids: dict[int, tuple[str, str]] | None = None,
-              ib_state: str = "4: ACTIVE") -> Path:  # fmt: skip
+def make_node(
+    root: Path,
+    *,
+    shm: str = "16g",
+    gids: dict[int, tuple[str, str]] | None = None,
+    ib_state: str = "4: ACTIVE",
+) -> Path:
     """A sysfs/procfs tree of a RoCE node: a 1 GbE management port, a 200 GbE data port."""
     _write(root, "/proc/mounts", f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={shm} 0 0")
     for name, state, speed, kind, phys in (
@@ -113,15 +118,31 @@ def test_nccl_selector_syntax() -> None:
 
 
 def test_rendezvous_from_torchrun_and_slurm() -> None:
-    torchrun = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
-                "LOCAL_RANK": "1", "GROUP_RANK": "1"}  # fmt: skip
+    torchrun = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "1",
+    }
     assert rendezvous_env(torchrun) == {**torchrun}
-    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-             "SLURM_JOB_NODELIST": "gpu[03-05,07],cpu1", "MASTER_PORT": "29511"}  # fmt: skip
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "2",
+        "SLURM_JOB_NODELIST": "gpu[03-05,07],cpu1",
+        "MASTER_PORT": "29511",
+    }
     assert rendezvous_env(slurm) == {
-        "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "2",
-        "MASTER_ADDR": "gpu03", "MASTER_PORT": "29511",
-    }  # fmt: skip
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "2",
+        "MASTER_ADDR": "gpu03",
+        "MASTER_PORT": "29511",
+    }
     assert "export MASTER_PORT" in str(rendezvous_env({**slurm, "MASTER_PORT": ""}))
     assert "MASTER_PORT" in str(
         rendezvous_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
@@ -143,17 +164,30 @@ def test_driver_versions() -> None:
 def test_record_reads_nics_rdma_gids_and_shm_from_a_tree(tmp_path: Path) -> None:
     view = SnapshotSystem(make_node(tmp_path, shm="64m"))
     nics = {n["name"]: n for n in collect_nics(view)}
-    assert nics["ens1f0np0"] == {"name": "ens1f0np0", "operstate": "up", "admin_up": True,
-                                 "type": 1, "mtu": 9000, "speed_mbps": 200000, "physical": True}  # fmt: skip
+    assert nics["ens1f0np0"] == {
+        "name": "ens1f0np0",
+        "operstate": "up",
+        "admin_up": True,
+        "type": 1,
+        "mtu": 9000,
+        "speed_mbps": 200000,
+        "physical": True,
+    }
     assert nics["docker0"]["admin_up"] is False and nics["lo"]["physical"] is False
     (port,) = collect_rdma(view)
     assert (port["device"], port["port"], port["state"], port["link_layer"]) == (
-        "mlx5_0", 1, "ACTIVE", "Ethernet",
-    )  # fmt: skip
+        "mlx5_0",
+        1,
+        "ACTIVE",
+        "Ethernet",
+    )
     # Empty slots of the 8-entry table are left out; each GID keeps its type and netdev.
     assert [(g["index"], g["type"]) for g in port["gids"]] == [
-        (0, "IB/RoCE v1"), (1, "RoCE v2"), (2, "IB/RoCE v1"), (3, "RoCE v2"),
-    ]  # fmt: skip
+        (0, "IB/RoCE v1"),
+        (1, "RoCE v2"),
+        (2, "IB/RoCE v1"),
+        (3, "RoCE v2"),
+    ]
     assert port["gids"][3]["ndev"] == "ens1f0np0"
     assert collect_shm(view) == {"path": "/dev/shm", "bytes": 64 * 2**20, "source": "/proc/mounts"}
     assert rdma_gbits([port]) == 200.0
@@ -171,9 +205,16 @@ def test_overlay_fixture_wins_over_the_base(tmp_path: Path) -> None:
 
 
 def test_collect_record_on_a_fixture_node(tmp_path: Path) -> None:
-    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "1",
-           "GROUP_RANK": "1", "NCCL_SOCKET_IFNAME": "ens", "CUDA_VISIBLE_DEVICES": "1",
-           "HOME": "/root"}  # fmt: skip
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.2",
+        "MASTER_PORT": "1",
+        "GROUP_RANK": "1",
+        "NCCL_SOCKET_IFNAME": "ens",
+        "CUDA_VISIBLE_DEVICES": "1",
+        "HOME": "/root",
+    }
     record = collect_record(env, SnapshotSystem(make_node(tmp_path)))
     assert (record["rank"], record["node_rank"]) == (1, 1)
     assert record["env"] == {"NCCL_SOCKET_IFNAME": "ens"}  # steering variables only
@@ -187,13 +228,23 @@ def test_collect_record_on_a_fixture_node(tmp_path: Path) -> None:
 
 
 def _record(tmp_path: Path, rank: int, node: int, **tree: Any) -> dict[str, Any]:
-    env = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1",
-           "GROUP_RANK": str(node)}  # fmt: skip
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+        "GROUP_RANK": str(node),
+    }
     rec = collect_record(env, SnapshotSystem(make_node(tmp_path / f"n{node}", **tree)))
     rec["host"] = f"host{node}"
     rec["packages"] = {"torch": {"version": "2.11.0", "record_sha256": "aa"}}
-    rec["torch"] = {"version": "2.11.0", "cuda": "13.0", "hip": None, "nccl": "2.27.7",
-                    "gpus": [{"name": "NVIDIA H100", "arch": "sm_90"}]}  # fmt: skip
+    rec["torch"] = {
+        "version": "2.11.0",
+        "cuda": "13.0",
+        "hip": None,
+        "nccl": "2.27.7",
+        "gpus": [{"name": "NVIDIA H100", "arch": "sm_90"}],
+    }
     rec["lock"] = {"target": "nvidia", "row": "current", "sha256": "ff"}
     return rec
 
@@ -301,8 +352,13 @@ def test_gid_tables_that_disagree_between_nodes(tmp_path: Path) -> None:
 
 def test_amd_nodes_iommu_scratch_reclaim_and_msccl(pair: list[dict[str, Any]]) -> None:
     for rec in pair:
-        rec["torch"] = {"version": "2.11.0", "hip": "7.13.1", "cuda": None, "nccl": "2.27.7",
-                        "gpus": [{"name": "AMD Instinct MI250X", "arch": "gfx90a"}]}  # fmt: skip
+        rec["torch"] = {
+            "version": "2.11.0",
+            "hip": "7.13.1",
+            "cuda": None,
+            "nccl": "2.27.7",
+            "gpus": [{"name": "AMD Instinct MI250X", "arch": "gfx90a"}],
+        }
         rec["rocm"] = "7.13.1"
     pair[1]["cmdline"] = "BOOT_IMAGE=/vmlinuz ro quiet"
     found = _by_id(pair)
@@ -390,8 +446,14 @@ def test_local_link_from_nvidia_topology() -> None:
 
 
 def _hb(beat: int, seq: int, phase: str, node: int) -> dict[str, Any]:
-    return {"beat": beat, "seq": seq, "phase": phase, "host": f"host{node}", "node": str(node),
-            "transport": {}}  # fmt: skip
+    return {
+        "beat": beat,
+        "seq": seq,
+        "phase": phase,
+        "host": f"host{node}",
+        "node": str(node),
+        "transport": {},
+    }
 
 
 def test_stall_blames_the_rank_that_never_entered() -> None:
@@ -427,14 +489,26 @@ def _job(result: dict[str, Any], code: int | None = 0, threshold: float | None =
 
 
 def _row(nbytes: int, busbw: float, ok: bool = True) -> dict[str, Any]:
-    return {"bytes": nbytes, "all_reduce_ok": ok, "all_gather_ok": True, "all_reduce_s": 1e-3,
-            "all_gather_s": 1e-3, "all_reduce_busbw": busbw, "all_gather_busbw": busbw / 2}  # fmt: skip
+    return {
+        "bytes": nbytes,
+        "all_reduce_ok": ok,
+        "all_gather_ok": True,
+        "all_reduce_s": 1e-3,
+        "all_gather_s": 1e-3,
+        "all_reduce_busbw": busbw,
+        "all_gather_busbw": busbw / 2,
+    }
 
 
 def test_job_verdicts() -> None:
     peers = [{"host": "a", "link": {"local": "nvlink"}}, {"host": "a", "link": {"local": "nvlink"}}]
-    good = {"peers": peers, "sizes": [_row(2**20, 10.0), _row(256 * 2**20, 280.0)],
-            "all_reduce_ok": True, "all_gather_ok": True, "graph_capture": "ok"}  # fmt: skip
+    good = {
+        "peers": peers,
+        "sizes": [_row(2**20, 10.0), _row(256 * 2**20, 280.0)],
+        "all_reduce_ok": True,
+        "all_gather_ok": True,
+        "graph_capture": "ok",
+    }
     run = _job(good)
     assert (run.status, run.link, run.threshold_gbps) == ("ok", "nvlink", 100.0)
     assert [r["gate"] for r in run.rows] == ["n/a", "pass"]
@@ -482,9 +556,12 @@ def _greta_doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.C
     }
     return subprocess.run(
         [sys.executable, "-m", "greta", "doctor", *args],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={**base, "PYTHONPATH": str(ROOT), **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def test_cluster_outside_a_job_says_how_to_start_it() -> None:

@@ -66,8 +66,13 @@ def collective_check(
         def sync() -> None:
             return None
 
-    out: dict[str, Any] = {"rank": rank, "world": world, "device": name, "backend": backend,
-                           "torch": torch.__version__}  # fmt: skip
+    out: dict[str, Any] = {
+        "rank": rank,
+        "world": world,
+        "device": name,
+        "backend": backend,
+        "torch": torch.__version__,
+    }
     sizes = [int(m * 2**20) for m in (sizes_mib or JOB_SIZES_MIB.get(backend, (1.0,)))]
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     hb: Any = NoWatch()

@@ -166,21 +166,52 @@ def write_job_result(out: Path, run: JobRun, offer: dict[str, Any]) -> list[Path
     device = str(run.result.get("device") or "unknown").replace(" ", "_").replace("/", "_")
     stem = f"collective_job_{device}_x{run.world}_{now.strftime('%Y%m%dT%H%M%SZ')}"
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": now.isoformat(timespec="seconds"), "platform": platform.platform(),
-            "command": "greta doctor --collective (torchrun/srun job)", **offer}  # fmt: skip
+    meta = {
+        "date": now.isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "command": "greta doctor --collective (torchrun/srun job)",
+        **offer,
+    }
     json_path = out / f"{stem}.json"
     json_path.write_text(json.dumps({"metadata": meta, "result": run.to_json()}, indent=2) + "\n")
     csv_path = out / f"{stem}.csv"
     with open(csv_path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["date", "device", "torch", "backend", "world", "link", "bytes",
-                    "all_reduce_s", "all_reduce_busbw_gbps", "all_gather_s",
-                    "all_gather_busbw_gbps", "threshold_gbps", "gate"])  # fmt: skip
+        w.writerow(
+            [
+                "date",
+                "device",
+                "torch",
+                "backend",
+                "world",
+                "link",
+                "bytes",
+                "all_reduce_s",
+                "all_reduce_busbw_gbps",
+                "all_gather_s",
+                "all_gather_busbw_gbps",
+                "threshold_gbps",
+                "gate",
+            ]
+        )
         for r in run.rows:
-            w.writerow([meta["date"], run.result.get("device"), offer.get("torch"), run.backend,
-                        run.world, run.link, r["bytes"], r["all_reduce_s"],
-                        r["all_reduce_busbw"], r["all_gather_s"], r["all_gather_busbw"],
-                        run.threshold_gbps, r["gate"]])  # fmt: skip
+            w.writerow(
+                [
+                    meta["date"],
+                    run.result.get("device"),
+                    offer.get("torch"),
+                    run.backend,
+                    run.world,
+                    run.link,
+                    r["bytes"],
+                    r["all_reduce_s"],
+                    r["all_reduce_busbw"],
+                    r["all_gather_s"],
+                    r["all_gather_busbw"],
+                    run.threshold_gbps,
+                    r["gate"],
+                ]
+            )
     return [json_path, csv_path]
 
 
@@ -206,9 +237,15 @@ def run_job(args: argparse.Namespace) -> int:
         return 2
     stall = args.stall_timeout or max(5.0, args.collective_timeout / 3)
     run = run_job_rank(
-        rdv, "gloo" if args.cpu else "auto", [int(m * 2**20) for m in sizes] or None,
-        args.iters, args.collective_timeout, stall, args.busbw_min, capture=args.capture,
-    )  # fmt: skip
+        rdv,
+        "gloo" if args.cpu else "auto",
+        [int(m * 2**20) for m in sizes] or None,
+        args.iters,
+        args.collective_timeout,
+        stall,
+        args.busbw_min,
+        capture=args.capture,
+    )
     offer = {k: run.result.get(k) for k in ("torch", "cuda", "hip")}
     code = 0 if run.status == "ok" else 1
     if run.rank != 0:

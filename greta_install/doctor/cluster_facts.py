@@ -272,8 +272,10 @@ def collect_shm(view: SystemView) -> dict[str, Any]:
 
 
 def _stack_package(name: str) -> bool:
-    return any(name == p or (p.endswith("-") and name.startswith(p)) or name.startswith(p + "-")
-               for p in STACK_PREFIXES)  # fmt: skip
+    return any(
+        name == p or (p.endswith("-") and name.startswith(p)) or name.startswith(p + "-")
+        for p in STACK_PREFIXES
+    )
 
 
 def collect_packages() -> dict[str, dict[str, str | None]]:

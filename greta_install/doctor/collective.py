@@ -142,9 +142,14 @@ def run_child(
     err_path = Path(cwd) / "child.err"
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=err,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     # torchrun and `timeout` stop a rank with SIGTERM: unwind, so the child's group is ended
     # here too instead of outliving us in its own session.

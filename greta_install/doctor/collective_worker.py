@@ -173,8 +173,15 @@ class Heartbeat:
     cannot be interrupted from Python.
     """
 
-    def __init__(self, store_addr: tuple[str, int], rank: int, world: int, stall_s: float,
-                 result_path: str | None, partial: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store_addr: tuple[str, int],
+        rank: int,
+        world: int,
+        stall_s: float,
+        result_path: str | None,
+        partial: dict[str, Any],
+    ) -> None:
         self.addr, self.rank, self.world, self.stall_s = store_addr, rank, world, stall_s
         self.result_path, self.partial = result_path, partial
         self.seq, self.phase, self.busy_since = 0, "joined", 0.0
@@ -284,9 +291,10 @@ def judge_stall(
 
     silent = [r for r in range(world) if r not in second]
     frozen = [
-        r for r in range(world)
+        r
+        for r in range(world)
         if r in first and r in second and second[r]["beat"] == first[r]["beat"]
-    ]  # fmt: skip
+    ]
     alive = {r: e for r, e in second.items() if r not in frozen}
     top = max((e["seq"] for e in alive.values()), default=0)
     behind = sorted(r for r, e in alive.items() if e["seq"] < top)
@@ -316,10 +324,12 @@ def judge_stall(
         names = "; ".join(f"{who(s['rank'])}: {s['why']}" for s in suspects)
         message = f"{phase} did not finish within {stall_s:g} s. Suspect {names}"
     else:
-        links = sorted({
-            f"node {e.get('node')} ({e.get('host')}, {json.dumps(e.get('transport') or 'auto')})"
-            for e in second.values()
-        })  # fmt: skip
+        links = sorted(
+            {
+                f"node {e.get('node')} ({e.get('host')}, {json.dumps(e.get('transport') or 'auto')})"
+                for e in second.values()
+            }
+        )
         message = (
             f"{phase} did not finish within {stall_s:g} s with every rank inside it: the data "
             f"path between the nodes hangs; suspect link: {' <-> '.join(links)}"
@@ -384,17 +394,28 @@ def run_sweep(result_path: str) -> dict[str, Any]:
         def sync() -> None:
             return None
 
-    out: dict[str, Any] = {"rank": rank, "world": world, "device": name, "backend": backend,
-                           "torch": torch.__version__, "cuda": torch.version.cuda,
-                           "hip": getattr(torch.version, "hip", None)}  # fmt: skip
+    out: dict[str, Any] = {
+        "rank": rank,
+        "world": world,
+        "device": name,
+        "backend": backend,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+    }
     dist.init_process_group(
-        backend, timeout=timedelta(seconds=timeout),
+        backend,
+        timeout=timedelta(seconds=timeout),
         **({"device_id": device} if backend == "nccl" else {}),
-    )  # fmt: skip
+    )
     hb = Heartbeat(
         (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
-        rank, world, stall_s, result_path, out,
-    )  # fmt: skip
+        rank,
+        world,
+        stall_s,
+        result_path,
+        out,
+    )
     hb.start()
     try:
         link = json.loads(os.environ.get("GRETA_COLLECTIVE_LINK", "{}"))
@@ -436,8 +457,13 @@ def sweep(
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     peers: list[Any] = [None] * world
     hb.enter("the gather of the ranks' hosts")
-    me = {"rank": rank, "host": socket.gethostname(), "node": os.environ.get("GROUP_RANK"),
-          "link": link, "device": out.get("device")}  # fmt: skip
+    me = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "node": os.environ.get("GROUP_RANK"),
+        "link": link,
+        "device": out.get("device"),
+    }
     dist.all_gather_object(peers, me, group=group)
     hb.leave()
     out["peers"] = peers
@@ -469,8 +495,13 @@ def sweep(
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
         hb.leave()
         t_ar, t_ag = times.tolist()
-        row = {"bytes": n * 4, "all_reduce_ok": ar_ok, "all_gather_ok": ag_ok,
-               "all_reduce_s": t_ar, "all_gather_s": t_ag}  # fmt: skip
+        row = {
+            "bytes": n * 4,
+            "all_reduce_ok": ar_ok,
+            "all_gather_ok": ag_ok,
+            "all_reduce_s": t_ar,
+            "all_gather_s": t_ag,
+        }
         row["all_reduce_algbw"], row["all_reduce_busbw"] = bus_bandwidth(
             "all_reduce", n * 4, t_ar, world
         )
