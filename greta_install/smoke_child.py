@@ -96,7 +96,8 @@ def _run(step: str, fn: Callable[[], Any], cpu_only_note: str | None = None) -> 
         return True
     except BaseException as exc:  # a smoke step reports every failure, even SystemExit
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        _emit(step, "failed", time.perf_counter() - start, None, tail[-800:])
+        # One line: a HIP/CUDA error's first line names it, the rest is advice on debugging.
+        _emit(step, "failed", time.perf_counter() - start, None, tail.splitlines()[0][:800])
         return False
     status = "skipped" if cpu_only_note else "passed"
     _emit(step, status, time.perf_counter() - start, detail, None, cpu_only_note)

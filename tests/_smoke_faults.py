@@ -22,9 +22,11 @@ faults act and the references stay right.
 
 from __future__ import annotations
 
+import io
 import site
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 from _install_helpers import REPO
@@ -163,3 +165,28 @@ def mirror_env(env_dir: Path) -> str:
     pth = site_packages(env_dir) / "_greta_smoke_test_paths.pth"
     pth.write_text("\n".join(real_paths()) + "\n", encoding="utf-8")
     return str(env_dir / "bin" / "python")
+
+
+def package_wheel(name: str, init: str) -> tuple[str, bytes]:
+    """A wheel of package `name` 1.0 whose __init__.py is `init` (make_wheel's own
+    __init__.py, replaced, with the RECORD to match)."""
+    from _install_helpers import _record_hash, make_wheel
+
+    filename, data = make_wheel(name, "1.0")
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        files = {info.filename: zf.read(info) for info in zf.infolist()}
+    files[f"{name}/__init__.py"] = init.encode()
+    record = next(name for name in files if name.endswith(".dist-info/RECORD"))
+    files[record] = (
+        "".join(
+            f"{name},{_record_hash(body)},{len(body)}\n"
+            for name, body in files.items()
+            if name != record
+        ).encode()
+        + f"{record},,\n".encode()
+    )
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        for name, body in files.items():
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), body)
+    return filename, out.getvalue()

@@ -30,7 +30,7 @@ from _install_helpers import (
     python_of,
     snapshot,
 )
-from _smoke_faults import NAN_AFTER_STEPS, fake_torch, fault_env, mirror_env
+from _smoke_faults import NAN_AFTER_STEPS, fake_torch, fault_env, mirror_env, package_wheel
 
 from greta_install import smoke
 from greta_install import smoke_child as CHILD
@@ -155,6 +155,7 @@ def test_the_gate_passes_on_the_real_cpu_stack() -> None:
         assert steps[name].status == "passed", steps[name]
 
 
+@pytest.mark.slow
 def test_a_fake_gpu_that_computes_right_passes_the_numeric_gate(tmp_path: Path) -> None:
     """The control for the faults below: the same fake GPU without a fault passes."""
     report = smoke.run_smoke(fault_env(tmp_path / "env", "none"), "gpu")
@@ -186,10 +187,10 @@ def _wheels(fault: str, triton: str | None) -> dict[str, bytes]:
     wheels = [
         make_wheel("alpha-pkg", "1.0"),
         make_wheel("beta-pkg", "1.0", 64),
-        make_wheel("torch", "1.0", extra={"torch/__init__.py": fake_torch(fault).encode()}),
+        package_wheel("torch", fake_torch(fault)),
     ]
     if triton is not None:
-        wheels.append(make_wheel("triton", "1.0", extra={"triton/__init__.py": triton.encode()}))
+        wheels.append(package_wheel("triton", triton))
     return dict(wheels)
 
 
