@@ -62,8 +62,11 @@ NO_GPU_NOTE = (
 )
 
 
-class Skip(Exception):
-    """The step cannot be judged here (a package not installed): reported as skipped."""
+class Skipped:
+    """What a step returns when it cannot be judged here (a package not installed)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
 def _emit(
@@ -91,14 +94,14 @@ def _run(step: str, fn: Callable[[], Any], cpu_only_note: str | None = None) -> 
     start = time.perf_counter()
     try:
         detail = fn()
-    except Skip as why:
-        _emit(step, "skipped", time.perf_counter() - start, None, None, str(why))
-        return True
     except BaseException as exc:  # a smoke step reports every failure, even SystemExit
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
         # One line: a HIP/CUDA error's first line names it, the rest is advice on debugging.
         _emit(step, "failed", time.perf_counter() - start, None, tail.splitlines()[0][:800])
         return False
+    if isinstance(detail, Skipped):
+        _emit(step, "skipped", time.perf_counter() - start, None, None, detail.why)
+        return True
     status = "skipped" if cpu_only_note else "passed"
     _emit(step, status, time.perf_counter() - start, detail, None, cpu_only_note)
     return True
@@ -388,9 +391,10 @@ def main(mode: str) -> int:
             raise AssertionError("SDPA backward gave missing or non-finite gradients")
         return {"dtype": str(dtype)}
 
-    def _need_greta() -> None:
+    def _no_greta() -> Skipped | None:
         if importlib.util.find_spec("greta_core") is None:
-            raise Skip("greta_core is not installed in this environment")
+            return Skipped("greta_core is not installed in this environment")
+        return None
 
     def _rms_case() -> tuple[Any, Any, Any, Any]:
         """fp32 inputs, the float64 reference from them and its bound.
@@ -407,16 +411,18 @@ def main(mode: str) -> int:
         bound = MARGIN * (1.5 * _gamma(n + 1, U32) + MATH_CALL + 2 * U32) * ref.abs()
         return x, w, ref, bound
 
-    def greta_raw_step() -> dict[str, Any]:
-        _need_greta()
+    def greta_raw_step() -> dict[str, Any] | Skipped:
+        if skipped := _no_greta():
+            return skipped
         from greta_core import raw
 
         x, w, ref, bound = _rms_case()
         got = raw.rms_norm(x.to(state["device"]), w.to(state["device"]), 1e-6)
         return {"max_err_over_bound": _within("greta_core.raw.rms_norm", got, ref, bound)}
 
-    def greta_torch_step() -> dict[str, Any]:
-        _need_greta()
+    def greta_torch_step() -> dict[str, Any] | Skipped:
+        if skipped := _no_greta():
+            return skipped
         torch, dev = state["torch"], state["device"]
         import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
 
@@ -437,9 +443,9 @@ def main(mode: str) -> int:
             "warm_ms": timings[-1] * 1e3,
         }
 
-    def jax_step() -> dict[str, Any]:
+    def jax_step() -> dict[str, Any] | Skipped:
         if importlib.util.find_spec("jax") is None:
-            raise Skip("jax is not installed in this environment")
+            return Skipped("jax is not installed in this environment")
         import jax
         import jax.numpy as jnp
 
@@ -453,10 +459,11 @@ def main(mode: str) -> int:
             raise AssertionError(f"jax computed {total}, expected 1240")
         return {"version": jax.__version__, "platform": device.platform}
 
-    def greta_jax_step() -> dict[str, Any]:
+    def greta_jax_step() -> dict[str, Any] | Skipped:
         if "jax" not in state:
-            raise Skip("jax is not installed in this environment")
-        _need_greta()
+            return Skipped("jax is not installed in this environment")
+        if skipped := _no_greta():
+            return skipped
         import jax.numpy as jnp
 
         from greta_core import jax as gjax
@@ -470,7 +477,7 @@ def main(mode: str) -> int:
         got = state["torch"].tensor(_np(got))  # a copy: jax's buffers are read-only
         ratio = _within("greta_core.jax.rms_norm", got, ref, bound)
         if gpu and not triton_ok:
-            raise Skip(f"{why}: greta_core.jax ran its jax.numpy reference (within bounds)")
+            return Skipped(f"{why}: greta_core.jax ran its jax.numpy reference (within bounds)")
         return {"max_err_over_bound": ratio, "path": why}
 
     torch_ok = _run("torch", torch_step)
