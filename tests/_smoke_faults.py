@@ -167,15 +167,16 @@ def mirror_env(env_dir: Path) -> str:
     return str(env_dir / "bin" / "python")
 
 
-def package_wheel(name: str, init: str) -> tuple[str, bytes]:
+def package_wheel(name: str, init: str, more: dict[str, str] | None = None) -> tuple[str, bytes]:
     """A wheel of package `name` 1.0 whose __init__.py is `init` (make_wheel's own
-    __init__.py, replaced, with the RECORD to match)."""
+    __init__.py, replaced, with the RECORD to match), plus the modules in `more`."""
     from _install_helpers import _record_hash, make_wheel
 
     filename, data = make_wheel(name, "1.0")
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         files = {info.filename: zf.read(info) for info in zf.infolist()}
     files[f"{name}/__init__.py"] = init.encode()
+    files.update({f"{name}/{rel}": text.encode() for rel, text in (more or {}).items()})
     record = next(name for name in files if name.endswith(".dist-info/RECORD"))
     files[record] = (
         "".join(

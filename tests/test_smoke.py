@@ -201,7 +201,7 @@ def _wheels(fault: str, triton: str | None) -> dict[str, bytes]:
         package_wheel("torch", fake_torch(fault)),
     ]
     if triton is not None:
-        wheels.append(package_wheel("triton", triton))
+        wheels.append(package_wheel("triton", triton, {"language.py": ""}))
     return dict(wheels)
 
 
