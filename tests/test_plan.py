@@ -283,9 +283,11 @@ def test_cli_dry_run_exits_non_zero_when_not_ready() -> None:
     proc = run_cli("--dry-run", "--target", "mi300x", "--python", "3.12", "--strict")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "not ready:" in proc.stdout
-    # The vendor downloads are in the command list, hashed or not.
-    assert "--extra-index-url https://download.pytorch.org/whl/rocm7.14" in proc.stdout
-    assert "--extra-index-url https://repo.amd.com/rocm/whl-multi-arch" in proc.stdout
+    # The vendor downloads are in the command list, hashed or not, each with its vendor's
+    # index as the only index.
+    assert "--index-url https://download.pytorch.org/whl/rocm7.14" in proc.stdout
+    assert "--index-url https://repo.amd.com/rocm/whl-multi-arch" in proc.stdout
+    assert "--extra-index-url" not in proc.stdout
 
 
 def test_cli_errors_are_messages_not_tracebacks() -> None:
