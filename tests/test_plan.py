@@ -259,7 +259,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     ("args", "torch_local"),
     [
         (("--target", "mi300x"), "rocm7.14"),
-        (("--target", "radeon", "--arch", "gfx1103"), "rocm7.14"),
         (("--target", "radeon", "--arch", "gfx1151"), "rocm7.14"),
         (("--target", "radeon", "--arch", "gfx1100", "--row", "previous"), "rocm7.2"),
         (("--target", "cuda"), None),
