@@ -391,7 +391,6 @@ def builds_carrying(gfx: str | None) -> tuple[TorchBuild, ...]:
     return arch_facts(gfx).builds()
 
 
-
 def known_override(gfx: str | None) -> str | None:
     """The sibling override known to run this arch, whether or not GRETA sets it itself."""
     return arch_facts(gfx).override

@@ -155,6 +155,13 @@ def prepare(request: InstallRequest) -> Prepared:
         raise InstallFailed(str(exc), 2) from None
     executable, version = _interpreter(request)
     explicit = _explicit_lock(request.lock) if request.lock else None
+    if explicit is None and version not in matrix.pythons:
+        raise InstallFailed(
+            f"Python {version} is not covered by GRETA's locks (Python "
+            f"{', '.join(matrix.pythons)}): create the environment with one of them, e.g. "
+            f"`python{matrix.pythons[-1]} -m venv .venv`",
+            2,
+        )
     detection, why_not = _detect(request.snapshot)
     target = _choose_target(request, explicit, detection, why_not, matrix)
     _check_machine(target, detection, request)
