@@ -284,18 +284,18 @@ ARCHS: dict[str, ArchFacts] = {
         _amd("gfx1101", "RDNA3", "radeon"),
         _amd("gfx1102", "RDNA3", "radeon"),
         _amd("gfx1103", "RDNA3", "radeon", integrated=True, override="11.0.0",
-             warning="gfx1103 (Radeon 740M/760M/780M) has no code in pytorch.org's ROCm torch "
-             "wheels; HSA_OVERRIDE_GFX_VERSION=11.0.0 is reported to cause page faults and "
+             warning="gfx1103 (Radeon 740M/760M/780M) has no code in the classic ROCm torch "
+             "wheels nor pytorch.org's ROCm 7.14 wheel; HSA_OVERRIDE_GFX_VERSION=11.0.0 is reported to cause page faults and "
              "system hangs, so GRETA never sets it: AMD's TheRock build carries native gfx1103 "
              "code"),
         _amd("gfx1150", "RDNA3.5", "radeon", integrated=True),
         _amd("gfx1151", "RDNA3.5", "radeon", integrated=True),
         _amd("gfx1152", "RDNA3.5", "radeon", integrated=True,
-             warning="gfx1152 (Krackan Point) has no code in pytorch.org's ROCm torch wheels "
-             "and no safe override: AMD's TheRock build carries native gfx1152 code"),
+             warning="gfx1152 (Krackan Point) has no code in the classic ROCm torch wheels "
+             "nor pytorch.org's ROCm 7.14 wheel, and no safe override: AMD's TheRock build carries native gfx1152 code"),
         _amd("gfx1153", "RDNA3.5", "radeon", integrated=True,
-             warning="gfx1153 has no code in pytorch.org's ROCm torch wheels and no safe "
-             "override: AMD's TheRock build carries native gfx1153 code"),
+             warning="gfx1153 has no code in the classic ROCm torch wheels nor pytorch.org's "
+             "ROCm 7.14 wheel, and no safe override: AMD's TheRock build carries native gfx1153 code"),
         _amd("gfx1200", "RDNA4", "radeon"),
         _amd("gfx1201", "RDNA4", "radeon", tuned=True),
         _nv("sm_75", "Turing"),
