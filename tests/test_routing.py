@@ -7,6 +7,8 @@ torch it would install comes from a build whose recorded arch list holds the arc
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from greta import cli
 from greta_install import archs, routing
 from greta_install.matrix import load_matrix
 
@@ -23,26 +26,14 @@ MATRIX = load_matrix()
 
 
 def dry_run(*args: str) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "greta",
-            "install",
-            "--dry-run",
-            "--json",
-            "--python",
-            "3.12",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc.returncode, data, proc.stderr
+    """`greta install --dry-run --json ...` in this process (the CLI's own entry point)."""
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["install", "--dry-run", "--json", "--python", "3.12", *args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(argv)
+    text = out.getvalue()
+    data = json.loads(text) if text.strip().startswith("{") else {}
+    return rc, data, err.getvalue()
 
 
 def _torch(plan: dict[str, Any]) -> dict[str, Any]:
