@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from greta_install.archs import TUNED_ARCHS
 from greta_install.kernel_names import distribution_name, package_name
 
-KNOWN_ARCHS: tuple[str, ...] = ("sm_90", "gfx942", "gfx1100", "gfx1201")
+KNOWN_ARCHS: tuple[str, ...] = TUNED_ARCHS  # the arch table's precompiled kernel sets
 
 
 @dataclass(frozen=True)
