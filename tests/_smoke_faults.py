@@ -124,21 +124,25 @@ if _FAULT == "no-kernel":
 '''
 
 
-def real_paths() -> list[str]:
-    """Where this test interpreter finds GRETA and torch, triton, jax."""
-    paths = [str(REPO), *site.getsitepackages()]
+def real_paths(with_greta: bool = True) -> list[str]:
+    """Where this test interpreter finds GRETA (this checkout, unless not with_greta) and
+    torch, triton, jax. A site folder added this way has its .pth files ignored, so an
+    editable install of GRETA there (README's `pip install -e`) does not bring it back."""
+    paths = [str(REPO)] if with_greta else []
+    paths += site.getsitepackages()
     user = site.getusersitepackages()
     if user in sys.path:
         paths.append(user)
     return paths
 
 
-def fake_torch(fault: str) -> str:
+def fake_torch(fault: str, with_greta: bool = True) -> str:
     """Source of a torch/__init__.py carrying `fault` (one of FAULTS)."""
     assert fault in FAULTS, fault
     if fault == "crash":
         return _CRASH
-    return _SHIM.format(fault=fault, nan_after=NAN_AFTER_STEPS, paths=real_paths())
+    paths = real_paths(with_greta)
+    return _SHIM.format(fault=fault, nan_after=NAN_AFTER_STEPS, paths=paths)
 
 
 def site_packages(env_dir: Path) -> Path:
@@ -146,12 +150,15 @@ def site_packages(env_dir: Path) -> Path:
     return env_dir / "lib" / py / "site-packages"
 
 
-def fault_env(env_dir: Path, fault: str, files: dict[str, str] | None = None) -> str:
+def fault_env(
+    env_dir: Path, fault: str, files: dict[str, str] | None = None, with_greta: bool = True
+) -> str:
     """A venv (no pip) whose torch carries `fault`, plus `files` (path -> text) in its
     site-packages; its Python, which the smoke test runs isolated."""
     venv.EnvBuilder(with_pip=False, symlinks=True).create(env_dir)
     sp = site_packages(env_dir)
-    for rel, text in {"torch/__init__.py": fake_torch(fault), **(files or {})}.items():
+    torch_init = fake_torch(fault, with_greta)
+    for rel, text in {"torch/__init__.py": torch_init, **(files or {})}.items():
         path = sp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

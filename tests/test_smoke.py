@@ -185,6 +185,18 @@ def test_forward_right_training_wrong_is_caught(tmp_path: Path) -> None:
     assert not report.ok and report.failed is not None and report.failed.name == "training"
 
 
+@pytest.mark.slow
+def test_bindings_not_installed_are_skipped_not_passed(tmp_path: Path) -> None:
+    """An environment without GRETA: its binding checks say so, the rest still runs."""
+    report = smoke.run_smoke(fault_env(tmp_path / "env", "no-gpu", with_greta=False), "cpu")
+    steps = _by_name(report)
+    for name in ("greta-raw", "greta-torch", "greta-jax"):
+        assert steps[name].status == "skipped", report.to_json()
+        assert steps[name].note == "greta_core is not installed in this environment"
+    assert steps["torch"].status == "passed" and steps["triton"].status == "passed"
+    assert report.ok
+
+
 # --- the install is undone when the smoke test fails --------------------------------------
 
 
