@@ -596,3 +596,12 @@ def test_collective_check_inside_an_existing_process_group(monkeypatch: pytest.M
     assert all(r["all_reduce_ok"] and r["all_gather_ok"] and r["gate"] == "n/a" for r in run.rows)
     # One rank: busbw = algbw x 2(n-1)/n = 0, the formula nccl-tests uses.
     assert all(r["all_reduce_busbw"] == 0 for r in run.rows)
+
+
+def test_workers_are_told_where_this_interpreter_finds_torch() -> None:
+    pytest.importorskip("torch")
+    from greta_install.doctor.collective import TORCH_PATH_ENV, worker_env
+
+    env = worker_env()
+    assert (Path(env[TORCH_PATH_ENV]) / "torch" / "__init__.py").is_file()
+    assert env["NCCL_NVLS_ENABLE"] == "0"  # multicast stays off in every worker

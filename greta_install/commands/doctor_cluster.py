@@ -16,7 +16,7 @@ from typing import Any
 
 from greta_install.doctor.cluster import cluster_findings, nodes
 from greta_install.doctor.cluster_facts import collect_record, rendezvous_env
-from greta_install.doctor.collective import NO_MULTICAST, isolated, run_child
+from greta_install.doctor.collective import isolated, run_child, worker_env
 from greta_install.doctor.model import CheckResult, exit_code
 
 WORKER = isolated("cluster_worker.py")
@@ -31,7 +31,7 @@ def gather(
         rec_path.write_text(json.dumps(record))
         env = {
             **os.environ,
-            **NO_MULTICAST,
+            **worker_env(),
             **rdv,
             "GRETA_CLUSTER_RECORD": str(rec_path),
             "GRETA_CLUSTER_OUT": str(out_path),

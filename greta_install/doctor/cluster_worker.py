@@ -63,7 +63,16 @@ def gather_records(record: dict[str, Any], group: Any = None) -> list[dict[str, 
     return [dict(r) for r in gathered]
 
 
+def _find_torch() -> None:
+    """Append the launcher's torch directory (GRETA_WORKER_TORCH_PATH): ``python -I`` left
+    out PYTHONPATH and the user's site-packages, where that torch may live."""
+    extra = os.environ.get("GRETA_WORKER_TORCH_PATH")
+    if extra and extra not in sys.path:
+        sys.path.append(extra)
+
+
 def main() -> int:
+    _find_torch()
     import torch.distributed as dist
 
     with open(os.environ["GRETA_CLUSTER_RECORD"], encoding="utf-8") as fh:

@@ -40,6 +40,24 @@ NO_MULTICAST = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+TORCH_PATH_ENV = "GRETA_WORKER_TORCH_PATH"
+
+
+def worker_env() -> dict[str, str]:
+    """What every worker gets beyond os.environ: multicast off, and the directory where this
+    interpreter finds torch. ``python -I`` drops PYTHONPATH and the user's site-packages;
+    a worker appends this directory to its path, so it still finds the torch we would
+    (a torch it finds on its own comes first)."""
+    import importlib.util
+
+    env = dict(NO_MULTICAST)
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("torch")  # locates, never imports
+        if spec is not None and spec.origin:
+            env[TORCH_PATH_ENV] = str(Path(spec.origin).parent.parent)
+    return env
+
+
 # The checks that explain a hung or wrong collective, in the order to read them.
 SUSPECTS = (
     "multi_gpu.visible_devices",
@@ -90,7 +108,7 @@ def probe(timeout_s: float, worker: Sequence[str] = WORKER) -> dict[str, Any]:
             text=True,
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **NO_MULTICAST},
+            env={**os.environ, **worker_env()},
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -194,11 +212,12 @@ def run_collective(
         port = free_port()
         procs: list[subprocess.Popen[bytes]] = []
         hung: list[int] = []
+        extra = worker_env()
         try:
             for rank in range(nproc):
                 env = {
                     **os.environ,
-                    **NO_MULTICAST,
+                    **extra,
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
                     "RANK": str(rank),
@@ -468,7 +487,7 @@ def run_job_rank(
         result_path = Path(tmp, "result.json")
         env = {
             **os.environ,
-            **NO_MULTICAST,
+            **worker_env(),
             **rdv,
             "GRETA_COLLECTIVE_MODE": "job",
             "GRETA_COLLECTIVE_BACKEND": backend,

@@ -526,7 +526,16 @@ def sweep(
     return out
 
 
+def _find_torch() -> None:
+    """Append the launcher's torch directory (GRETA_WORKER_TORCH_PATH): ``python -I`` left
+    out PYTHONPATH and the user's site-packages, where that torch may live."""
+    extra = os.environ.get("GRETA_WORKER_TORCH_PATH")
+    if extra and extra not in sys.path:
+        sys.path.append(extra)
+
+
 def main(argv: list[str]) -> int:
+    _find_torch()
     if argv[1:2] == ["--probe"]:
         print(json.dumps(probe()))
         return 0
