@@ -248,7 +248,7 @@ def _amd_gpu(s: _Seen, ev: Evidence) -> _Built:
     native = native or (info.gfx if info else None)
     runtime = s.gfx.get("rocminfo")
     arch = native or runtime
-    where = s.pci_bus or s.device_id or "?"
+    where = s.pci_bus or s.device_id or f"({', '.join(s.sources)}: no bus or device id)"
     if native and runtime and native != runtime:
         seen_override = ev.env.get("HSA_OVERRIDE_GFX_VERSION")
         cause = (
@@ -308,9 +308,13 @@ def _amd_gpu(s: _Seen, ev: Evidence) -> _Built:
             "(amdgpu not loaded, no /dev/kfd in this container, or not captured in the snapshot)"
         )
     if arch is None:
+        why = (
+            f"device id {s.device_id} is not in GRETA's PCI table and no ROCm tool named it"
+            if s.device_id
+            else "no source gave its device id or architecture"
+        )
         warnings.append(
-            f"GPU {where}: could not tell its architecture (device id {s.device_id or 'unknown'} "
-            "is not in GRETA's PCI table and no ROCm tool named it); please attach "
+            f"GPU {where}: could not tell its architecture ({why}); please attach "
             "`greta snapshot` output to a bug report"
         )
     gpu = Gpu(
@@ -391,7 +395,7 @@ def _nvidia_gpu(s: _Seen) -> _Built:
     warnings: list[str] = []
     name = s.names.get("nvidia-smi") or s.names.get("lspci")
     arch = archs.sm_from_compute_cap(s.compute_cap) or archs.sm_from_name(name, s.nv_architecture)
-    where = s.pci_bus or s.device_id or "?"
+    where = s.pci_bus or s.device_id or f"({', '.join(s.sources)}: no bus or device id)"
     if arch is None:
         warnings.append(
             f"NVIDIA GPU {where} ({name or 'unnamed'}): compute capability unknown"

@@ -7,6 +7,7 @@ nothing; every refusal is an `InstallFailed` with exit status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -167,6 +168,10 @@ def prepare(request: InstallRequest) -> Prepared:
     _check_machine(target, detection, request)
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
+    if detection is not None and target == "cpu" and (request.target or explicit is not None):
+        # --target cpu where the GPU cannot be used: the CPU install is what was asked for,
+        # so what blocks the GPU does not block it.
+        detection = dataclasses.replace(detection, blockers=[])
     route = _route(request, explicit, matrix, target, detection)
     lock = _lock_for(request, explicit, target, version, route.row if route else "current")
     installer, uv = _installer(request)

@@ -225,3 +225,36 @@ def test_rocm_smi_json_on_one_line_and_its_system_object() -> None:
 def test_amd_smi_json_after_tool_warnings_is_read() -> None:
     det = _detect("rx7800xt-amdsmi-static-json-cut")
     assert [(g.pci_id, g.arch, g.compute_units) for g in det.gpus] == [("0x747e", "gfx1101", 60)]
+
+
+def test_install_plan_blocks_the_gpu_install_but_not_an_explicit_cpu_one() -> None:
+    import json
+    import subprocess
+    import sys
+
+    snap = str(SNAPSHOTS / "mi100-x4-container-kfd-denied")
+
+    def plan(*extra: str) -> dict:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "greta",
+                "install",
+                "--dry-run",
+                "--json",
+                "--snapshot",
+                snap,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return json.loads(out.stdout)
+
+    detected = plan()
+    assert not detected["ready"]
+    assert any("usermod -aG render,video" in b for b in detected["blockers"])
+    asked = plan("--target", "cpu")
+    assert asked["ready"] and asked["blockers"] == []
