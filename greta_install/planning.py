@@ -118,14 +118,33 @@ def _lock_for(request: InstallRequest, explicit: Lock | None, target: str, versi
         raise InstallFailed(str(exc), 2) from None
 
 
-def _installer(request: InstallRequest) -> tuple[str, str | None]:
-    uv = find_uv()
+def _installer(request: InstallRequest, executable: str | None) -> tuple[str, str | None]:
+    uv = find_uv(executable)
     installer = request.installer or ("uv" if uv else "pip")
     if installer == "uv" and uv is None:
         raise InstallFailed(
             "--installer uv: uv was not found (pip install uv, or use --installer pip)", 2
         )
+    if installer == "pip" and executable is not None and not has_pip(executable):
+        # Found now, not after the downloads: the offline install step runs the target's pip.
+        if uv is None:
+            raise InstallFailed(no_installer_message(executable), 2)
+        raise InstallFailed(
+            f"--installer pip: {executable} has no pip; leave --installer out (uv is there: "
+            f"{uv}) or add pip with `{executable} -m ensurepip`",
+            2,
+        )
     return installer, uv
+
+
+def no_installer_message(executable: str) -> str:
+    """Neither pip nor uv: the exact commands that give this environment an installer."""
+    return (
+        f"{executable} has no pip and no uv was found (not on PATH, not beside the "
+        f"interpreter, not as `python -m uv`): nothing could download or install. Add pip "
+        f"with `{executable} -m ensurepip` (offline, from the standard library), or put uv on "
+        f"PATH; then run greta install again"
+    )
 
 
 def prepare(request: InstallRequest) -> Prepared:
@@ -141,7 +160,7 @@ def prepare(request: InstallRequest) -> Prepared:
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
     lock = _lock_for(request, explicit, target, version)
-    installer, uv = _installer(request)
+    installer, uv = _installer(request, executable)
     downloader = inst.downloader_for(
         executable or "python",
         version,
