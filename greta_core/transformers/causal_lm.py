@@ -12,6 +12,7 @@ fused loss writes its hidden gradient over the final hidden states (``consume_in
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -50,12 +51,23 @@ def _owns_final_hidden(outputs) -> bool:
     return outputs.hidden_states is None and not torch.compiler.is_compiling()
 
 
+@functools.cache
+def _cache_field() -> str:
+    """The KV-cache field of transformers' model outputs: `cache` (5.2x on), else the older
+    `past_key_values`. Asked once, of the dataclass, so no deprecated name is ever set."""
+    import dataclasses
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    names = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in names else "past_key_values"
+
+
 def causal_lm_forward(
     self: torch.nn.Module,
     input_ids: torch.LongTensor | None = None,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.LongTensor | None = None,
-    past_key_values=None,
     inputs_embeds: torch.Tensor | None = None,
     labels: torch.LongTensor | None = None,
     use_cache: bool | None = None,
@@ -71,7 +83,6 @@ def causal_lm_forward(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         inputs_embeds=inputs_embeds,
         use_cache=use_cache,
         **kwargs,
@@ -99,8 +110,8 @@ def causal_lm_forward(
     out = CausalLMOutputWithPast(
         loss=loss,
         logits=logits,
-        past_key_values=outputs.past_key_values,
         hidden_states=outputs.hidden_states,
         attentions=outputs.attentions,
+        **{_cache_field(): getattr(outputs, _cache_field())},
     )
     return out if return_dict is not False else out.to_tuple()
