@@ -131,6 +131,7 @@ class InstallPlan:
     smoke: bool = True
     keep_failed: bool = False
     wheelhouse: str | None = None  # --save-wheelhouse DIR
+    refusals: list[str] = field(default_factory=list)  # what the real run would refuse here
 
     @property
     def unverified(self) -> list[str]:
@@ -144,15 +145,14 @@ class InstallPlan:
 
     @property
     def blockers(self) -> list[str]:
-        if not self.strict:
-            return []
-        return [
+        unhashed = [
             f"{p.name}=={p.version}: no hash in the lock and none recorded (--strict); run "
             "`greta lock --fill-hashes` where the vendor index is reachable, or install with "
             "--from-record FILE from a machine that already trusted it"
             for p in self.packages
-            if p.hash_status == HASH_TOFU
+            if self.strict and p.hash_status == HASH_TOFU
         ]
+        return [*self.refusals, *unhashed]
 
     def to_json(self) -> dict[str, Any]:
         return {

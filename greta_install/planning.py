@@ -69,15 +69,30 @@ def _explicit_lock(path: str) -> Lock:
 def _check_machine(target: str, detection: Any, request: InstallRequest) -> None:
     """A lock or --target made for another kind of machine is refused unless forced
     (an mi300x set on a CPU machine installs, then fails at the first GPU call)."""
-    if request.dry_run or request.force_target or request.snapshot or detection is None:
-        return
-    if detection.target != target:
+    if foreign_target(target, detection, request) and not request.dry_run:
         what = f"{request.lock} is the lock of" if request.lock else "--target"
         raise InstallFailed(
             f"{what} {target} but this machine is {detection.target}; pass --force-target "
             "to install it anyway, or --dry-run to only plan",
             2,
         )
+
+
+def target_of_arch(arch: str) -> str | None:
+    """--arch alone names its target: gfx1100 is radeon, gfx942 mi300x, sm_90 cuda."""
+    from greta_install.archs import target_for_gfx
+
+    arch = arch.lower()
+    if arch.startswith("sm_"):
+        return "cuda"
+    return target_for_gfx(arch)
+
+
+def foreign_target(target: str, detection: Any, request: InstallRequest) -> bool:
+    """The real install would refuse this target here without --force-target."""
+    if request.force_target or request.snapshot or detection is None:
+        return False
+    return bool(detection.target != target)
 
 
 def _choose_target(
@@ -87,7 +102,9 @@ def _choose_target(
     why_not: str | None,
     matrix: Matrix,
 ) -> str:
-    target_arg = request.target
+    target_arg = request.target.lower() if request.target else None
+    if not target_arg and explicit is None and request.arch:
+        target_arg = target_of_arch(request.arch)
     if explicit is not None:
         if target_arg and target_arg != explicit.target:
             raise InstallFailed(
@@ -157,6 +174,7 @@ def prepare(request: InstallRequest) -> Prepared:
     detection, why_not = _detect(request.snapshot)
     target = _choose_target(request, explicit, detection, why_not, matrix)
     _check_machine(target, detection, request)
+    detection_seen = detection
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
     lock = _lock_for(request, explicit, target, version)
@@ -190,6 +208,12 @@ def prepare(request: InstallRequest) -> Prepared:
         raise InstallFailed(str(exc), 2) from None
     if why_not and not request.target and explicit is None:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")
+    if request.dry_run and foreign_target(target, detection_seen, request):
+        # The plan is right for that machine; here the real run refuses without the flag.
+        plan.refusals.append(
+            f"this machine is {detection_seen.target}, not {target}: installing it here needs "
+            "--force-target (or run the install on the target machine)"
+        )
     plan.keep_failed = request.keep_failed
     plan.wheelhouse = request.wheelhouse
     return Prepared(request, plan, downloader, uv, executable, steps_for(plan), record)

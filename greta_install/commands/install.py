@@ -159,8 +159,16 @@ def run(args: argparse.Namespace) -> int:
             return _show_plan(prepared, args.json)
         if prepared.plan.blockers:
             return _refuse(prepared)
-        if not args.reinstall and not args.save_wheelhouse:
+        if not args.reinstall:
             same = _already_installed(prepared)
+            if same is not None and args.save_wheelhouse:
+                # The wheelhouse is made from the files an install stages: say so, never
+                # reinstall a matching environment unasked.
+                return _fail(
+                    f"{same}; --save-wheelhouse copies the files an install downloads, so it "
+                    "would download and reinstall everything: add --reinstall to do that",
+                    args.json,
+                )
             if same is not None:
                 return _nothing_to_do(same, args.json, log)
         for warning in prepared.plan.warnings:
