@@ -12,7 +12,6 @@ fused loss writes its hidden gradient over the final hidden states (``consume_in
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -49,18 +48,6 @@ def _owns_final_hidden(outputs) -> bool:
     gradient over them (one [tokens, hidden] tensor less at the forward's peak). Not while
     compiling: dynamo would trace the context variable."""
     return outputs.hidden_states is None and not torch.compiler.is_compiling()
-
-
-@functools.cache
-def _cache_field() -> str:
-    """The KV-cache field of transformers' model outputs: `cache` (5.2x on), else the older
-    `past_key_values`. Asked once, of the dataclass, so no deprecated name is ever set."""
-    import dataclasses
-
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    names = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
-    return "cache" if "cache" in names else "past_key_values"
 
 
 def causal_lm_forward(
@@ -107,11 +94,14 @@ def causal_lm_forward(
                 logits=logits, labels=labels, shift_labels=shift_labels,
                 vocab_size=self.config.vocab_size, **kwargs,
             )  # fmt: skip
+    # The KV-cache field: `cache` from transformers 5.2x on, `past_key_values` before; asked
+    # of the dataclass so no deprecated name is ever set (a dict lookup: traceable).
+    cache = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
     out = CausalLMOutputWithPast(
         loss=loss,
         logits=logits,
         hidden_states=outputs.hidden_states,
         attentions=outputs.attentions,
-        **{_cache_field(): getattr(outputs, _cache_field())},
+        **{cache: getattr(outputs, cache)},
     )
     return out if return_dict is not False else out.to_tuple()
