@@ -208,8 +208,10 @@ def prepare(request: InstallRequest) -> Prepared:
         raise InstallFailed(str(exc), 2) from None
     if why_not and not request.target and explicit is None:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")
-    if request.dry_run and foreign_target(target, detection_seen, request):
-        # The plan is right for that machine; here the real run refuses without the flag.
+    if request.dry_run and executable and foreign_target(target, detection_seen, request):
+        # The plan is right for that machine, but it is a plan for this interpreter, and
+        # here the real run refuses without the flag. (`--python 3.12`, a version only,
+        # plans for another machine: nothing to refuse there.)
         plan.refusals.append(
             f"this machine is {detection_seen.target}, not {target}: installing it here needs "
             "--force-target (or run the install on the target machine)"

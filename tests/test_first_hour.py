@@ -126,3 +126,44 @@ def test_version_and_a_summary_that_tells_greta_apart() -> None:
     summary = data["project"]["description"]
     assert summary.startswith("GRETA (") and "not the unrelated `greta`" in summary
     assert "urls" not in data["project"]  # no public URL exists: none is made up
+
+
+def test_bench_results_go_under_the_cache_unless_named(tmp_path: Path, monkeypatch) -> None:
+    from greta_core.bench import runner
+    from greta_core.commands import bench
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = runner.default_out()
+    assert out.parent == tmp_path / "cache" / "greta" / "bench"
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert parser.parse_args([]).out is None  # not ./greta-bench
+    assert parser.parse_args(["--out", "x"]).out == Path("x")
+
+
+def test_cpu_bench_table_leaves_interpreter_timings_out() -> None:
+    from greta_core.bench.report import summary_table
+
+    row = {"op": "softmax", "shape": "8x96", "impl": "greta", "status": "ok",
+           "median_ms": 12.3456, "gbps": 0.0, "tflops": 0.0, "speedup_vs_vendor": 0.01,
+           "implementation_ran": "reference-torch"}  # fmt: skip
+    cpu = summary_table([row], timings=False)
+    assert "12.3456" not in cpu and "GB/s" not in cpu and "reference-torch" in cpu
+    assert "12.3456" in summary_table([row])
+
+
+def test_compiling_a_reference_meets_no_lru_cache_wrapper() -> None:
+    """`greta bench` compiles the references: dynamo warned once per case about the cached
+    namespace lookup in greta_core.reference."""
+    import warnings
+
+    import torch
+
+    from greta_core import reference
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: reference.softmax(x), backend="eager")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compiled(torch.randn(4, 8))
+    assert [str(w.message) for w in seen if "lru_cache" in str(w.message)] == []
