@@ -83,3 +83,51 @@ def test_export_lock_rejects_a_name_pep751_does_not_allow(tmp_path: Path) -> Non
     )  # fmt: skip
     assert proc.returncode == 2
     assert "pylock.cpu-py3" in proc.stderr and not out.exists()
+
+
+def test_export_against_a_local_index_is_what_uv_installs(tmp_path: Path, monkeypatch) -> None:
+    """End to end on 127.0.0.1: uv finds the locked files, render keeps those with a locked
+    hash, and `uv pip install --dry-run -r pylock.<name>.toml` accepts the result."""
+    import hashlib
+
+    from _install_helpers import Index, make_wheel
+
+    from greta_install.lockfile import Lock, LockedPackage
+    from greta_install.tools import find_uv
+
+    uv = find_uv()
+    assert uv is not None, "the test extra installs uv"
+    wheels = dict([make_wheel("alpha-pkg", "1.0"), make_wheel("beta", "2.1")])
+    digest = {f: "sha256:" + hashlib.sha256(d).hexdigest() for f, d in wheels.items()}
+    lock = Lock(
+        target="cpu",
+        python=f"{sys.version_info[0]}.{sys.version_info[1]}",
+        packages=tuple(
+            LockedPackage(name, version, None, (digest[f],))
+            for f, (name, version) in zip(
+                wheels, [("alpha-pkg", "1.0"), ("beta", "2.1")], strict=True
+            )
+        ),
+        kernel_wheel=None,
+        env={"JAX_PLATFORMS": "cpu"},
+    )
+    with Index(wheels, {}) as index:
+        monkeypatch.setenv("UV_DEFAULT_INDEX", index.url)  # never the live network
+        monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+        monkeypatch.setenv("UV_NO_CONFIG", "1")
+        text = pylock.render(lock, pylock.resolve(lock, uv, []))
+        out = tmp_path / pylock.export_name("cpu", lock.python)
+        out.write_text(text, encoding="utf-8")
+        parsed = Pylock.from_dict(tomllib.loads(text))
+        assert [p.name for p in parsed.packages] == ["alpha-pkg", "beta"]
+        assert all(w.url and w.url.startswith(index.url.removesuffix("simple/")) for p in
+                   parsed.packages for w in p.wheels)  # fmt: skip
+        venv_dir = tmp_path / "venv"
+        subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv_dir)], check=True)
+        proc = subprocess.run(
+            [uv, "pip", "install", "--dry-run", "--python", str(venv_dir / "bin" / "python"),
+             "-r", str(out)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "alpha-pkg==1.0" in proc.stderr + proc.stdout
