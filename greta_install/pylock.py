@@ -104,6 +104,17 @@ def resolve(
         return tomllib.loads(out.read_text(encoding="utf-8"))
 
 
+def vendor_indexes(lock: Lock) -> tuple[list[str], dict[str, str]]:
+    """The lock's vendor indexes that answer, and why the others cannot be used. As at
+    install time, a file whose index is down may come from the configured index or
+    find-links, and must still carry a locked hash."""
+    from greta_install import vendor_index
+
+    wanted = {p.index for p in lock.packages if p.index}
+    down = vendor_index.unreachable(wanted)
+    return sorted(wanted - set(down)), down
+
+
 def _uv_platform(lock: Lock) -> str:
     """uv's --python-platform for the lock's platform ("x86_64-manylinux_2_28")."""
     return lock.meta.get("platform", "")

@@ -183,7 +183,7 @@ def _export_lock(prepared: pipeline.Prepared, path: str, as_json: bool) -> int:
     """The lock for this machine as pylock.toml, its files found on this machine's indexes."""
     from pathlib import Path
 
-    from greta_install import pylock, vendor_index
+    from greta_install import pylock
     from greta_install.lockfile import load_lock
     from greta_install.tools import find_uv, pip_config_find_links
 
@@ -202,11 +202,8 @@ def _export_lock(prepared: pipeline.Prepared, path: str, as_json: bool) -> int:
         lock = load_lock(plan.target, plan.python_version, prepared.request.row).for_python(
             plan.python_version
         )
-        vendors = {p.index for p in lock.packages if p.index}
-        down = vendor_index.unreachable(vendors)
-        resolved = pylock.resolve(
-            lock, uv, sorted(vendors - set(down)), pip_config_find_links(prepared.executable)
-        )
+        indexes, _down = pylock.vendor_indexes(lock)
+        resolved = pylock.resolve(lock, uv, indexes, pip_config_find_links(prepared.executable))
         text = pylock.render(lock, resolved, prepared.request.row)
     except (pylock.PylockError, OSError) as exc:
         return _fail(f"--export-lock: {exc}", as_json, 1)
