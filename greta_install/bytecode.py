@@ -4,8 +4,8 @@ The offline install step runs with `pip install --no-compile` (uv compiles nothi
 default either) so the transaction's file list is exactly the wheels' files. Without
 bytecode every `import torch` compiles thousands of modules again, and in containers with
 PYTHONDONTWRITEBYTECODE=1 it never stops doing so. The install therefore compiles
-site-packages once the commit has finished (compileall skips files already compiled),
-and the doctor's `python.bytecode` check reports an environment that has none.
+the files it installed once the commit has finished, and the doctor's `python.bytecode`
+check reports an environment that has none.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,22 +26,47 @@ COMPILED_SHARE = 0.5
 COMPILE_TIMEOUT_S = 900.0
 
 
-def compile_argv(python: str, site: Path) -> list[str]:
-    """compileall over site-packages, on every core, quiet except for the summary status.
-    `-I`: the target's own compileall, not one the current directory could shadow."""
-    return [python, "-I", "-m", "compileall", "-qq", "-j", "0", str(site)]
+def compile_argv(python: str) -> list[str]:
+    """compileall of the files named on stdin, on every core, quiet. `-I`: the target's own
+    compileall, not one the current directory could shadow."""
+    return [python, "-I", "-m", "compileall", "-qq", "-j", "0", "-i", "-"]
 
 
-def compile_site(python: str, site: Path) -> str | None:
-    """Compile site-packages; None on success, else why not (the install stays valid)."""
+def installed_sources(wheels: Iterable[Path], site: Path) -> list[Path]:
+    """The .py files the install wrote into `site`, read from the wheels it installed
+    (files under `<name>.data/purelib|platlib/` land in site too; scripts do not)."""
+    found: list[Path] = []
+    for wheel in wheels:
+        if wheel.suffix != ".whl":
+            continue
+        with zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                if not name.endswith(".py"):
+                    continue
+                top, _, rest = name.partition("/")
+                if top.endswith(".data"):
+                    scheme, _, rest = rest.partition("/")
+                    if scheme not in ("purelib", "platlib"):
+                        continue
+                    name = rest
+                found.append(site / name)
+    return found
+
+
+def compile_installed(python: str, sources: Iterable[Path]) -> str | None:
+    """Compile the installed sources; None on success, else why not (the install stays
+    valid: bytecode only saves time)."""
+    listing = "".join(f"{p}\n" for p in sources if p.is_file())
+    if not listing:
+        return None
     try:
         proc = subprocess.run(
-            compile_argv(python, site),
+            compile_argv(python),
+            input=listing,
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
             check=False,
-            stdin=subprocess.DEVNULL,
             cwd="/",
         )
     except (OSError, subprocess.SubprocessError) as exc:

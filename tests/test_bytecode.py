@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import py_compile
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,16 +41,24 @@ def test_package_state_counts_compiled_modules(tmp_path: Path, monkeypatch) -> N
     assert bytecode.package_state("no_such_package_greta_test") is None
 
 
-def test_compile_site_compiles_everything_even_with_dontwritebytecode(
-    tmp_path: Path, monkeypatch
-) -> None:
-    files = _package(tmp_path, "fakefw2", 3)
-    (tmp_path / "fakefw2" / "broken.py").write_text("def (:\n", encoding="utf-8")
+def test_the_install_compiles_the_files_its_wheels_wrote(tmp_path: Path, monkeypatch) -> None:
+    from _install_helpers import make_wheel
+
+    filename, data = make_wheel("fakefw2", "1.0", extra={"fakefw2/broken.py": b"def (:\n"})
+    wheel = tmp_path / filename
+    wheel.write_bytes(data)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    (site / "other.py").write_text("Y = 2\n", encoding="utf-8")  # not the install's
+    sources = bytecode.installed_sources([wheel], site)
+    assert sorted(p.name for p in sources) == ["__init__.py", "broken.py"]
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    assert bytecode.compile_site(sys.executable, tmp_path) is None  # a broken file is no failure
-    monkeypatch.syspath_prepend(str(tmp_path))
+    assert bytecode.compile_installed(sys.executable, sources) is None  # broken.py: no failure
+    monkeypatch.syspath_prepend(str(site))
     state = bytecode.package_state("fakefw2")
-    assert state is not None and state.compiled == len(files)
+    assert state is not None and (state.modules, state.compiled) == (2, 1)
+    assert not (site / "__pycache__").exists()  # other.py was left alone
 
 
 def _facts(states: dict[str, bytecode.BytecodeState], env: dict[str, str]) -> Facts:
