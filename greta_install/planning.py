@@ -106,7 +106,12 @@ def _choose_target(
 
 
 def _route(
-    request: InstallRequest, explicit: Lock | None, matrix: Matrix, target: str, detection: Any
+    request: InstallRequest,
+    explicit: Lock | None,
+    matrix: Matrix,
+    target: str,
+    detection: Any,
+    python: str,
 ) -> routing.Route | None:
     """The row for the GPU's arch (None with an explicit --lock: that lock is the row)."""
     if explicit is not None:
@@ -117,7 +122,7 @@ def _route(
     if arch is None:
         arch = matrix.target(target).default_arch
     try:
-        return routing.route(matrix, target, arch.lower() if arch else None, request.row)
+        return routing.route(matrix, target, arch.lower() if arch else None, request.row, python)
     except routing.RouteError as exc:
         raise InstallFailed(str(exc), 2) from None
 
@@ -167,7 +172,7 @@ def prepare(request: InstallRequest) -> Prepared:
     _check_machine(target, detection, request)
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
-    route = _route(request, explicit, matrix, target, detection)
+    route = _route(request, explicit, matrix, target, detection, version)
     lock = _lock_for(request, explicit, target, version, route.row if route else "current")
     installer, uv = _installer(request)
     downloader = inst.downloader_for(
