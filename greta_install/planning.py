@@ -124,7 +124,12 @@ def _choose_target(
 
 
 def _route(
-    request: InstallRequest, explicit: Lock | None, matrix: Matrix, target: str, detection: Any
+    request: InstallRequest,
+    explicit: Lock | None,
+    matrix: Matrix,
+    target: str,
+    detection: Any,
+    python: str,
 ) -> routing.Route | None:
     """The row for the GPU's arch (None with an explicit --lock: that lock is the row)."""
     if explicit is not None:
@@ -135,7 +140,7 @@ def _route(
     if arch is None:
         arch = matrix.target(target).default_arch
     try:
-        return routing.route(matrix, target, arch.lower() if arch else None, request.row)
+        return routing.route(matrix, target, arch.lower() if arch else None, request.row, python)
     except routing.RouteError as exc:
         raise InstallFailed(str(exc), 2) from None
 
@@ -209,7 +214,7 @@ def prepare(request: InstallRequest) -> Prepared:
         # --target cpu where the GPU cannot be used: the CPU install is what was asked for,
         # so what blocks the GPU does not block it.
         detection = dataclasses.replace(detection, blockers=[])
-    route = _route(request, explicit, matrix, target, detection)
+    route = _route(request, explicit, matrix, target, detection, version)
     lock = _lock_for(request, explicit, target, version, route.row if route else "current")
     installer, uv = _installer(request, executable)
     downloader = inst.downloader_for(

@@ -214,7 +214,8 @@ def _rows(matrix, targets: list[str], pythons: list[str]):  # type: ignore[no-un
     for name in targets:
         for row in matrix.generations(name):
             for py in pythons:
-                yield name, py, row
+                if row in matrix.generations(name, py):
+                    yield name, py, row
 
 
 def _fetch_text(url: str) -> str:

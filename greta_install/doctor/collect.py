@@ -260,7 +260,7 @@ def installed_row(target: str, python: str, dists: tuple[InstalledDist, ...] | N
     if target not in matrix.targets or python not in matrix.pythons:
         return None
     installed = next((d.version for d in dists or () if d.name == "torch"), None)
-    rows = [matrix.row(target, python, g) for g in matrix.generations(target)]
+    rows = [matrix.row(target, python, g) for g in matrix.generations(target, python)]
     for row in rows:
         pin = row.one("torch")
         if installed and pin is not None and pin.version == installed:
