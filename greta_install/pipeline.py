@@ -370,7 +370,11 @@ def _compile_bytecode(
 
     log("compiling bytecode for the installed packages (first imports stay fast)")
     start = time.monotonic()
-    why_not = bytecode.compile_installed(executable, bytecode.installed_sources(wheels, site))
+    try:
+        why_not = bytecode.compile_installed(executable, bytecode.installed_sources(wheels, site))
+    except (Interrupted, KeyboardInterrupt):
+        # The install is complete: a stop now only leaves bytecode for the first imports.
+        why_not = "interrupted; the install is complete, imports compile what is missing"
     if why_not:
         warnings.append(f"bytecode: {why_not}")
         log(f"warning: bytecode: {why_not}")
