@@ -420,7 +420,7 @@ def test_recover_finishes_an_undo_after_a_kill(tmp_path: Path) -> None:
     (site / "alpha" / "__init__.py").write_text("v2")
     (site / "~lpha").mkdir()  # pip's uninstall stash
     del txn
-    done = transaction.recover(site, lambda m: None)
+    done = transaction.recover(site, lambda m: None, scheme.roots)
     assert done and "undid" in done[0]
     assert _state(env) == before and not (site / "~lpha").exists()
 

@@ -20,15 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.tools import site_packages_of
+    from greta_install.tools import python_version_of, scheme_of
 
     python = args.python or sys.executable
     try:
-        site_packages = site_packages_of(python)
+        scheme = scheme_of(python, python_version_of(python))
     except (ValueError, OSError) as exc:
         print(f"greta env: {exc}", file=sys.stderr)
         return 2
     from greta_install import transaction
+
+    site_packages = scheme.purelib
 
     def say(message: str) -> None:
         print(message, file=sys.stderr)
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     lock = transaction.EnvLock(site_packages)
     try:
         lock.acquire(say)
-        transaction.recover(site_packages, say)
+        transaction.recover(site_packages, say, scheme.roots)
         transaction.sweep_stale_stages(Path(tempfile.gettempdir()), say)
     except (transaction.TransactionError, OSError) as exc:
         say(f"greta env: {exc}")
