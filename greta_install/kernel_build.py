@@ -39,6 +39,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
+from greta_install.commandline import ISOLATED, NEUTRAL_CWD, python_module
 from greta_install.errors import GretaError
 from greta_install.kernel_names import distribution_name as kernel_wheel_name
 from greta_install.version import __version__
@@ -86,12 +87,13 @@ def triton_fingerprint(python: str, timeout: float = 300) -> str:
     code = "from greta_core.kernel_wheels.aot import triton_fingerprint as f; print(f())"
     try:
         proc = subprocess.run(
-            [python, "-c", code],
+            [python, ISOLATED, "-c", code],
             capture_output=True,
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
             env=_child_env(),
+            cwd=NEUTRAL_CWD,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelBuildError(f"cannot read the installed Triton's fingerprint: {exc}") from None
@@ -194,7 +196,7 @@ def build_argv(python: str, arch: str, out: str, jobs: int = 0) -> list[str]:
 
     No ``--jobs`` when `jobs` is 0: the build then uses ``GRETA_BUILD_JOBS`` or all cores.
     """
-    argv = [python, "-m", "greta", "build-kernels", "--arch", arch, "--out", out]
+    argv = [*python_module(python, "greta"), "build-kernels", "--arch", arch, "--out", out]
     return argv + (["--jobs", str(jobs)] if jobs > 0 else [])
 
 
@@ -227,6 +229,7 @@ def _run_with_progress(
             stdin=subprocess.DEVNULL,
             text=True,
             env=env,
+            cwd=NEUTRAL_CWD,
             start_new_session=True,  # one process group: the build and all its workers
         )
     except OSError as exc:
@@ -292,6 +295,7 @@ def _sha256(path: Path) -> str:
 
 def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = None) -> None:
     """Install one kernel wheel into `python`'s environment, offline, hash-checked."""
+    wheel = wheel.absolute()  # pip runs from NEUTRAL_CWD
     sha = _sha256(wheel)
     name, version, _, _ = parse_wheel_filename(wheel.name)
     with tempfile.TemporaryDirectory(prefix="greta-kinst-") as work:
@@ -301,9 +305,12 @@ def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = N
         if uv:
             argv = [uv, "pip", "install", "--python", python, "--offline", *common, "-r", str(req)]
         else:
-            argv = [python, "-m", "pip", "install", "--disable-pip-version-check", *common]
+            argv = [*python_module(python, "pip"), "install", "--disable-pip-version-check"]
+            argv += common
             argv += ["--force-reinstall", "-r", str(req)]
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=NEUTRAL_CWD
+        )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-800:]
         raise KernelBuildError(f"installing {wheel.name} failed: {tail}")

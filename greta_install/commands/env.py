@@ -8,11 +8,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from greta_install.commandline import interpreter_path
+
 HELP = 'Print the environment fixes of an environment as shell exports (eval "$(greta env)").'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--python", help="interpreter of the environment (default: this one)")
+    parser.add_argument(
+        "--python", type=interpreter_path, help="interpreter of the environment (default: this one)"
+    )
     parser.add_argument(
         "--clear", action="store_true", help="remove the persisted fixes from the environment"
     )

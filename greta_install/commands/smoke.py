@@ -12,12 +12,16 @@ import argparse
 import json
 import sys
 
+from greta_install.commandline import interpreter_path
+
 HELP = "Smoke-test this environment: torch, Triton, SDPA, GRETA ops and jax on the device."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--python", help="interpreter of the environment to test (default: this one)"
+        "--python",
+        type=interpreter_path,
+        help="interpreter of the environment to test (default: this one)",
     )
     parser.add_argument(
         "--mode",

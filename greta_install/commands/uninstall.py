@@ -15,11 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from greta_install.commandline import NEUTRAL_CWD, interpreter_path, python_module
+
 HELP = "Remove GRETA from an environment: env fixes (.pth), records, kernel wheels, greta."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--python", help="interpreter of the environment (default: this one)")
+    parser.add_argument(
+        "--python", type=interpreter_path, help="interpreter of the environment (default: this one)"
+    )
     parser.add_argument(
         "--keep-greta",
         action="store_true",
@@ -66,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         path.unlink()
         print(f"removed {path}")
     if dists:
-        argv = [python, "-m", "pip", "uninstall", "-y", *dists]
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        argv = [*python_module(python, "pip"), "uninstall", "-y", *dists]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=NEUTRAL_CWD
+        )
         if proc.returncode != 0:
             print(
                 f"greta uninstall: `{' '.join(argv)}` failed: {(proc.stderr or proc.stdout).strip()[-500:]}",

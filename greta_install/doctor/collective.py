@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-WORKER = (sys.executable, "-m", "greta_install.doctor.collective_worker")
+from greta_install.commandline import NEUTRAL_CWD, greta_child
+
+WORKER = tuple(greta_child("greta_install.doctor.collective_worker"))
 # NVLink SHARP / multicast stays off in everything we start (the shared machines require it).
 NO_MULTICAST = {
     "NCCL_NVLS_ENABLE": "0",
@@ -82,6 +83,7 @@ def probe(timeout_s: float, worker: Sequence[str] = WORKER) -> dict[str, Any]:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **NO_MULTICAST},
             check=False,
+            cwd=NEUTRAL_CWD,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"torch probe failed: {exc}"}
