@@ -221,6 +221,13 @@ def clear_env_fixes(site_packages: Path) -> list[Path]:
     removed = []
     for name in (PTH_NAME, HOOK_NAME, JSON_NAME):
         path = site_packages / name
+        if path.is_dir() and not path.is_symlink():
+            raise EnvFixError(
+                f"{path} is a folder, not a file GRETA wrote; nothing was removed. "
+                f"Look at it, then remove it with: rm -r -- {shlex.quote(str(path))}"
+            )
+    for name in (PTH_NAME, HOOK_NAME, JSON_NAME):
+        path = site_packages / name
         if path.exists() or path.is_symlink():
             path.unlink()
             removed.append(path)

@@ -15,7 +15,6 @@ import venv
 from pathlib import Path
 
 import pytest
-from _install_helpers import REPO
 
 from greta_install import commandline
 

@@ -58,7 +58,11 @@ def _run(args: argparse.Namespace, site_packages: Path) -> int:
     from greta_install import envfix
 
     if args.clear:
-        removed = envfix.clear_env_fixes(site_packages)
+        try:
+            removed = envfix.clear_env_fixes(site_packages)
+        except envfix.EnvFixError as exc:
+            print(f"greta env: {exc}", file=sys.stderr)
+            return 2
         if args.json:
             print(json.dumps({"removed": [str(p) for p in removed]}, indent=2))
         elif removed:

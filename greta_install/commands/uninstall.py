@@ -11,6 +11,7 @@ torch / triton / jax stay: they are ordinary packages the user may want to keep.
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
         for dist in dists:
             print(f"would uninstall {dist}")
         return 0
+    folders = [p for p in files if p.is_dir() and not p.is_symlink()]
+    if folders:
+        print(
+            f"greta uninstall: {folders[0]} is a folder, not a file GRETA wrote; nothing was "
+            f"removed. Look at it, then remove it with: rm -r -- {shlex.quote(str(folders[0]))}",
+            file=sys.stderr,
+        )
+        return 2
     for path in files:
         path.unlink()
         print(f"removed {path}")
