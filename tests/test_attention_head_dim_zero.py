@@ -21,7 +21,7 @@ def test_torch_and_raw_refuse_head_dim_zero(dtype: torch.dtype, shape: tuple[int
     calls = [lambda: torch.ops.greta.attention(q, q, q), lambda: raw.attention(q, q, q)]
     calls.append(lambda: torch.ops.greta.attention(q, q, q, True, 0.5))
     for call in calls:
-        with pytest.raises(GretaInputError, match="head dim must be >= 1|has dtype"):
+        with pytest.raises(GretaInputError, match=r"head dim must be >= 1|has dtype"):
             call()
 
 

@@ -67,7 +67,7 @@ def write_lock(tmp_path: Path, missing_version: bool = False) -> Path:
         python=PY,
         packages=tuple(packages),
         kernel_wheel=None,
-        env={"GRETA_TEST_FIX": "from-greta"},
+        env={"GRETA_FIX_PROBE": "from-greta"},
         meta={"target": "cpu", "python": PY, "platform": "x86_64-manylinux_2_28"},
     )
     path = tmp_path / "test-lock.txt"
@@ -191,12 +191,12 @@ def test_success_installs_verifies_and_persists_env(
     assert proc.returncode == 0, out + err
     assert f"offline with {installer}" in out
     python = python_of(fresh_venv)
-    clean = {k: v for k, v in env.items() if k != "GRETA_TEST_FIX"}
+    clean = {k: v for k, v in env.items() if k != "GRETA_FIX_PROBE"}
     check = subprocess.run(
         [
             python,
             "-c",
-            "import os, alpha_pkg, beta_pkg, gamma_pkg; print(alpha_pkg.VERSION, os.environ['GRETA_TEST_FIX'])",
+            "import os, alpha_pkg, beta_pkg, gamma_pkg; print(alpha_pkg.VERSION, os.environ['GRETA_FIX_PROBE'])",
         ],
         capture_output=True,
         text=True,
@@ -207,10 +207,10 @@ def test_success_installs_verifies_and_persists_env(
     assert check.stdout.split() == ["1.0", "from-greta"], check.stderr
     # A value the user sets wins over the persisted fix.
     mine = subprocess.run(
-        [python, "-c", "import os; print(os.environ['GRETA_TEST_FIX'])"],
+        [python, "-c", "import os; print(os.environ['GRETA_FIX_PROBE'])"],
         capture_output=True,
         text=True,
-        env={**clean, "GRETA_TEST_FIX": "mine"},
+        env={**clean, "GRETA_FIX_PROBE": "mine"},
         timeout=60,
         check=False,
     )
@@ -224,7 +224,7 @@ def test_success_installs_verifies_and_persists_env(
         timeout=60,
         check=False,
     )
-    assert "export GRETA_TEST_FIX=from-greta" in shown.stdout
+    assert "export GRETA_FIX_PROBE=from-greta" in shown.stdout
     cleared = subprocess.run(
         [sys.executable, "-m", "greta", "env", "--clear", "--python", python],
         capture_output=True,
@@ -236,7 +236,7 @@ def test_success_installs_verifies_and_persists_env(
     )
     assert cleared.returncode == 0
     after = subprocess.run(
-        [python, "-c", "import os; print(os.environ.get('GRETA_TEST_FIX'))"],
+        [python, "-c", "import os; print(os.environ.get('GRETA_FIX_PROBE'))"],
         capture_output=True,
         text=True,
         env=clean,
