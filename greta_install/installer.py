@@ -12,7 +12,6 @@ undoable) is greta_install.pipeline's job.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from greta_install import boundedio, commandline, vendor_index, wheelfiles
+from greta_install import boundedio, commandline, vendor_index
 from greta_install.errors import GretaError
 from greta_install.hashrecord import HashRecord, HashRecordError
 from greta_install.lockgen import IndexLinks, sha256_file
@@ -270,44 +269,16 @@ def kernel_package(requirement: str) -> str:
 def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
     """RECORD, content and manifest of a staged kernel wheel; InstallError naming the
     problem. Returns its manifest."""
+    from greta_install.kernel_build import KernelWheelRefused, verify_wheel
+
     kw = plan.kernel_wheel
-    assert kw.requirement is not None
+    assert kw.requirement is not None and kw.arch is not None
     name = kw.requirement.partition("==")[0]
-    package = kernel_package(kw.requirement)
-    try:
-        wheelfiles.check_record(path)
-        wheelfiles.check_confined(path, [package])
-        raw = wheelfiles.read_member_text(path, f"{package}/manifest.json")
-    except wheelfiles.WheelError as exc:
-        raise InstallError(name, f"refused: {exc}") from None
-    if raw is None:
-        raise InstallError(name, f"refused: {path.name} has no {package}/manifest.json")
-    try:
-        manifest = json.loads(raw)
-    except ValueError as exc:
-        raise InstallError(name, f"refused: its manifest.json is not JSON ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise InstallError(name, "refused: its manifest.json is not a JSON object")
-    if manifest.get("arch") != kw.arch:
-        raise InstallError(
-            name,
-            f"refused: its manifest says arch {manifest.get('arch')!r}, the target is {kw.arch}",
-        )
-    built_with = manifest.get("triton_version")
     locked = next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
-    if built_with and locked and _release(str(built_with)) != _release(locked):
-        raise InstallError(
-            name,
-            f"refused: built with Triton {built_with}, the lock installs Triton {locked}",
-        )
-    return manifest
-
-
-def _release(version: str) -> tuple[int, ...]:
     try:
-        return Version(version).release
-    except ValueError:
-        return ()
+        return verify_wheel(path, kw.arch, locked)
+    except KernelWheelRefused as exc:
+        raise InstallError(name, str(exc)) from None
 
 
 # --- staging ----------------------------------------------------------------------------
