@@ -61,7 +61,7 @@ def _tamper(wheel: tuple[str, bytes], member: str, data: bytes) -> tuple[str, by
 
 def _bomb(path: Path) -> None:
     """A small wheel that unpacks past the cap (zeros compress ~1000:1)."""
-    name, raw = make_kernel_wheel(ARCH)
+    _, raw = make_kernel_wheel(ARCH)
     with (
         zipfile.ZipFile(io.BytesIO(raw)) as src,
         zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as dst,
