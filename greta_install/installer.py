@@ -289,6 +289,11 @@ def _reason(stderr: str) -> str:
     text = stderr.strip()
     lowered = text.lower()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "no space left on device" in lowered or "disk quota exceeded" in lowered:
+        return (
+            "the staging folder's disk is full (set TMPDIR to a folder with room): "
+            + (lines[-1] if lines else "")[-300:]
+        )
     if "do not match the hashes" in lowered or "hash mismatch" in lowered:
         got = [line for line in lines if line.startswith(("Expected sha256", "Got"))]
         detail = "; ".join(got[:2]) or "the file differs from the lock"

@@ -17,6 +17,14 @@ from greta_install.commandline import interpreter_path
 HELP = "Smoke-test this environment: torch, Triton, SDPA, GRETA ops and jax on the device."
 
 
+def positive_seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse turns ValueError into a usage error)."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--python",
@@ -29,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="gpu: every step on the GPU; cpu: the CPU row's equivalents (default: from detection)",
     )
-    parser.add_argument("--timeout", type=float, help="seconds before the test is killed")
+    parser.add_argument(
+        "--timeout", type=positive_seconds, help="seconds before the test is killed (more than 0)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable report")
 
 
