@@ -22,10 +22,10 @@ def _greta(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "-1e9", "x"])
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "-inf", "-1e9", "x"])
 def test_smoke_refuses_a_timeout_that_is_no_positive_number(value: str) -> None:
     """`--timeout -5` ran the smoke test and said it did not finish in time."""
-    proc = _greta("smoke", "--timeout", value)
+    proc = _greta("smoke", f"--timeout={value}")
     assert proc.returncode == 2
     assert "argument --timeout: invalid positive_seconds value" in proc.stderr
     assert "did not finish" not in proc.stdout + proc.stderr
