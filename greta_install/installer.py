@@ -454,10 +454,23 @@ def stage_plan(
                 f"hash mismatch: {final.name} has {observed}, SHA256SUMS says sha256:{kw.sha256}",
             )
         if not kw.pinned:
-            log(
-                f"    UNVERIFIED kernel wheel {final.name}: {observed} (no hash pinned in the lock)"
-            )
+            # Trusted on first use like any unpinned package: a different file of the same
+            # name later is refused, not installed as UNVERIFIED again.
+            known = None
+            if record is not None:
+                try:
+                    known = record.check(final.name, observed)
+                except HashRecordError as exc:
+                    raise InstallError(name, str(exc)) from None
+            if known is not None:
+                log(f"    {final.name}: {observed} matches the recorded hash")
+            else:
+                log(
+                    f"    FIRST USE kernel wheel {final.name}: {observed} (no hash pinned in "
+                    "the lock); recorded now, later installs must see the same"
+                )
             result.observed_unverified[name] = observed
+            result.filenames[name] = final.name
         verify_kernel_wheel(final, plan)
         result.files[name] = final
         result.hashes[name] = observed

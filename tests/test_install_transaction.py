@@ -360,6 +360,7 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
         )
     assert good.returncode == 0, good.stdout + good.stderr
+    assert "FIRST USE kernel wheel" in good.stdout + good.stderr
     check = subprocess.run(
         [python_of(fresh_venv), "-c", "import greta_kernels_sm_90, alpha_pkg"],
         capture_output=True,
@@ -368,6 +369,20 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
         check=False,
     )
     assert check.returncode == 0, check.stderr
+    # Issue 30 item 5: the unpinned wheel's hash was recorded like a package's; another
+    # file of the same name (its SHA256SUMS line changed with it) is refused.
+    _, other = make_kernel_wheel("sm_90", extra={"greta_kernels_sm_90/extra.py": b"x = 1\n"})
+    (wheels / filename).write_bytes(other)
+    (wheels / "SHA256SUMS").write_text(f"{hashlib.sha256(other).hexdigest()}  {filename}\n")
+    with Index(dict(WHEELS.values()), {}) as index:
+        env = pip_env(index, tmp_path)
+        before = snapshot(fresh_venv)
+        again = subprocess.run(
+            [*argv, "--reinstall"], cwd=REPO, env=env, capture_output=True, text=True,
+            timeout=240, check=False,
+        )  # fmt: skip
+    assert again.returncode == 1 and "the file changed since it was first trusted" in again.stderr
+    assert snapshot(fresh_venv) == before
 
 
 def test_kernel_wheel_lookup_on_an_index() -> None:
