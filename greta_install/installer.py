@@ -230,9 +230,19 @@ def find_kernel_wheel(
     if not directory.is_dir():
         return KernelLookup(source, problem=f"kernel wheel directory {directory} does not exist")
     sums = _read_sha256sums(directory / "SHA256SUMS")
-    for wheel in sorted(directory.glob("*.whl")):
-        if _is_wheel_of(wheel.name, name, version):
-            return KernelLookup(source, str(wheel), sums.get(wheel.name))
+    matching = [w for w in sorted(directory.glob("*.whl")) if _is_wheel_of(w.name, name, version)]
+    if sums:
+        # A folder with SHA256SUMS serves what it lists: another build of the same version
+        # (a build tag, a file dropped in beside) is never chosen over, or instead of, it.
+        listed = [w for w in matching if w.name in sums]
+        if not listed and matching:
+            return KernelLookup(
+                source,
+                problem=f"{matching[0].name} in {directory} is not listed in its SHA256SUMS",
+            )
+        matching = listed
+    for wheel in matching:
+        return KernelLookup(source, str(wheel), sums.get(wheel.name))
     return KernelLookup(source, problem=f"{requirement} is not in {directory}")
 
 

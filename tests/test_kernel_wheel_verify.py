@@ -159,3 +159,19 @@ def test_a_fresh_build_that_fails_the_check_is_an_error(
     with pytest.raises(kb.KernelBuildError, match=r"zz_evil\.pth"):
         kb.build_or_reuse("python", ARCH, log=lambda m: None)
     assert not list((tmp_path / "cache").rglob("*.whl"))
+
+
+def test_a_folder_with_sha256sums_serves_only_what_it_lists(tmp_path: Path) -> None:
+    """A wheel with a build tag that SHA256SUMS does not list was chosen."""
+    from greta_install.installer import find_kernel_wheel
+
+    name, data = make_kernel_wheel(ARCH)
+    tagged = name.replace("-0.1.0-", "-0.1.0-1zz-")
+    (tmp_path / name).write_bytes(data)
+    (tmp_path / tagged).write_bytes(data + b"")
+    (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(data).hexdigest()}  {name}\n")
+    found = find_kernel_wheel(str(tmp_path), "greta-kernels-gfx942==0.1.0")
+    assert found.location == str(tmp_path / name)
+    (tmp_path / name).unlink()
+    refused = find_kernel_wheel(str(tmp_path), "greta-kernels-gfx942==0.1.0")
+    assert refused.location is None and "not listed in its SHA256SUMS" in (refused.problem or "")
