@@ -532,9 +532,19 @@ def summarize(report: dict[str, Any]) -> list[dict[str, str]]:
 
 def doctor_summary(timeout: float = 120.0) -> list[dict[str, str]]:
     """Backend checks for ``greta doctor``; the probe runs in a subprocess with a timeout."""
-    cmd = [sys.executable, "-m", "greta_core.backends"]
+    from greta_install.commandline import NEUTRAL_CWD, greta_child
+
+    cmd = greta_child("greta_core.backends")
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=NEUTRAL_CWD,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return [_probe_failed(f"the backend probe took longer than {timeout:.0f} s")]
     if done.returncode != 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,34 @@ STAGE = "<stage>"  # placeholder for the temporary staging directory in shown co
 ISOLATED = "-I"  # ignore PYTHON* variables, the user site and the current directory
 
 
+# The working directory of every Python child GRETA starts (unless its arguments are the
+# user's relative paths): nothing there can be imported, read as configuration or written.
+NEUTRAL_CWD = "/"
+# `-I` drops PYTHONPATH too; a GRETA run from a checkout on PYTHONPATH must still reach
+# its own code in the child, so its root goes first, and nothing else of the caller's.
+_THIS_GRETA = (
+    "import runpy, sys; root, name = sys.argv[1], sys.argv[2]; "
+    "root in sys.path or sys.path.insert(0, root); sys.argv = [name, *sys.argv[3:]]; "
+    "runpy.run_module(name, run_name='__main__', alter_sys=True)"
+)
+
+
 def python_module(python: str, module: str) -> list[str]:
     """`python -I -m module`: the module comes from the interpreter's own environment."""
     return [python, ISOLATED, "-m", module]
+
+
+def greta_child(module: str, *args: str) -> list[str]:
+    """argv that runs `module` of the GRETA this process runs (never one in the current
+    directory or on PYTHONPATH) in this interpreter, isolated."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, ISOLATED, "-c", _THIS_GRETA, root, module, *args]
+
+
+def interpreter_path(value: str) -> str:
+    """A `--python` argument as children run it: absolute when it names a path (they run
+    from NEUTRAL_CWD), a bare name (found on PATH) as it is."""
+    return os.path.abspath(value) if os.sep in value else value
 
 
 def work_dir(stage: str, name: str) -> str:

@@ -48,20 +48,107 @@ ALLOWED_PREFIXES = (
     "GRETA_", "OMP_", "MKL_",
 )  # fmt: skip
 _NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# A name with one of these words names a program, library, module, path, index, URL or
+# file sink (TRITON_PTXAS_PATH, XLA_FLAGS=--xla_dump_to, TRITON_CACHE_MANAGER=mod:Class,
+# HSA_TOOLS_LIB, GRETA_KERNEL_INDEX), or is one of GRETA's test hooks: never persisted.
+DENIED_WORDS = frozenset(
+    [
+        "PATH",
+        "PATHS",
+        "DIR",
+        "DIRS",
+        "FILE",
+        "FILES",
+        "HOME",
+        "ROOT",
+        "PREFIX",
+        "URL",
+        "URI",
+        "INDEX",
+        "HOST",
+        "PROXY",
+        "ENDPOINT",
+        "SOCKET",
+        "EXE",
+        "BIN",
+        "CMD",
+        "COMMAND",
+        "SHELL",
+        "CC",
+        "CXX",
+        "PTXAS",
+        "LLD",
+        "LINKER",
+        "COMPILER",
+        "LIB",
+        "LIBS",
+        "LIBRARY",
+        "PRELOAD",
+        "PLUGIN",
+        "PLUGINS",
+        "MODULE",
+        "MANAGER",
+        "BACKEND",
+        "CLASS",
+        "HOOK",
+        "SCRIPT",
+        "CACHE",
+        "DUMP",
+        "LOG",
+        "LOGS",
+        "TRACE",
+        "OUTPUT",
+        "FLAGS",
+        "OPTS",
+        "OPTIONS",
+        "ARGS",
+        "TEST",
+        "CHECKPOINT",
+        "INJECTION",
+        "DB",
+    ]
+)
+# Switches and numbers, lists of them: no '/' or '\\' (paths, URLs), no spaces (argument
+# lists), nothing a shell or a loader reads as more.
+_VALUE = re.compile(r"[A-Za-z0-9_.,:=+-]*")
+
+
+def name_refusal(key: object) -> str | None:
+    """Why GRETA never sets the variable `key`, or None when it may."""
+    if not (isinstance(key, str) and len(key) <= 128 and _NAME.fullmatch(key)):
+        return "it is not a shell variable name"
+    if not key.startswith(ALLOWED_PREFIXES):
+        return "GRETA sets only GPU-runtime variables (HSA_*, HIP_*, ROCR_*, CUDA_*, ...)"
+    if DENIED_WORDS.intersection(key.split("_")):
+        return (
+            "it names a program, library, path, index or file sink, or a test hook "
+            "(GRETA sets only GPU-runtime switches)"
+        )
+    return None
+
+
+def value_refusal(value: object) -> str | None:
+    """Why GRETA never sets a variable to `value`, or None when it may."""
+    if not isinstance(value, str):
+        return "its value is not a string"
+    if len(value) > MAX_VALUE_CHARS:
+        return f"its value is {len(value)} characters, over the {MAX_VALUE_CHARS}-character limit"
+    if not _VALUE.fullmatch(value):
+        return (
+            "its value may hold only letters, digits and . , : = + - _ "
+            "(no paths, URLs, spaces or control characters)"
+        )
+    return None
 
 
 def allowed_name(key: object) -> bool:
-    """A variable name GRETA may set: a shell identifier with an allowed prefix."""
-    return (
-        isinstance(key, str)
-        and len(key) <= 128
-        and _NAME.fullmatch(key) is not None
-        and key.startswith(ALLOWED_PREFIXES)
-    )
+    """A variable name GRETA may set: a shell identifier with an allowed prefix that names
+    no program, path, index, file sink or test hook."""
+    return name_refusal(key) is None
 
 
 def allowed_value(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= MAX_VALUE_CHARS and "\0" not in value
+    return value_refusal(value) is None
 
 
 HOOK_SOURCE = f'''"""Written by `greta install`: GRETA's environment fixes for this environment.
@@ -75,7 +162,9 @@ import os as _os
 import re as _re
 
 _PREFIXES = {ALLOWED_PREFIXES!r}
+_DENIED = frozenset({sorted(DENIED_WORDS)!r})
 _NAME = _re.compile(r"[A-Z_][A-Z0-9_]*")
+_VALUE = _re.compile({_VALUE.pattern!r})
 _MAX_BYTES = {ENV_FILE_MAX_BYTES}
 
 
@@ -95,17 +184,18 @@ def _apply():
         _os.close(fd)
     data = json.loads(data.decode("utf-8"))
     env = data.get("env") if isinstance(data, dict) else None
-    if not isinstance(env, dict):
-        return
-    for key, value in list(env.items())[:{MAX_VARIABLES}]:
+    if not isinstance(env, dict) or len(env) > {MAX_VARIABLES}:
+        return  # `greta env` and `greta doctor` report it; nothing is half applied
+    for key, value in env.items():
         if (
             isinstance(key, str)
             and len(key) <= 128
             and _NAME.fullmatch(key)
             and key.startswith(_PREFIXES)
+            and not _DENIED.intersection(key.split("_"))
             and isinstance(value, str)
             and len(value) <= {MAX_VALUE_CHARS}
-            and "\\0" not in value
+            and _VALUE.fullmatch(value)
             and key not in _os.environ
         ):
             _os.environ[key] = value
@@ -139,17 +229,22 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def validate_env(env: Mapping[str, str]) -> None:
+def env_refusal(env: Mapping[object, object]) -> str | None:
+    """Why this set of variables is never persisted or applied (the first reason), or None.
+    The one rule: lock lines, `greta env`, the install and the start-up hook all keep it."""
+    if len(env) > MAX_VARIABLES:
+        return f"it sets {len(env)} variables, over the limit of {MAX_VARIABLES}"
     for key, value in env.items():
-        if not allowed_name(key):
-            raise EnvFixError(
-                f"refusing to persist {key!r}: GRETA sets only variables named "
-                f"{', '.join(p + '*' for p in ALLOWED_PREFIXES[:6])}..."
-            )
-        if not allowed_value(value):
-            raise EnvFixError(
-                f"refusing to persist {key}: its value is not a short, NUL-free string"
-            )
+        why = name_refusal(key) or value_refusal(value)
+        if why:
+            return f"{str(key)[:60]!r}: {why}"
+    return None
+
+
+def validate_env(env: Mapping[str, str]) -> None:
+    why = env_refusal(env)
+    if why:
+        raise EnvFixError(f"refusing to persist the environment fixes: {why}")
 
 
 def write_env_fixes(
@@ -204,12 +299,9 @@ def read_env_fixes(site_packages: Path) -> dict[str, Any] | None:
     env = data.get("env") if isinstance(data, dict) else None
     if not isinstance(env, dict):
         raise EnvFixError(f"{path} has no valid `env` table; remove it with `greta env --clear`")
-    bad = [k for k, v in env.items() if not (allowed_name(k) and allowed_value(v))]
-    if bad:
-        shown = ", ".join(repr(k)[:40] for k in bad[:3])
-        raise EnvFixError(
-            f"{path} names variables GRETA never sets ({shown}); remove it with `greta env --clear`"
-        )
+    why = env_refusal(env)
+    if why:
+        raise EnvFixError(f"{path} is refused ({why}); remove it with `greta env --clear`")
     why = data.get("why")
     data["why"] = (
         {k: v for k, v in why.items() if isinstance(v, str)} if isinstance(why, dict) else {}
@@ -219,6 +311,13 @@ def read_env_fixes(site_packages: Path) -> dict[str, Any] | None:
 
 def clear_env_fixes(site_packages: Path) -> list[Path]:
     removed = []
+    for name in (PTH_NAME, HOOK_NAME, JSON_NAME):
+        path = site_packages / name
+        if path.is_dir() and not path.is_symlink():
+            raise EnvFixError(
+                f"{path} is a folder, not a file GRETA wrote; nothing was removed. "
+                f"Look at it, then remove it with: rm -r -- {shlex.quote(str(path))}"
+            )
     for name in (PTH_NAME, HOOK_NAME, JSON_NAME):
         path = site_packages / name
         if path.exists() or path.is_symlink():

@@ -50,6 +50,9 @@ SOURCES: tuple[str, ...] = (
 )
 
 ToolPolicy = Literal["auto", "all"]
+# Records (and KFD nodes, DRM cards) read per source. The largest machines have tens of
+# GPUs; the cap keeps detection's pairwise merge bounded on a garbage snapshot.
+MAX_DEVICES = 256
 _CARD = re.compile(r"^card\d+$")
 
 
@@ -79,6 +82,11 @@ def _record(ev: Evidence, source: str, result: Parsed | None, present: bool) -> 
         ev.problems.setdefault(source, []).extend(issues)
     for key, value in result.info.items():
         ev.info[f"{source}.{key}"] = value
+    if len(result.records) > MAX_DEVICES:
+        cut = f"{source}: {len(result.records)} devices; only the first {MAX_DEVICES} are read"
+        issues.insert(0, cut)
+        ev.problems.setdefault(source, []).insert(0, cut)
+        result.records = result.records[:MAX_DEVICES]
     if not (result.records or result.info or issues):
         ev.status[source] = "empty"
     elif result.errors:
@@ -105,7 +113,7 @@ def _node_key(name: str) -> tuple[int, str]:
 
 
 def read_kfd(view: SystemView) -> tuple[Parsed[kfd.KfdNode], bool]:
-    nodes = sorted(view.list_dir(KFD_NODES), key=_node_key)
+    nodes = sorted(view.list_dir(KFD_NODES), key=_node_key)[:MAX_DEVICES]
     results = []
     for node in nodes:
         base = f"{KFD_NODES}/{node}"
@@ -121,7 +129,7 @@ def read_kfd(view: SystemView) -> tuple[Parsed[kfd.KfdNode], bool]:
 def read_drm(view: SystemView) -> tuple[Parsed[drm.DrmCard], bool]:
     cards = sorted(
         (c for c in view.list_dir(DRM_CLASS) if _CARD.match(c)), key=lambda c: int(c[4:])
-    )
+    )[:MAX_DEVICES]
     results = []
     for card in cards:
         files = {n: view.read_text(f"{DRM_CLASS}/{card}/device/{n}") for n in drm.CARD_FILES}

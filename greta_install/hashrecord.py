@@ -176,7 +176,9 @@ def known_record(site_packages: Path | None, extra: Path | None = None) -> HashR
     if site_packages is not None:
         record = record.merged(load_record(env_record_path(site_packages)))
     if extra is not None:
-        if not extra.is_file():
+        if not extra.exists():
             raise HashRecordError(f"--from-record {extra}: no such file")
+        if not extra.is_file():  # /dev/zero, a FIFO, a folder: said as what it is
+            raise HashRecordError(f"--from-record {extra}: not a regular file")
         record = record.merged(load_record(extra))
     return record

@@ -12,7 +12,6 @@ undoable) is greta_install.pipeline's job.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from greta_install import boundedio, commandline, vendor_index, wheelfiles
+from greta_install import boundedio, commandline, vendor_index
 from greta_install.errors import GretaError
 from greta_install.hashrecord import HashRecord, HashRecordError
 from greta_install.lockgen import IndexLinks, sha256_file
@@ -231,9 +230,19 @@ def find_kernel_wheel(
     if not directory.is_dir():
         return KernelLookup(source, problem=f"kernel wheel directory {directory} does not exist")
     sums = _read_sha256sums(directory / "SHA256SUMS")
-    for wheel in sorted(directory.glob("*.whl")):
-        if _is_wheel_of(wheel.name, name, version):
-            return KernelLookup(source, str(wheel), sums.get(wheel.name))
+    matching = [w for w in sorted(directory.glob("*.whl")) if _is_wheel_of(w.name, name, version)]
+    if sums:
+        # A folder with SHA256SUMS serves what it lists: another build of the same version
+        # (a build tag, a file dropped in beside) is never chosen over, or instead of, it.
+        listed = [w for w in matching if w.name in sums]
+        if not listed and matching:
+            return KernelLookup(
+                source,
+                problem=f"{matching[0].name} in {directory} is not listed in its SHA256SUMS",
+            )
+        matching = listed
+    for wheel in matching:
+        return KernelLookup(source, str(wheel), sums.get(wheel.name))
     return KernelLookup(source, problem=f"{requirement} is not in {directory}")
 
 
@@ -270,44 +279,16 @@ def kernel_package(requirement: str) -> str:
 def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
     """RECORD, content and manifest of a staged kernel wheel; InstallError naming the
     problem. Returns its manifest."""
+    from greta_install.kernel_build import KernelWheelRefused, verify_wheel
+
     kw = plan.kernel_wheel
-    assert kw.requirement is not None
+    assert kw.requirement is not None and kw.arch is not None
     name = kw.requirement.partition("==")[0]
-    package = kernel_package(kw.requirement)
-    try:
-        wheelfiles.check_record(path)
-        wheelfiles.check_confined(path, [package])
-        raw = wheelfiles.read_member_text(path, f"{package}/manifest.json")
-    except wheelfiles.WheelError as exc:
-        raise InstallError(name, f"refused: {exc}") from None
-    if raw is None:
-        raise InstallError(name, f"refused: {path.name} has no {package}/manifest.json")
-    try:
-        manifest = json.loads(raw)
-    except ValueError as exc:
-        raise InstallError(name, f"refused: its manifest.json is not JSON ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise InstallError(name, "refused: its manifest.json is not a JSON object")
-    if manifest.get("arch") != kw.arch:
-        raise InstallError(
-            name,
-            f"refused: its manifest says arch {manifest.get('arch')!r}, the target is {kw.arch}",
-        )
-    built_with = manifest.get("triton_version")
     locked = next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
-    if built_with and locked and _release(str(built_with)) != _release(locked):
-        raise InstallError(
-            name,
-            f"refused: built with Triton {built_with}, the lock installs Triton {locked}",
-        )
-    return manifest
-
-
-def _release(version: str) -> tuple[int, ...]:
     try:
-        return Version(version).release
-    except ValueError:
-        return ()
+        return verify_wheel(path, kw.arch, locked)
+    except KernelWheelRefused as exc:
+        raise InstallError(name, str(exc)) from None
 
 
 # --- staging ----------------------------------------------------------------------------
@@ -318,6 +299,11 @@ def _reason(stderr: str) -> str:
     text = stderr.strip()
     lowered = text.lower()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "no space left on device" in lowered or "disk quota exceeded" in lowered:
+        return (
+            "the staging folder's disk is full (set TMPDIR to a folder with room): "
+            + (lines[-1] if lines else "")[-300:]
+        )
     if "do not match the hashes" in lowered or "hash mismatch" in lowered:
         got = [line for line in lines if line.startswith(("Expected sha256", "Got"))]
         detail = "; ".join(got[:2]) or "the file differs from the lock"
@@ -478,10 +464,23 @@ def stage_plan(
                 f"hash mismatch: {final.name} has {observed}, SHA256SUMS says sha256:{kw.sha256}",
             )
         if not kw.pinned:
-            log(
-                f"    UNVERIFIED kernel wheel {final.name}: {observed} (no hash pinned in the lock)"
-            )
+            # Trusted on first use like any unpinned package: a different file of the same
+            # name later is refused, not installed as UNVERIFIED again.
+            known = None
+            if record is not None:
+                try:
+                    known = record.check(final.name, observed)
+                except HashRecordError as exc:
+                    raise InstallError(name, str(exc)) from None
+            if known is not None:
+                log(f"    {final.name}: {observed} matches the recorded hash")
+            else:
+                log(
+                    f"    FIRST USE kernel wheel {final.name}: {observed} (no hash pinned in "
+                    "the lock); recorded now, later installs must see the same"
+                )
             result.observed_unverified[name] = observed
+            result.filenames[name] = final.name
         verify_kernel_wheel(final, plan)
         result.files[name] = final
         result.hashes[name] = observed

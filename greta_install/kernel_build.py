@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import html
 import importlib.util
+import json
 import os
 import queue
 import re
@@ -39,6 +40,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
+from greta_install.commandline import ISOLATED, NEUTRAL_CWD, python_module
 from greta_install.errors import GretaError
 from greta_install.kernel_names import distribution_name as kernel_wheel_name
 from greta_install.version import __version__
@@ -50,6 +52,72 @@ PROGRESS_EVERY_S = 5.0
 
 class KernelBuildError(GretaError):
     """The kernel wheel could not be built or filed; the message says why."""
+
+
+class KernelWheelRefused(GretaError, ValueError):
+    """A kernel wheel that breaks a content rule; the message names the wheel and the rule."""
+
+
+# Everything a kernel wheel unpacks to (its precompiled kernels and tables are a few tens of
+# MB): a 1.5 MB download of 1.5 GiB of zeros is refused before anything is read.
+MAX_UNCOMPRESSED_BYTES = 512 * 1024 * 1024
+
+
+def verify_wheel(path: Path, arch: str, locked_triton: str | None = None) -> dict[str, Any]:
+    """The one check of a kernel wheel before it is installed, whatever brought it (an index,
+    a folder, the build cache, a fresh build): unpacked size under the cap, RECORD hashes,
+    nothing outside its own package (no .pth, scripts or data), a manifest for `arch` naming
+    the Triton it was built with (matching `locked_triton` when the lock pins one).
+    Returns the manifest; KernelWheelRefused otherwise."""
+    from packaging.version import InvalidVersion, Version
+
+    from greta_install import wheelfiles
+
+    package = kernel_wheel_name(arch).replace("-", "_")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+        unpacked = sum(i.file_size for i in infos)
+        if unpacked > MAX_UNCOMPRESSED_BYTES:
+            raise KernelWheelRefused(
+                f"{path.name}: unpacks to {unpacked} bytes, over the "
+                f"{MAX_UNCOMPRESSED_BYTES}-byte limit; refused"
+            )
+        wheelfiles.check_confined(path, [package])
+        wheelfiles.check_record(path)
+        raw = wheelfiles.read_member_text(path, f"{package}/manifest.json")
+    except (wheelfiles.WheelError, zipfile.BadZipFile, OSError) as exc:
+        raise KernelWheelRefused(f"refused: {exc}") from None
+    if raw is None:
+        raise KernelWheelRefused(f"refused: {path.name} has no {package}/manifest.json")
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise KernelWheelRefused(f"refused: its manifest.json is not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise KernelWheelRefused("refused: its manifest.json is not a JSON object")
+    if manifest.get("arch") != arch:
+        raise KernelWheelRefused(
+            f"refused: its manifest says arch {str(manifest.get('arch'))[:40]!r}, "
+            f"the target is {arch}"
+        )
+    built_with = manifest.get("triton_version")
+    if not isinstance(built_with, str) or not built_with:
+        raise KernelWheelRefused("refused: its manifest names no triton_version")
+
+    def release(version: str) -> tuple[int, ...] | None:
+        try:
+            return Version(version).release
+        except InvalidVersion:
+            return None
+
+    if release(built_with) is None:
+        raise KernelWheelRefused(f"refused: its manifest's triton_version {built_with[:40]!r}")
+    if locked_triton and release(built_with) != release(locked_triton):
+        raise KernelWheelRefused(
+            f"refused: built with Triton {built_with}, the lock installs Triton {locked_triton}"
+        )
+    return manifest
 
 
 @dataclass(frozen=True)
@@ -86,12 +154,13 @@ def triton_fingerprint(python: str, timeout: float = 300) -> str:
     code = "from greta_core.kernel_wheels.aot import triton_fingerprint as f; print(f())"
     try:
         proc = subprocess.run(
-            [python, "-c", code],
+            [python, ISOLATED, "-c", code],
             capture_output=True,
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
             env=_child_env(),
+            cwd=NEUTRAL_CWD,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelBuildError(f"cannot read the installed Triton's fingerprint: {exc}") from None
@@ -161,8 +230,14 @@ def build_or_reuse(
     if use_cache:
         found = cached_wheel(entry, arch)
         if found is not None:
-            log(f"kernel wheel for {arch}: reusing the cached build {found}")
-            return BuiltWheel(found, arch, _sha256(found), True, time.perf_counter() - start)
+            try:
+                verify_wheel(found, arch)
+            except KernelWheelRefused as exc:  # tampered or torn: rebuilt, never installed
+                log(f"kernel wheel for {arch}: the cached build {found} is {exc}; rebuilding it")
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                log(f"kernel wheel for {arch}: reusing the cached build {found}")
+                return BuiltWheel(found, arch, _sha256(found), True, time.perf_counter() - start)
     with tempfile.TemporaryDirectory(prefix="greta-kbuild-") as work:
         out = Path(work) / "out"
         scratch = Path(work) / "tmp"
@@ -178,6 +253,10 @@ def build_or_reuse(
         wheel = cached_wheel(out, arch)
         if wheel is None:
             raise KernelBuildError(f"greta build-kernels wrote no intact wheel for {arch}")
+        try:
+            verify_wheel(wheel, arch)
+        except KernelWheelRefused as exc:
+            raise KernelBuildError(f"the kernel wheel built for {arch} is {exc}") from None
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
         shutil.copy2(wheel, staging / wheel.name)
@@ -194,7 +273,7 @@ def build_argv(python: str, arch: str, out: str, jobs: int = 0) -> list[str]:
 
     No ``--jobs`` when `jobs` is 0: the build then uses ``GRETA_BUILD_JOBS`` or all cores.
     """
-    argv = [python, "-m", "greta", "build-kernels", "--arch", arch, "--out", out]
+    argv = [*python_module(python, "greta"), "build-kernels", "--arch", arch, "--out", out]
     return argv + (["--jobs", str(jobs)] if jobs > 0 else [])
 
 
@@ -227,6 +306,7 @@ def _run_with_progress(
             stdin=subprocess.DEVNULL,
             text=True,
             env=env,
+            cwd=NEUTRAL_CWD,
             start_new_session=True,  # one process group: the build and all its workers
         )
     except OSError as exc:
@@ -292,6 +372,7 @@ def _sha256(path: Path) -> str:
 
 def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = None) -> None:
     """Install one kernel wheel into `python`'s environment, offline, hash-checked."""
+    wheel = wheel.absolute()  # pip runs from NEUTRAL_CWD
     sha = _sha256(wheel)
     name, version, _, _ = parse_wheel_filename(wheel.name)
     with tempfile.TemporaryDirectory(prefix="greta-kinst-") as work:
@@ -301,9 +382,12 @@ def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = N
         if uv:
             argv = [uv, "pip", "install", "--python", python, "--offline", *common, "-r", str(req)]
         else:
-            argv = [python, "-m", "pip", "install", "--disable-pip-version-check", *common]
+            argv = [*python_module(python, "pip"), "install", "--disable-pip-version-check"]
+            argv += common
             argv += ["--force-reinstall", "-r", str(req)]
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=NEUTRAL_CWD
+        )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-800:]
         raise KernelBuildError(f"installing {wheel.name} failed: {tail}")

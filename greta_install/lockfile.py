@@ -28,7 +28,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from greta_install.envfix import allowed_name, allowed_value
+from greta_install.envfix import MAX_VARIABLES, name_refusal, value_refusal
 from greta_install.errors import GretaError
 
 if TYPE_CHECKING:
@@ -249,10 +249,12 @@ class _Header:
         if not match:
             raise LockError(f"{where}: malformed environment line {value!r}")
         name, env_value = match.group(1), match.group(2)
-        if not (allowed_name(name) and allowed_value(env_value)):
+        why = name_refusal(name) or value_refusal(env_value)
+        if why:
+            raise LockError(f"{where}: a lock may not set {name[:60]}: {why}")
+        if name not in self.env and len(self.env) >= MAX_VARIABLES:
             raise LockError(
-                f"{where}: a lock may not set {name} (GRETA sets only GPU-runtime "
-                "and framework variables, never the loader's or Python's)"
+                f"{where}: a lock may set at most {MAX_VARIABLES} environment variables"
             )
         self.env[name] = env_value
 

@@ -33,6 +33,7 @@ def installed_versions(python: str, timeout: float = 60) -> dict[str, str] | Non
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
+            cwd=commandline.NEUTRAL_CWD,
         )
         data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):

@@ -311,7 +311,9 @@ def execute(
         stage: Path | None = None
         try:
             try:
-                recovered = transaction.recover(site, log)
+                recovered = transaction.recover(site, log, scheme.roots)
+            except transaction.JournalRefused as exc:
+                raise InstallFailed(str(exc), 2) from None
             except OSError as exc:
                 raise InstallFailed(
                     f"an earlier, interrupted install left {site / transaction.TXN_DIR} and "

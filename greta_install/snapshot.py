@@ -102,9 +102,9 @@ def _write(view: SystemView, root: Path) -> list[str]:
     env = dict(view.env())
     rocm_path = env.get("ROCM_PATH")
     if rocm_path and rocm_path.startswith("/") and rocm_path.rstrip("/") != "/opt/rocm":
-        root = os.path.realpath(getattr(view, "_root", "/"))
-        real_rocm = os.path.realpath(os.path.join(root, rocm_path.lstrip("/")))
-        real_rocm = "/" + os.path.relpath(real_rocm, root).rstrip("/") + "/"
+        view_root = os.path.realpath(getattr(view, "_root", "/"))
+        real_rocm = os.path.realpath(os.path.join(view_root, rocm_path.lstrip("/")))
+        real_rocm = "/" + os.path.relpath(real_rocm, view_root).rstrip("/") + "/"
         _copy(view, root, rocm_path.rstrip("/") + "/.info/version", written, real_rocm)
     (root / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True) + "\n", "utf-8")
     meta = {

@@ -21,6 +21,15 @@ from greta_install.plan import InstallPlan
 
 def _entries(ctx: CommitContext, names: list[str]) -> dict[str, hashrecord.Entry]:
     out = {}
+    kw = ctx.plan.kernel_wheel
+    if kw.requirement and not kw.pinned:  # an unpinned kernel wheel: trusted on first use
+        name, _, version = kw.requirement.partition("==")
+        path = ctx.staged.files.get(name)
+        if path is not None:
+            out[path.name] = hashrecord.Entry(
+                name, version, ctx.staged.hashes[name], str(kw.location or "kernel wheels"),
+                f"greta install into {ctx.site_packages}",
+            )  # fmt: skip
     for pkg in ctx.plan.packages:
         if pkg.name not in names or pkg.name not in ctx.staged.files:
             continue

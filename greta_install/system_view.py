@@ -60,6 +60,8 @@ RELEVANT_ENV: tuple[str, ...] = (
 )
 
 MAX_READ_BYTES = 4 * 1024 * 1024  # a /sys or tool output larger than this is garbage anyway
+# sysfs and procfs attributes are at most a page; a huge "properties" file is not one.
+KERNEL_FILE_MAX_BYTES = 64 * 1024
 
 
 class SystemView(Protocol):
@@ -103,8 +105,9 @@ class _TreeView:
         where = self._path(path)
         if where is None:
             return None
+        cap = KERNEL_FILE_MAX_BYTES if path.startswith(("/sys/", "/proc/")) else MAX_READ_BYTES
         try:
-            return _decode(read_bytes(where, MAX_READ_BYTES, truncate=True))
+            return _decode(read_bytes(where, cap, truncate=True))
         except (OSError, ValueError):
             return None
 
@@ -194,11 +197,11 @@ class SnapshotSystem(_TreeView):
             return {}
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # a deeply nested file is no env either
             return {}
         if not isinstance(data, dict):
             return {}
-        return {str(k): str(v) for k, v in data.items() if k in RELEVANT_ENV}
+        return {k: v for k, v in data.items() if k in RELEVANT_ENV and isinstance(v, str)}
 
 
 def open_view(snapshot: str | os.PathLike[str] | None = None) -> SystemView:

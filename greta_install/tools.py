@@ -96,6 +96,8 @@ def _ask(python: str, code: str, what: str) -> str:
         raise InterpreterError(f"{what}: {exc}") from None
     if proc.returncode != 0:
         raise InterpreterError(f"{what}: {_said(proc.stderr, proc.returncode)}")
+    if "\0" in proc.stdout:
+        raise InterpreterError(f"{what}: it printed NUL bytes, not a path or a version")
     return proc.stdout
 
 

@@ -19,6 +19,13 @@ killed. A `Transaction` makes a whole `greta install` one unit:
 Journal states: `prepare` (saving; the environment is untouched), `commit` (the installer
 or a post-commit step may have changed the environment: undo on recovery), `done` (the
 install is complete: recovery only removes the journal and backup).
+
+A journal found on disk is data, not instructions: it is read with a size cap, parsed
+into exact types, and acted on only when it belongs to this environment (its site path,
+the device and inode of the site folder, and a random id the install wrote beside the
+journal all match) and every path it names lies inside this environment's own install
+roots once links are resolved. Anything else is refused with one line naming the
+command that clears it; nothing is changed.
 """
 
 from __future__ import annotations
@@ -28,19 +35,29 @@ import errno
 import fcntl
 import json
 import os
+import re
+import secrets
+import shlex
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from greta_install import wheelfiles
+from greta_install.boundedio import BoundedReadError, read_bytes
 from greta_install.errors import GretaError
 
 TXN_DIR = ".greta-txn"
 JOURNAL = "journal.json"
-JOURNAL_SCHEMA = 1
+# Beside the transaction folder, not in it: a copy of the environment copies both, but a
+# new environment at a recycled path or inode has neither.
+TXN_ID = ".greta-txn-id"
+JOURNAL_SCHEMA = 2
+# A journal lists every file of an install (torch: ~20k paths); far below this.
+JOURNAL_MAX_BYTES = 64 * 1024 * 1024
 LOCK_TIMEOUT_ENV = "GRETA_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 1800.0
 # Temporary entries installers leave beside what they replace when killed: pip's
@@ -53,6 +70,19 @@ Log = Callable[[str], None]
 
 class TransactionError(GretaError):
     """The environment cannot be locked, saved or put back; the message says its state."""
+
+
+class JournalRefused(TransactionError):
+    """A transaction folder GRETA will not act on (damaged, foreign, or naming paths outside
+    the environment); the message names the command that clears it."""
+
+    def __init__(self, txn_dir: Path, reason: str) -> None:
+        self.txn_dir = txn_dir
+        super().__init__(
+            f"{txn_dir}: {reason}; nothing was changed. If no greta install is running on "
+            f"this environment, clear it with: rm -rf -- {shlex.quote(str(txn_dir))} "
+            f"{shlex.quote(str(txn_dir.parent / TXN_ID))} (then run greta install again)"
+        )
 
 
 # --- the environment lock ---------------------------------------------------------------
@@ -185,17 +215,71 @@ class Journal:
     temp_roots: list[str] = field(default_factory=list)  # dirs to sweep of installer temp names
     before_entries: dict[str, list[str]] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)
+    # Which environment this journal belongs to (see the module docstring).
+    site_dev: int = 0
+    site_ino: int = 0
+    txn_id: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {"schema": JOURNAL_SCHEMA, **self.__dict__}
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> Journal:
+    def from_json(cls, data: object) -> Journal:
+        """Exact types or JournalFormatError: a journal on disk is untrusted data."""
+        if not isinstance(data, dict):
+            raise JournalFormatError("it is not a JSON object")
         if data.get("schema") != JOURNAL_SCHEMA:
-            raise ValueError(f"journal schema {data.get('schema')!r}")
+            raise JournalFormatError(f"unknown journal schema {str(data.get('schema'))[:20]!r}")
+        unknown = sorted(set(data) - set(_JOURNAL_TYPES) - {"schema"})
+        missing = sorted(set(_JOURNAL_TYPES) - set(data))
+        if unknown or missing:
+            raise JournalFormatError(f"unexpected fields {(unknown or missing)[:3]}")
+        for key, check in _JOURNAL_TYPES.items():
+            if not check(data[key]):
+                raise JournalFormatError(f"field {key!r} has the wrong type")
+        if data["state"] not in ("prepare", "commit", "done"):
+            raise JournalFormatError(f"unknown state {str(data['state'])[:20]!r}")
         fields = {k: v for k, v in data.items() if k != "schema"}
-        fields["saved"] = [tuple(p) for p in fields.get("saved", [])]  # type: ignore[union-attr]
-        return cls(**fields)  # type: ignore[arg-type]
+        fields["saved"] = [(a, b) for a, b in data["saved"]]
+        return cls(**fields)
+
+
+class JournalFormatError(GretaError, ValueError):
+    """The journal's JSON is not a journal (internal: recover() turns it into a refusal)."""
+
+
+def _is_str(v: object) -> bool:
+    return isinstance(v, str) and "\0" not in v and len(v) <= 4096
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+
+def _str_list(v: object) -> bool:
+    return isinstance(v, list) and all(_is_str(x) for x in v)
+
+
+_JOURNAL_TYPES: dict[str, Callable[[object], bool]] = {
+    "state": _is_str,
+    "site": _is_str,
+    "stage": lambda v: v is None or _is_str(v),
+    "created": _str_list,
+    "saved": lambda v: (
+        isinstance(v, list)
+        and all(isinstance(p, list) and len(p) == 2 and _is_str(p[0]) and _is_str(p[1]) for p in v)
+    ),
+    "new_dirs": _str_list,
+    "dist_infos": _str_list,
+    "temp_roots": _str_list,
+    "before_entries": lambda v: (
+        isinstance(v, dict) and all(_is_str(k) and _str_list(x) for k, x in v.items())
+    ),
+    "pid": _is_int,
+    "site_dev": _is_int,
+    "site_ino": _is_int,
+    "txn_id": _is_str,
+}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -240,9 +324,13 @@ class Transaction:
     # -- intent ---------------------------------------------------------------------------
 
     def begin(self) -> None:
-        if self.dir.exists():
+        if self.dir.exists() or self.dir.is_symlink():
             raise TransactionError(f"{self.dir} exists: an earlier install was not recovered")
         with critical():
+            info = os.stat(self.site)
+            self.journal.site_dev, self.journal.site_ino = info.st_dev, info.st_ino
+            self.journal.txn_id = secrets.token_hex(16)
+            _write_id(self.site / TXN_ID, self.journal.txn_id)
             self.dir.mkdir()
             self._begun = True
             self.backup.mkdir()
@@ -330,6 +418,7 @@ class Transaction:
             self.journal.state = "done"
             self._write()
             _discard(self.dir)
+            _drop_id(self.site)
 
     def undo(self) -> list[str]:
         """Put the environment back as it was before `begin`; what was done, in words."""
@@ -338,6 +427,7 @@ class Transaction:
         with critical():
             done = _undo(self.journal, self.backup)
             _discard(self.dir)
+            _drop_id(self.site)
             return done
 
 
@@ -499,23 +589,134 @@ def _discard(directory: Path) -> None:
 # --- recovery ---------------------------------------------------------------------------
 
 
-def recover(site: Path, log: Log) -> list[str]:
+def _write_id(path: Path, value: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(value)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _drop_id(site: Path) -> None:
+    for name in (TXN_ID, TXN_ID + ".tmp"):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            (site / name).unlink()
+
+
+def _read_id(site: Path) -> str | None:
+    try:
+        raw = read_bytes(site / TXN_ID, 64, follow_symlinks=False)
+    except OSError:  # absent, a link, a FIFO, too long: not an id this GRETA wrote
+        return None
+    text = raw.decode("ascii", "replace")
+    return text if re.fullmatch(r"[0-9a-f]{32}", text) else None
+
+
+def load_journal(txn_dir: Path) -> Journal | None:
+    """The journal in `txn_dir` (a real directory), None when there is none yet (the install
+    died before writing its first one, having changed nothing). JournalRefused when it
+    cannot be a journal GRETA wrote: read capped, never following a link or a FIFO."""
+    try:
+        raw = read_bytes(txn_dir / JOURNAL, JOURNAL_MAX_BYTES, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except BoundedReadError as exc:
+        raise JournalRefused(txn_dir, f"its journal is unusable ({exc})") from None
+    except OSError as exc:
+        reason = "a symlink" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise JournalRefused(txn_dir, f"its journal cannot be read ({reason})") from None
+    try:
+        return Journal.from_json(json.loads(raw.decode("utf-8")))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSON, JournalFormatError
+        what = str(exc) if isinstance(exc, JournalFormatError) else exc.__class__.__name__
+        raise JournalRefused(txn_dir, f"its journal is damaged ({what[:120]})") from None
+
+
+def _real_inside(path: str, roots: list[str], *, strict: bool = True) -> bool:
+    """`path` (absolute, normalised) lies inside one of the `roots` (real paths) once the
+    links of its folders are resolved; its last component is judged as it stands, so a
+    link the install created is removed, never followed."""
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        return False
+    head, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return False
+    real = os.path.join(os.path.realpath(head), name)
+    return any(real.startswith(r + os.sep) or (not strict and real == r) for r in roots)
+
+
+def check_journal(journal: Journal, site: Path, roots: Iterable[Path], txn_dir: Path) -> None:
+    """JournalRefused unless `journal` belongs to the environment at `site` and every path
+    it names lies inside that environment's `roots` (its install scheme)."""
+    if journal.site != str(site):
+        raise JournalRefused(
+            txn_dir, f"its journal belongs to another environment ({journal.site[:200]})"
+        )
+    info = os.stat(site)
+    if (journal.site_dev, journal.site_ino) != (info.st_dev, info.st_ino):
+        raise JournalRefused(
+            txn_dir, "its journal was written for another copy of this environment's folder"
+        )
+    if _read_id(site) != journal.txn_id:
+        raise JournalRefused(txn_dir, f"its journal does not match {site / TXN_ID}")
+    real_roots = sorted({os.path.realpath(r) for r in roots})
+    files = [*journal.created, *(original for original, _ in journal.saved)]
+    # Folders an undo walks or removes: judged with every link resolved, their own too.
+    folders = [*journal.new_dirs, *journal.dist_infos]
+    outside = [p for p in files if not _real_inside(p, real_roots)]
+    outside += [
+        p
+        for p in folders
+        if not (_real_inside(p, real_roots) and _real_inside(os.path.realpath(p), real_roots))
+    ]
+    outside += [
+        r
+        for r in [*journal.temp_roots, *journal.before_entries]
+        if os.path.realpath(r) not in real_roots or os.path.normpath(r) != r
+    ]
+    outside += [
+        e for v in journal.before_entries.values() for e in v if "/" in e or e in ("", ".", "..")
+    ]
+    outside += [name for _, name in journal.saved if not re.fullmatch(r"\d{1,9}", name)]
+    if outside:
+        raise JournalRefused(
+            txn_dir, f"its journal names paths outside this environment ({outside[0][:200]!r})"
+        )
+    backup = txn_dir / "backup"
+    if backup.is_symlink() or (backup.exists() and not backup.is_dir()):
+        raise JournalRefused(txn_dir, "its backup folder is not a folder GRETA wrote")
+
+
+def recover(site: Path, log: Log, roots: Iterable[Path]) -> list[str]:
     """Finish what an earlier, killed install left (the caller holds the EnvLock).
 
-    Returns what was done, in words; [] when there was nothing to recover.
+    `roots` are the environment's install roots (its scheme): a journal naming anything
+    elsewhere is refused. Returns what was done, in words; [] when there was nothing to
+    recover. JournalRefused (nothing changed) for a journal that is not this
+    environment's.
     """
     txn_dir = site / TXN_DIR
-    if not txn_dir.exists():
-        return []
-    done: list[str] = []
     try:
-        with open(txn_dir / JOURNAL, encoding="utf-8") as fh:
-            journal = Journal.from_json(json.load(fh))
-    except (OSError, ValueError, TypeError) as exc:
-        # No readable journal: the earlier install died while writing its first one,
-        # before it changed anything.
-        _discard(txn_dir)
-        return [f"removed an unfinished transaction folder ({exc.__class__.__name__})"]
+        mode = os.lstat(txn_dir).st_mode
+    except FileNotFoundError:
+        _drop_id(site)  # killed between writing the id and making the folder
+        return []
+    if not stat.S_ISDIR(mode):
+        kind = "a symlink" if stat.S_ISLNK(mode) else "not a folder"
+        raise JournalRefused(txn_dir, f"it is {kind}, not a transaction folder GRETA wrote")
+    journal = load_journal(txn_dir)
+    done: list[str] = []
+    if journal is None:
+        # The earlier install died before its first journal was durable: it changed nothing.
+        with critical():
+            _discard(txn_dir)
+            _drop_id(site)
+        return ["removed an unfinished transaction folder (no journal yet)"]
+    check_journal(journal, site, roots, txn_dir)
     with critical():
         if journal.state == "commit":
             done += _undo(journal, txn_dir / "backup")
@@ -524,9 +725,10 @@ def recover(site: Path, log: Log) -> list[str]:
             done.append(f"cleaned up after the completed install of process {journal.pid}")
         else:
             done.append(f"removed the unstarted install of process {journal.pid}")
-        if journal.stage:
-            shutil.rmtree(journal.stage, ignore_errors=True)
+        # The stage (outside the environment) is left to sweep_stale_stages, which removes
+        # only unlocked greta-stage-* folders: a journal never names what gets deleted there.
         _discard(txn_dir)
+        _drop_id(site)
     for line in done:
         log(f"greta: recovered: {line}")
     return done

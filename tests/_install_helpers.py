@@ -185,6 +185,7 @@ def make_kernel_wheel(
     version: str = "0.1.0",
     extra: dict[str, bytes] | None = None,
     manifest_arch: str | None = None,
+    triton_version: str | None = "3.6.0",
 ) -> tuple[str, bytes]:
     """A GRETA kernel wheel as greta_core.kernel_wheels.wheelbuild lays it out (package + manifest.json)."""
     import json
@@ -192,6 +193,8 @@ def make_kernel_wheel(
     name = "greta-kernels-" + arch.replace("_", "-")
     package = name.replace("-", "_")
     manifest = {"arch": manifest_arch or arch, "package": package, "kernels": []}
+    if triton_version is not None:  # what `greta build-kernels` records
+        manifest["triton_version"] = triton_version
     files = {f"{package}/manifest.json": json.dumps(manifest).encode(), **(extra or {})}
     return make_wheel(name, version, extra=files)
 

@@ -26,6 +26,24 @@ def tol(dtype: torch.dtype) -> float:
     return {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]
 
 
+def order_tol(dtype: torch.dtype, terms: int, ref: torch.Tensor) -> dict[str, float]:
+    """rtol/atol for two evaluations of the same maths in different orders (eager vs
+    compiled, interpreter vs reference, two kernel compilations).
+
+    Any order of summing `terms` products is within (terms - 1) * u * sum|x_i| of the exact
+    sum (Higham, Accuracy and Stability, 4.2), so two orders are within twice that; with
+    sum|x_i| bounded by `terms` times the largest term, and the largest output magnitude
+    standing for it, atol = 2 * terms * u * max|ref| (and the same relative bound). Near-zero
+    outputs of a cancelling sum are covered by atol; their relative error is unbounded.
+    `terms` is the longest chain of accumulations behind one output (the sum of the
+    reduction lengths a value passes through, forward and backward).
+    """
+    u = torch.finfo(dtype).eps / 2
+    bound = 2.0 * terms * u
+    scale = max(ref.detach().abs().max().item(), 1.0) if ref.numel() else 1.0
+    return {"rtol": bound, "atol": bound * scale}
+
+
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
 

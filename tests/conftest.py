@@ -40,7 +40,8 @@ if not _has_nvidia_or_amd_gpu():
     os.environ.setdefault("GRETA_TRITON_ON_CPU", "1")
 
 DATA = Path(__file__).parent / "data"
-SEED = 0
+# GRETA_TEST_SEED varies the inputs of every seeded test (scripts/repeat_tests.sh).
+SEED = int(os.environ.get("GRETA_TEST_SEED", "0"))
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ NOT_GRETA = {
 # whose failures are reported as text.
 INTERNAL_RAISES = {
     ("greta_install/smoke.py", "TimeoutExpired"),  # caught in the same function
-    ("greta_install/transaction.py", "ValueError"),  # Journal.from_json: caught by recover
+    ("greta_install/commands/smoke.py", "ValueError"),  # an argparse type: a usage error
     ("greta_install/smoke_child.py", "AssertionError"),  # a child program's step failure
     ("greta_install/smoke_child.py", "RuntimeError"),
 }

@@ -79,7 +79,7 @@ def write_lock(tmp_path: Path, names: list[str], label: str) -> Path:
         python=PY,
         packages=packages,
         kernel_wheel=None,
-        env={"GRETA_TEST_FIX": label},
+        env={"GRETA_FIX_PROBE": label},
         meta={"target": "cpu", "python": PY},
     )
     path = tmp_path / f"{label}-lock.txt"

@@ -67,7 +67,7 @@ def write_lock(tmp_path: Path, missing_version: bool = False) -> Path:
         python=PY,
         packages=tuple(packages),
         kernel_wheel=None,
-        env={"GRETA_TEST_FIX": "from-greta"},
+        env={"GRETA_FIX_PROBE": "from-greta"},
         meta={"target": "cpu", "python": PY, "platform": "x86_64-manylinux_2_28"},
     )
     path = tmp_path / "test-lock.txt"
@@ -191,12 +191,12 @@ def test_success_installs_verifies_and_persists_env(
     assert proc.returncode == 0, out + err
     assert f"offline with {installer}" in out
     python = python_of(fresh_venv)
-    clean = {k: v for k, v in env.items() if k != "GRETA_TEST_FIX"}
+    clean = {k: v for k, v in env.items() if k != "GRETA_FIX_PROBE"}
     check = subprocess.run(
         [
             python,
             "-c",
-            "import os, alpha_pkg, beta_pkg, gamma_pkg; print(alpha_pkg.VERSION, os.environ['GRETA_TEST_FIX'])",
+            "import os, alpha_pkg, beta_pkg, gamma_pkg; print(alpha_pkg.VERSION, os.environ['GRETA_FIX_PROBE'])",
         ],
         capture_output=True,
         text=True,
@@ -207,10 +207,10 @@ def test_success_installs_verifies_and_persists_env(
     assert check.stdout.split() == ["1.0", "from-greta"], check.stderr
     # A value the user sets wins over the persisted fix.
     mine = subprocess.run(
-        [python, "-c", "import os; print(os.environ['GRETA_TEST_FIX'])"],
+        [python, "-c", "import os; print(os.environ['GRETA_FIX_PROBE'])"],
         capture_output=True,
         text=True,
-        env={**clean, "GRETA_TEST_FIX": "mine"},
+        env={**clean, "GRETA_FIX_PROBE": "mine"},
         timeout=60,
         check=False,
     )
@@ -224,7 +224,7 @@ def test_success_installs_verifies_and_persists_env(
         timeout=60,
         check=False,
     )
-    assert "export GRETA_TEST_FIX=from-greta" in shown.stdout
+    assert "export GRETA_FIX_PROBE=from-greta" in shown.stdout
     cleared = subprocess.run(
         [sys.executable, "-m", "greta", "env", "--clear", "--python", python],
         capture_output=True,
@@ -236,7 +236,7 @@ def test_success_installs_verifies_and_persists_env(
     )
     assert cleared.returncode == 0
     after = subprocess.run(
-        [python, "-c", "import os; print(os.environ.get('GRETA_TEST_FIX'))"],
+        [python, "-c", "import os; print(os.environ.get('GRETA_FIX_PROBE'))"],
         capture_output=True,
         text=True,
         env=clean,
@@ -360,6 +360,7 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
         )
     assert good.returncode == 0, good.stdout + good.stderr
+    assert "FIRST USE kernel wheel" in good.stdout + good.stderr
     check = subprocess.run(
         [python_of(fresh_venv), "-c", "import greta_kernels_sm_90, alpha_pkg"],
         capture_output=True,
@@ -368,6 +369,20 @@ def test_kernel_wheel_from_a_directory_is_checked_against_sha256sums(
         check=False,
     )
     assert check.returncode == 0, check.stderr
+    # Issue 30 item 5: the unpinned wheel's hash was recorded like a package's; another
+    # file of the same name (its SHA256SUMS line changed with it) is refused.
+    _, other = make_kernel_wheel("sm_90", extra={"greta_kernels_sm_90/extra.py": b"x = 1\n"})
+    (wheels / filename).write_bytes(other)
+    (wheels / "SHA256SUMS").write_text(f"{hashlib.sha256(other).hexdigest()}  {filename}\n")
+    with Index(dict(WHEELS.values()), {}) as index:
+        env = pip_env(index, tmp_path)
+        before = snapshot(fresh_venv)
+        again = subprocess.run(
+            [*argv, "--reinstall"], cwd=REPO, env=env, capture_output=True, text=True,
+            timeout=240, check=False,
+        )  # fmt: skip
+    assert again.returncode == 1 and "the file changed since it was first trusted" in again.stderr
+    assert snapshot(fresh_venv) == before
 
 
 def test_kernel_wheel_lookup_on_an_index() -> None:

@@ -21,6 +21,7 @@ from _kernel_testing import (  # noqa: E402
     expected_impl,
     expected_jax_impl,
     need_triton,
+    order_tol,
 )
 
 import greta_core.torch  # noqa: E402, F401
@@ -321,7 +322,6 @@ def test_torch_compile_fullgraph_fused_ops() -> None:
             s + torch.ops.greta.swiglu(gate, up), wo, target
         )
 
-    torch.manual_seed(7)
     x = torch.randn(6, 16, device=DEVICE, requires_grad=True)
     r = torch.randn(6, 16, device=DEVICE)
     w = torch.randn(16, device=DEVICE, requires_grad=True)
@@ -333,9 +333,13 @@ def test_torch_compile_fullgraph_fused_ops() -> None:
     got = torch.autograd.grad(out, params)
     ref = f(x, r, w, wg, wo, target)
     want = torch.autograd.grad(ref, params)
-    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+    # Compiled and eager differ in evaluation order (the interpreter on CPU); the longest
+    # accumulation chain: rms_norm (16) -> gate/up matmul (16) -> vocab matmul (16) ->
+    # logsumexp (24) -> mean (6), and back again through the same and the wg/wo grads (32, 6).
+    terms = 2 * (16 + 16 + 16 + 24 + 6) + 32 + 6
+    torch.testing.assert_close(out, ref, **order_tol(torch.float32, terms, ref))
     for g, w_ in zip(got, want, strict=True):
-        assert torch.allclose(g, w_, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(g, w_, **order_tol(torch.float32, terms, w_))
 
 
 # --- JAX ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from _kernel_testing import (  # noqa: E402
     expected_impl,
     expected_jax_impl,
     need_triton,
+    order_tol,
     poisoned,
 )
 
@@ -199,8 +200,11 @@ def test_torch_compile_fullgraph(backend) -> None:
     x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
     ref = f(x2, w2, b)
     ref.backward()
-    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
-    assert torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    # Compiled vs eager: rms_norm (64) -> layer_norm (64, twice: mean, variance) -> sum
+    # over 4 x 64, and back through the same.
+    terms = 2 * (64 + 2 * 64 + 4 * 64)
+    torch.testing.assert_close(out, ref, **order_tol(torch.float32, terms, ref))
+    torch.testing.assert_close(x.grad, x2.grad, **order_tol(torch.float32, terms, x2.grad))
 
 
 def test_jax_norms_and_grads() -> None:

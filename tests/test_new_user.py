@@ -108,8 +108,8 @@ def test_uninstall_stops_the_env_fixes_from_being_exported(tmp_path: Path) -> No
             capture_output=True, text=True, check=True,
         ).stdout.strip()
     )  # fmt: skip
-    envfix.write_env_fixes(site, {"GRETA_TEST_FIX": "on"}, {}, "cpu", None)
-    probe = [python, "-c", "import os; print(os.environ.get('GRETA_TEST_FIX'))"]
+    envfix.write_env_fixes(site, {"GRETA_FIX_PROBE": "on"}, {}, "cpu", None)
+    probe = [python, "-c", "import os; print(os.environ.get('GRETA_FIX_PROBE'))"]
     assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "on"
     proc = subprocess.run(
         [sys.executable, "-m", "greta", "uninstall", "--python", python, "--keep-greta"],

@@ -22,6 +22,10 @@ def _check(q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None) -> N
         )
     if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
         raise GretaInputError(f"attention: argument 'k' {k.shape} does not fit q {q.shape}")
+    if q.shape[3] == 0:  # the default scale is 1/sqrt(D), as in the torch binding
+        raise GretaInputError(
+            f"attention: argument 'q' has shape {tuple(q.shape)}; its head dim must be >= 1"
+        )
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
         raise GretaInputError(
             f"attention: argument 'k' has {k.shape[1]} heads; q's {q.shape[1]} must be a multiple"

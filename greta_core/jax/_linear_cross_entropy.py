@@ -15,7 +15,7 @@ from greta_core import reference
 from greta_core.errors import GretaInputError
 from greta_core.jax._rows_common import check_float, triton_ok
 from greta_core.observe import record
-from greta_core.ops.linear_cross_entropy import OP, REDUCTIONS, chunks
+from greta_core.ops.linear_cross_entropy import OP, REDUCTIONS, bad_target_message, chunks
 
 
 def _rows(logits: Any, target: Any, scale: Any, ignore_index: int, write_grad: bool) -> Any:
@@ -144,4 +144,19 @@ def linear_cross_entropy(
         )
     if reduction not in REDUCTIONS:
         raise GretaInputError(f"{OP}: reduction {reduction!r} not in {', '.join(REDUCTIONS)}")
+    _check_targets(target, int(weight.shape[0]), int(ignore_index))
     return _build(int(ignore_index), reduction)(hidden, weight, target)
+
+
+def _check_targets(target: Any, vocab: int, ignore_index: int) -> None:
+    """As the torch binding: a class outside [0, vocab) that is not ignore_index is refused
+    (values under jax.jit are abstract: not checked there)."""
+    import jax
+    import numpy as np
+
+    if isinstance(target, jax.core.Tracer) or target.size == 0:
+        return
+    values = np.asarray(target)
+    bad = ((values < 0) | (values >= vocab)) & (values != ignore_index)
+    if bad.any():
+        raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))

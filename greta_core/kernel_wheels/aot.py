@@ -447,9 +447,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "0", not unset: an environment's greta-env.pth (cpu row) re-sets unset variables.
         env = {**os.environ, "TRITON_INTERPRET": "0", "GRETA_AOT_CHILD": "1"}
         argv = list(sys.argv[1:] if argv is None else argv)
-        return subprocess.call(
-            [sys.executable, "-m", "greta_core.kernel_wheels.aot", *argv], env=env
-        )
+        # Isolated (-I): the user's relative --out/--cache-dir keep the working directory,
+        # which is then on no import path.
+        from greta_install.commandline import greta_child
+
+        return subprocess.call(greta_child("greta_core.kernel_wheels.aot", *argv), env=env)
     try:
         archs = parse_archs(args.arch)
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]

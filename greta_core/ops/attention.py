@@ -44,6 +44,10 @@ def check_shapes(
         raise GretaInputError(
             f"attention: argument 'v' has shape {tuple(v.shape)}; expected k's {tuple(k.shape)}"
         )
+    if dim == 0:  # the default scale is 1/sqrt(D)
+        raise GretaInputError(
+            f"attention: argument 'q' has shape {tuple(q.shape)}; its head dim must be >= 1"
+        )
     heads_kv = k.shape[1]
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise GretaInputError(

@@ -54,6 +54,27 @@ def validate(hidden: Any, weight: Any, target: Any, reduction: str, reference: b
     return arch_for(OP, hidden, reference)
 
 
+def bad_target_message(value: int, vocab: int, ignore_index: int) -> str:
+    return (
+        f"{OP}: argument 'target' holds {value}; every entry must be in [0, {vocab}) "
+        f"(the vocabulary of 'weight') or equal ignore_index ({ignore_index})"
+    )
+
+
+def check_targets(target: Any, vocab: int, ignore_index: int) -> None:
+    """GretaInputError for a target outside [0, vocab) that is not `ignore_index`, as
+    torch's cross_entropy refuses it (the kernels would read past the logits' row, or
+    count a row that is no class, and return a finite loss). Values of a traced (fake)
+    tensor are unknown and not checked."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if target.numel() == 0 or target.device.type == "meta" or is_fake(target):
+        return
+    bad = ((target < 0) | (target >= vocab)) & (target != ignore_index)
+    if bool(bad.any()):
+        raise GretaInputError(bad_target_message(int(target[bad][0]), vocab, ignore_index))
+
+
 def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1) -> int:
     """Tokens per chunk: the chunk's logits take about `scale` times the memory `hidden`
     does (a power of two, at least 1). Fewer, larger chunks make fewer passes over the
@@ -166,6 +187,7 @@ def linear_cross_entropy_fwd(
     import torch
 
     arch = validate(hidden, weight, target, reduction)
+    check_targets(target, weight.shape[0], ignore_index)
     if dh_into_hidden:
         check_dh_into_hidden(hidden, with_grad, reduction)
     hidden, weight = hidden.contiguous(), weight.contiguous()
@@ -207,6 +229,7 @@ def linear_cross_entropy_bwd(
     import torch
 
     arch = validate(hidden, weight, target, "none")
+    check_targets(target, weight.shape[0], ignore_index)
     check_tensor(OP, "row_scale", row_scale, dtypes=(torch.float32,), ndim=1, contiguous=True)
     if row_scale.shape[0] != hidden.shape[0]:
         raise GretaInputError(

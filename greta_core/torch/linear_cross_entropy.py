@@ -42,6 +42,7 @@ def _saved_dh(hidden: torch.Tensor, dh: torch.Tensor, dh_into_hidden: bool) -> t
 
 def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden):
     raw.validate(hidden, weight, target, reduction, reference=True)
+    raw.check_targets(target, weight.shape[0], ignore_index)
     if dh_into_hidden:
         raw.check_dh_into_hidden(hidden, with_grad, reduction)
     record_reference("linear_cross_entropy")
@@ -60,6 +61,7 @@ def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad, d
 
 def _reference_bwd(hidden, weight, target, row_scale, ignore_index):
     raw.validate(hidden, weight, target, "none", reference=True)
+    raw.check_targets(target, weight.shape[0], ignore_index)
     record_reference("linear_cross_entropy_bwd")
     return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
 

@@ -8,11 +8,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from greta_install.commandline import interpreter_path
+
 HELP = 'Print the environment fixes of an environment as shell exports (eval "$(greta env)").'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--python", help="interpreter of the environment (default: this one)")
+    parser.add_argument(
+        "--python", type=interpreter_path, help="interpreter of the environment (default: this one)"
+    )
     parser.add_argument(
         "--clear", action="store_true", help="remove the persisted fixes from the environment"
     )
@@ -20,15 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.tools import site_packages_of
+    from greta_install.tools import python_version_of, scheme_of
 
     python = args.python or sys.executable
     try:
-        site_packages = site_packages_of(python)
+        scheme = scheme_of(python, python_version_of(python))
     except (ValueError, OSError) as exc:
         print(f"greta env: {exc}", file=sys.stderr)
         return 2
     from greta_install import transaction
+
+    site_packages = scheme.purelib
 
     def say(message: str) -> None:
         print(message, file=sys.stderr)
@@ -37,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     lock = transaction.EnvLock(site_packages)
     try:
         lock.acquire(say)
-        transaction.recover(site_packages, say)
+        transaction.recover(site_packages, say, scheme.roots)
         transaction.sweep_stale_stages(Path(tempfile.gettempdir()), say)
     except (transaction.TransactionError, OSError) as exc:
         say(f"greta env: {exc}")
@@ -52,7 +58,11 @@ def _run(args: argparse.Namespace, site_packages: Path) -> int:
     from greta_install import envfix
 
     if args.clear:
-        removed = envfix.clear_env_fixes(site_packages)
+        try:
+            removed = envfix.clear_env_fixes(site_packages)
+        except envfix.EnvFixError as exc:
+            print(f"greta env: {exc}", file=sys.stderr)
+            return 2
         if args.json:
             print(json.dumps({"removed": [str(p) for p in removed]}, indent=2))
         elif removed:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from greta_install.commandline import interpreter_path
+
 if TYPE_CHECKING:
     from greta_install import pipeline
 
@@ -21,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", help="GPU arch, e.g. gfx942, gfx1103, sm_90 (default: detected)")
     parser.add_argument(
         "--python",
+        type=interpreter_path,
         help="interpreter of the environment to install into (default: this one); "
         "with --dry-run a version like 3.12 plans for an interpreter you do not have here",
     )

@@ -102,14 +102,17 @@ def _warm(python: str, log: Any) -> bool:
     C compiler (optional, as in `greta install`)."""
     import subprocess
 
+    from greta_install.commandline import NEUTRAL_CWD, python_module
+
     log("building the kernel wheel's host launchers (greta warm)")
     try:
         proc = subprocess.run(
-            [python, "-m", "greta", "warm"],
+            [*python_module(python, "greta"), "warm"],
             capture_output=True,
             text=True,
             timeout=900,
             stdin=subprocess.DEVNULL,
+            cwd=NEUTRAL_CWD,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log(f"warning: greta warm did not finish ({exc}); the first kernel calls build them")

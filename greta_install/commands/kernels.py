@@ -13,12 +13,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from greta_install.commandline import interpreter_path
+
 HELP = "Build (or reuse the cached) GRETA kernel wheel for this GPU and install it."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", help="GPU arch, e.g. sm_90, gfx942 (default: detected)")
-    parser.add_argument("--python", help="interpreter of the environment (default: this one)")
+    parser.add_argument(
+        "--python", type=interpreter_path, help="interpreter of the environment (default: this one)"
+    )
     parser.add_argument(
         "--no-cache", action="store_true", help="rebuild even if a cached wheel fits"
     )

@@ -17,14 +17,26 @@ import argparse
 import json
 import sys
 
+from greta_install.commandline import interpreter_path
+
 HELP = (
     "Smoke-test this environment: torch, the numeric gate against the CPU, Triton, GRETA ops, jax."
 )
 
 
+def positive_seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse turns ValueError into a usage error)."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--python", help="interpreter of the environment to test (default: this one)"
+        "--python",
+        type=interpreter_path,
+        help="interpreter of the environment to test (default: this one)",
     )
     parser.add_argument(
         "--mode",
@@ -32,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="gpu: every step on the GPU; cpu: the CPU row's equivalents (default: from detection)",
     )
-    parser.add_argument("--timeout", type=float, help="seconds before the test is killed")
+    parser.add_argument(
+        "--timeout", type=positive_seconds, help="seconds before the test is killed (more than 0)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable report")
 
 

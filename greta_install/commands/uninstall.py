@@ -11,15 +11,20 @@ torch / triton / jax stay: they are ordinary packages the user may want to keep.
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from greta_install.commandline import NEUTRAL_CWD, interpreter_path, python_module
 
 HELP = "Remove GRETA from an environment: env fixes (.pth), records, kernel wheels, greta."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--python", help="interpreter of the environment (default: this one)")
+    parser.add_argument(
+        "--python", type=interpreter_path, help="interpreter of the environment (default: this one)"
+    )
     parser.add_argument(
         "--keep-greta",
         action="store_true",
@@ -62,12 +67,22 @@ def run(args: argparse.Namespace) -> int:
         for dist in dists:
             print(f"would uninstall {dist}")
         return 0
+    folders = [p for p in files if p.is_dir() and not p.is_symlink()]
+    if folders:
+        print(
+            f"greta uninstall: {folders[0]} is a folder, not a file GRETA wrote; nothing was "
+            f"removed. Look at it, then remove it with: rm -r -- {shlex.quote(str(folders[0]))}",
+            file=sys.stderr,
+        )
+        return 2
     for path in files:
         path.unlink()
         print(f"removed {path}")
     if dists:
-        argv = [python, "-m", "pip", "uninstall", "-y", *dists]
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        argv = [*python_module(python, "pip"), "uninstall", "-y", *dists]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=NEUTRAL_CWD
+        )
         if proc.returncode != 0:
             print(
                 f"greta uninstall: `{' '.join(argv)}` failed: {(proc.stderr or proc.stdout).strip()[-500:]}",

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from greta_install.commandline import NEUTRAL_CWD
+
 
 def isolated(script: str) -> tuple[str, ...]:
     """Run a child script of this package as ``python -I -c <its text>``: isolated from
@@ -110,6 +112,7 @@ def probe(timeout_s: float, worker: Sequence[str] = WORKER) -> dict[str, Any]:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **worker_env()},
             check=False,
+            cwd=NEUTRAL_CWD,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"torch probe failed: {exc}"}

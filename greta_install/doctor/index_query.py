@@ -31,7 +31,7 @@ _MISSING = re.compile(r"No matching distribution found for (\S+)")
 
 def pip_command(pins: Sequence[str], index: str | None) -> list[str]:
     argv = [
-        sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+        sys.executable, "-I", "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
         "--only-binary=:all:", "--quiet", "--retries", "0", "--timeout", "20",
         "--disable-pip-version-check",
     ]  # fmt: skip
@@ -61,7 +61,7 @@ def _run(argv: list[str]) -> tuple[int, str]:
     try:
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, cwd="/",
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         return 1, "pip timed out"
