@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from greta_core.observe import record
-from greta_core.ops.declare import Meta, OpDecl
+from greta_core.ops.declare import Caller, Meta, OpDecl
 
 
 def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
@@ -33,8 +33,7 @@ def implementation(op: OpDecl, *args: Any) -> Any:
     return op.reference(*args)
 
 
-def _call(op: OpDecl, *args: Any) -> Any:
-    return implementation(op, *args)
+_call = Caller(implementation, lambda a: a)
 
 
 @functools.cache

@@ -92,18 +92,33 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
 _CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int}
 
 
+class Caller:
+    """What a declared backward gets as `call`: ``call(op, *args)`` runs a declared op in
+    the binding that differentiates; ``call.contiguous(t)`` is a dense copy of a strided
+    gradient where a kernel needs one (torch's ``.contiguous()``; JAX arrays already are)."""
+
+    __slots__ = ("_run", "contiguous")
+
+    def __init__(self, run: Callable[..., Any], contiguous: Callable[[Any], Any]) -> None:
+        self._run = run
+        self.contiguous = contiguous
+
+    def __call__(self, op: OpDecl, *args: Any) -> Any:
+        return self._run(op, *args)
+
+
 @dataclass(frozen=True)
 class Backward:
     """How the op differentiates.
 
     `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument.
-    `call(op, *args)` runs a declared op in the binding that is differentiating (the torch
-    op, the raw launch, the JAX implementation), so the backward is written once. `saved`
+    `call` (a :class:`Caller`) runs declared ops in the binding that is differentiating (the
+    torch op, the raw launch, the JAX implementation), so the backward is written once. `saved`
     has the tensors named in `saves`, every non-tensor argument, and the forward's outputs
     listed in `saves_outputs` as ``out0``, ``out1``...
     """
 
-    grads: Callable[[Callable[..., Any], tuple[Any, ...], Any], tuple[Any, ...]]
+    grads: Callable[[Caller, tuple[Any, ...], Any], tuple[Any, ...]]
     saves: tuple[str, ...] = ()
     saves_outputs: tuple[int, ...] = ()
     nondiff_outputs: tuple[int, ...] = ()  # e.g. saved statistics returned beside y
@@ -218,15 +233,16 @@ def _scalar_type(value: Any) -> str:
 
 def launch_signature(plan: Plan, launch: Any, metas: tuple[Any, ...]) -> dict[str, str]:
     """The Triton signature of one planned launch: pointer dtypes and scalar types by name."""
-    params = [p for p in launch.kernel.params if not p.is_constexpr]
+    # A launch passes the kernel's leading parameters positionally, constexprs by keyword
+    # (arg_names: a JITFunction's and the interpreter's alike).
     signature = {}
-    for param, arg in zip(params, launch.args, strict=False):
+    for name, arg in zip(launch.kernel.arg_names, launch.args, strict=False):
         if type(arg) is In:
-            signature[param.name] = "*" + _SHORT[metas[arg.index].dtype]
+            signature[name] = "*" + _SHORT[metas[arg.index].dtype]
         elif type(arg) is Out:
-            signature[param.name] = "*" + _SHORT[plan.buffers[arg.index].dtype]
+            signature[name] = "*" + _SHORT[plan.buffers[arg.index].dtype]
         else:
-            signature[param.name] = _scalar_type(arg)
+            signature[name] = _scalar_type(arg)
     return signature
 
 

@@ -15,8 +15,9 @@ torch.compile, dispatch modes, functorch transforms and tensor subclasses take t
 
 from __future__ import annotations
 
+import inspect
 import types
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -24,27 +25,43 @@ from torch.library import triton_op, wrap_triton
 
 from greta_core.ops._calls import eager_autograd
 from greta_core.ops._plan import _identity
-from greta_core.ops.declare import OpDecl
+from greta_core.ops.declare import Caller, OpDecl
 from greta_core.torch._common import record_reference
 from greta_core.torch._norms_common import run_triton_on_cpu
 
 _lib = torch.library.Library("greta", "FRAGMENT")
 
 
-def _torch_call(op: OpDecl, *args: Any) -> Any:
-    # The public front: an eager backward (no create_graph) takes its hot path too.
-    return getattr(torch.ops.greta, op.name)(*args)
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous()
 
 
-def _raw_call(op: OpDecl, *args: Any) -> Any:
-    return op.unpack(op.call.run(_identity, *args))
+# The public front: an eager backward (no create_graph) takes its hot path too.
+_torch_call = Caller(lambda op, *args: getattr(torch.ops.greta, op.name)(*args), _contiguous)
+_raw_call = Caller(lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous)
+
+
+_TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int}
+
+
+def _signature(op: OpDecl) -> inspect.Signature:
+    """The Python signature torch.library infers the triton_op's schema from."""
+    params = []
+    for a in op.args:
+        annotation = _TYPES[a.type.rstrip("?")]
+        if a.type.endswith("?"):
+            annotation = Optional[annotation]  # noqa: UP045  (infer_schema reads typing forms)
+        default = a.default if a.has_default else inspect.Parameter.empty
+        params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                        default=default, annotation=annotation))  # fmt: skip
+    out = torch.Tensor if op.n_outputs == 1 else tuple[(torch.Tensor,) * op.n_outputs]
+    return inspect.Signature(params, return_annotation=out)
 
 
 def register(op: OpDecl) -> Any:
     """Define greta::<name>_fwd and greta::<name> for `op`; returns the triton_op."""
     n = op.n_tensors
     kernel_dtypes = tuple(getattr(torch, d) for d in op.kernel_dtypes)
-    fwd_schema = "(" + op.schema.replace("->", ") ->")
     out_schema = op.schema.partition("->")[2].strip()
 
     def reference(*args: Any) -> Any:
@@ -52,18 +69,27 @@ def register(op: OpDecl) -> Any:
         record_reference(op.name)
         return op.reference(*args)
 
-    def fwd(*args: Any) -> Any:
+    n_args = len(op.args)
+
+    def full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        # torch.library passes an argument the caller left at its default by keyword.
+        return args if len(args) == n_args and not kwargs else op.bind(args, kwargs)
+
+    def fwd(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
         x = args[0]
         if x.device.type == "cpu" or x.dtype not in kernel_dtypes:
             return reference(*args)
         return op.unpack(op.call.run(wrap_triton, *args))
 
-    def fwd_cpu(*args: Any) -> Any:
+    def fwd_cpu(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
         if run_triton_on_cpu(*args[:n]) and args[0].dtype in kernel_dtypes:
             return op.unpack(op.call.run(_identity, *args))
         return reference(*args)
 
-    fwd_op = triton_op(f"greta::{op.name}_fwd", fwd, mutates_args=(), schema=fwd_schema)
+    fwd.__signature__ = _signature(op)  # type: ignore[attr-defined]
+    fwd_op = triton_op(f"greta::{op.name}_fwd", fwd, mutates_args=())
     fwd_op.register_kernel("cpu")(fwd_cpu)
 
     backward = op.backward
@@ -80,7 +106,8 @@ def register(op: OpDecl) -> Any:
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
-    def front(*args: Any) -> Any:
+    def front(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
         if args[0].dtype in kernel_dtypes:
             done = op.call.if_eager(*args)
             if done is not None:
