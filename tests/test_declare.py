@@ -26,7 +26,7 @@ from _kernel_testing import DEVICE, ON_GPU, expected_impl, need_triton  # noqa: 
 from greta_core import observe  # noqa: E402
 from greta_core.ops import declare  # noqa: E402
 
-TOY = '''
+TOY = """
 import math
 
 import triton
@@ -83,7 +83,7 @@ TOY = declare(OpDecl(
         for d in ("float32", "bfloat16")
     ],
 ))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,9 @@ def _xy(dtype: Any = torch.float32, grad: bool = False) -> tuple[Any, Any]:
 
 
 def test_the_schema_gives_the_arguments() -> None:
-    args, n_out = declare.parse_schema("Tensor x, Tensor? b, float eps=1e-06, bool f=False -> (Tensor, Tensor)")
+    args, n_out = declare.parse_schema(
+        "Tensor x, Tensor? b, float eps=1e-06, bool f=False -> (Tensor, Tensor)"
+    )
     assert [(a.name, a.type, a.default, a.has_default) for a in args] == [
         ("x", "Tensor", None, False), ("b", "Tensor?", None, False),
         ("eps", "float", 1e-6, True), ("f", "bool", False, True),
@@ -137,7 +139,6 @@ def test_raw_launch_runs_the_kernel(toy: Any) -> None:
 
 
 def test_torch_op_forward_backward_and_opcheck(toy: Any) -> None:
-    op, *_ = toy
     x, y = _xy(grad=True)
     out = torch.ops.greta.toy_scaled_add(x, y, 2.0)
     torch.testing.assert_close(out, x.detach() + 2.0 * y.detach())
@@ -147,7 +148,9 @@ def test_torch_op_forward_backward_and_opcheck(toy: Any) -> None:
     torch.testing.assert_close(gx, dy)
     torch.testing.assert_close(gy, 2.0 * dy)
     x64, y64 = (t.detach().cpu().double().requires_grad_() for t in (x, y))
-    assert torch.autograd.gradcheck(lambda a, b: torch.ops.greta.toy_scaled_add(a, b, 0.3), (x64, y64))
+    assert torch.autograd.gradcheck(
+        lambda a, b: torch.ops.greta.toy_scaled_add(a, b, 0.3), (x64, y64)
+    )
     torch.library.opcheck(torch.ops.greta.toy_scaled_add_fwd.default, (x, y, 0.5))
     torch.library.opcheck(torch.ops.greta.toy_scaled_add.default, (x, y, 0.5))
 
@@ -168,7 +171,9 @@ def test_torch_compile_keeps_the_registered_op(toy: Any) -> None:
     graphs, backend = graph_recorder()
     x, y = _xy(grad=True)
     torch._dynamo.reset()
-    out = torch.compile(lambda a, b: torch.ops.greta.toy_scaled_add(a, b, 3.0), backend=backend)(x, y)
+    out = torch.compile(lambda a, b: torch.ops.greta.toy_scaled_add(a, b, 3.0), backend=backend)(
+        x, y
+    )
     torch._dynamo.reset()
     assert any("greta.toy_scaled_add" in t for t in graphs[0]), sorted(graphs[0])
     torch.testing.assert_close(out, x.detach() + 3.0 * y.detach())
@@ -177,7 +182,6 @@ def test_torch_compile_keeps_the_registered_op(toy: Any) -> None:
 def test_jax_binding_forward_and_grad(toy: Any) -> None:
     jax = pytest.importorskip("jax")
     import numpy as np
-
     from _kernel_testing import expected_jax_impl
 
     _, jax_fn, *_ = toy
@@ -193,7 +197,7 @@ def test_jax_binding_forward_and_grad(toy: Any) -> None:
 def test_compute_entry_runs_greta_then_reference(toy: Any) -> None:
     from greta_core import compute
 
-    op, _, call, _ = toy
+    _, _, call, _ = toy
     x, y = _xy()
     assert compute.REGISTRY["toy_scaled_add"].names() == ["greta", "reference"]
     torch.testing.assert_close(call(x, y), x + y)
@@ -214,11 +218,27 @@ def test_aot_specs_are_derived_from_the_plans(toy: Any) -> None:
     assert [*specs[0].signature, *specs[0].constexprs] == specs[0].kernel.arg_names
 
 
-@pytest.mark.skipif(ON_GPU, reason="the CPU run exercises the eager paths' fallbacks")
-def test_eager_training_path_is_not_taken_for_cpu_tensors(toy: Any) -> None:
+def test_eager_training_path_runs_the_launches_under_a_plain_function(
+    toy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU, plain tensors wanting grad take it; here the predicate is forced so the
+    # interpreter runs that path (as test_launch_plans forces eager_raw).
+    need_triton()
+    from greta_core.ops import _calls
+
     x, y = _xy(grad=True)
-    out = torch.ops.greta.toy_scaled_add(x, y)
-    assert "greta_toy_scaled_add_fwd" in out.grad_fn.name()
+    if not ON_GPU:  # the real predicate keeps CPU tensors on the triton_op's autograd
+        out = torch.ops.greta.toy_scaled_add(x, y)
+        assert "GeneratedBackwardFor_greta_toy_scaled_add_fwd" in out.grad_fn.name()
+    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    out = torch.ops.greta.toy_scaled_add(x, y, 0.5)
+    assert out.grad_fn.name() == "greta_toy_scaled_add_fwd_eagerBackward"
+    assert observe.last_implementation("toy_scaled_add") == expected_impl()
+    dy = torch.randn_like(out)
+    gx, gy = torch.autograd.grad(out, (x, y), dy)
+    torch.testing.assert_close(out, x.detach() + 0.5 * y.detach())
+    torch.testing.assert_close(gx, dy)
+    torch.testing.assert_close(gy, 0.5 * dy)
 
 
 DRIVER = """

@@ -17,6 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _rotate_store(
     x_ptr, out_ptr, b, s, h0, n_heads, half, cos, sin,

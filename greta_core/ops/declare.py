@@ -80,7 +80,7 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
     for part in filter(None, (p.strip() for p in inputs.split(","))):
         decl, eq, default = part.partition("=")
         type_, name = decl.split()
-        value = _LITERALS.get(default.strip(), None) if eq else None
+        value = _LITERALS.get(default.strip()) if eq else None
         if eq and default.strip() not in _LITERALS:
             value = ast.literal_eval(default.strip())
         args.append(Arg(name, type_, value, bool(eq)))
@@ -257,7 +257,10 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
         for launch in plan.launches:
             signature = launch_signature(plan, launch, metas)
             constexprs, options = dict(launch.constexprs), dict(launch.options)
-            key = (launch.kernel, *(tuple(sorted(d.items())) for d in (signature, constexprs, options)))
+            key = (
+                launch.kernel,
+                *(tuple(sorted(d.items())) for d in (signature, constexprs, options)),
+            )
             if key in specs:
                 continue
             pointers = ",".join(t[1:] for t in signature.values() if t.startswith("*"))

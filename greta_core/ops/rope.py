@@ -198,7 +198,12 @@ def _aot_rope(arch: str) -> list[tuple[Any, ...]]:
 
 def _aot_positions(arch: str) -> list[tuple[Any, ...]]:
     return [
-        (Meta.contiguous((1, 16, heads, head_dim), dtype), Meta.contiguous((16,), pos), 1e4, inverse)
+        (
+            Meta.contiguous((1, 16, heads, head_dim), dtype),
+            Meta.contiguous((16,), pos),
+            1e4,
+            inverse,
+        )
         for (head_dim, heads), dtype, inverse, pos in itertools.product(
             _AOT_HEADS, TRITON_DTYPE_NAMES, (False, True), ("int32", "int64")
         )

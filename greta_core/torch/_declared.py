@@ -23,7 +23,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.library import triton_op, wrap_triton
 
-from greta_core.ops._calls import eager_autograd
+from greta_core.ops import _calls
 from greta_core.ops._plan import _identity
 from greta_core.ops.declare import Caller, OpDecl
 from greta_core.torch._common import record_reference
@@ -112,7 +112,7 @@ def register(op: OpDecl) -> Any:
             done = op.call.if_eager(*args)
             if done is not None:
                 return op.unpack(done)
-            if backward is not None and eager_autograd(*args[:n]):
+            if backward is not None and _calls.eager_autograd(*args[:n]):
                 return eager.apply(*args)
         return fwd_op(*args)
 
