@@ -269,3 +269,19 @@ def test_derived_aot_specs_compile_without_a_gpu(toy: Any, tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["ok"] for r in results] == [True, True], results
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm_90"])
+def test_kernel_wheels_find_the_declared_rope_specs(arch: str) -> None:
+    # kernels/rope.py writes no aot_specs: discovery derives them from ops/rope.py's plans.
+    from greta_core.kernel_wheels.aot import discover
+
+    [found] = discover(arch, ["rope"])
+    assert found.error == ""
+    names = [s.name for s in found.specs]
+    # 3 head shapes x 2 directions x (rope: 5 x/table dtype pairs; positions: 3 x 2 dtypes)
+    assert len(names) == len(set(names)) == 66
+    for spec in found.specs:
+        assert [*spec.signature, *spec.constexprs] == spec.kernel.arg_names, spec.name
+    kernels = {s.kernel.__name__ for s in found.specs}
+    assert kernels == {"rope_kernel", "rope_positions_kernel"}
