@@ -5,6 +5,7 @@ declared reference (``jax.numpy``) elsewhere or for dtypes the kernels do not ta
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -60,8 +61,6 @@ def _vjp(op: OpDecl) -> Callable[..., Any]:
 
     def bwd(*rest: Any) -> tuple[Any, ...]:
         *fixed, residual, grad = rest
-        import types
-
         saved = types.SimpleNamespace(
             **residual, **{op.args[i].name: v for i, v in zip(nondiff, fixed, strict=True)}
         )
