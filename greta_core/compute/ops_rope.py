@@ -5,54 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core.compute import _probes as p
+from greta_core.compute._declared import entry
 from greta_core.compute.registry import Impl, add, define
+from greta_core.ops.rope import ROPE as DECL_ROPE
 
-# --- rope: x [B, S, H, D] token-major, cos/sin [S, D/2] --------------------------------
+# --- rope: x [B, S, H, D] token-major, cos/sin [S, D/2]: derived from its declaration ----
 
-
-def _rope_info(x: Any, cos: Any, sin: Any) -> p.CallInfo:
-    return p.info_of(x, cos, sin)
-
-
-def _rope_greta(x: Any, cos: Any, sin: Any) -> Any:
-    import torch
-
-    if p.eager_raw(x, cos, sin):
-        from greta_core.ops.rope import rope
-
-        return rope(x, cos, sin)
-    return p.unwrap(torch.ops.greta.rope(x, cos, sin))
-
-
-def _rope_reference(x: Any, cos: Any, sin: Any) -> Any:
-    from greta_core import reference
-
-    return reference.rope(x, cos, sin)
-
-
-ROPE = define("rope", "rotary position embedding, rotate-half, x [B,S,H,D]", _rope_info)
-add(
-    ROPE,
-    Impl(
-        "greta",
-        "greta",
-        _rope_greta,
-        lambda i: p.first_reason(
-            p.greta_op("rope"), p.dtype_in(i, p.HALF_AND_FLOAT, "the GRETA rope kernel")
-        ),
-        {"any": "GRETA Triton rope"},
-    ),
-)
-add(
-    ROPE,
-    Impl(
-        "reference",
-        "reference",
-        _rope_reference,
-        lambda i: p.dtype_in(i, p.FLOATS, "the reference"),
-        {"any": "plain torch math (no vendor library has a rope routine)"},
-    ),
-)
+ROPE = entry(DECL_ROPE, "plain torch math (no vendor library has a rope routine)")
+_rope_info = ROPE.info
 
 # --- kv_cache_append: caches [B, Hkv, max_seq, D], new [B, Hkv, S, D], lens int32 [B] ---
 

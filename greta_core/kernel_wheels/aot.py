@@ -35,6 +35,7 @@ from typing import Any
 from greta_core.arch import interpreter_active, is_hip, normalize_arch, warp_size
 from greta_core.errors import AotError
 from greta_core.kernel_wheels.host_launchers import spec_of
+from greta_core.ops import declare as _declared
 
 # Which specialisations of the int arguments to compile (see `int_args_for`).
 VARIANTS: tuple[str, ...] = ("aligned", "ragged")
@@ -194,7 +195,7 @@ def discover(arch: str, only: Sequence[str] = ()) -> list[Discovered]:
             continue
         try:
             module = importlib.import_module(name)
-            make = getattr(module, "aot_specs", None)
+            make = getattr(module, "aot_specs", None) or _declared.aot_maker(short)
             if make is None:
                 continue
             found.append(Discovered(short, list(make(arch))))

@@ -111,14 +111,11 @@ def discover_specs(arch: str, only: Sequence[str]) -> list[tuple[str, list[tuple
 
 def compile_task(task: Task) -> Any:
     """Compile one task (in a worker); returns aot.CompileResult."""
-    import importlib
-
-    from greta_core.kernel_wheels.aot import compile_spec, compiling_for
+    from greta_core.kernel_wheels.aot import compile_spec, compiling_for, discover
 
     key = (task.arch, task.module)
     if key not in _specs_by_module:
-        module = importlib.import_module(f"greta_core.kernels.{task.module}")
-        _specs_by_module[key] = list(module.aot_specs(task.arch))
+        _specs_by_module[key] = discover(task.arch, [task.module])[0].specs
     spec = _specs_by_module[key][task.index]
     if spec.name != task.spec:
         raise AotError(f"spec {task.index} of {task.module} is {spec.name!r}, not {task.spec!r}")

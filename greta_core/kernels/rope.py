@@ -8,14 +8,14 @@ once per token and reused across heads.
 ``rope_kernel`` reads cos/sin ([seq, d/2] or [batch, seq, d/2]: stride_cb = 0 broadcasts);
 ``rope_positions_kernel`` computes them from integer positions ([seq] or [batch, seq]) and
 log2(theta): angle_i = pos * theta^(-2i/d), in fp32.
+
+The AOT specs are derived from the declarations' plans (``greta_core/ops/rope.py``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-DTYPES = ("fp32", "fp16", "bf16")
 
 
 @triton.jit
@@ -91,63 +91,3 @@ def rope_positions_kernel(
         stride_xb, stride_xs, stride_xh, stride_xd, stride_ob, stride_os, stride_oh,
         BLOCK_H, BLOCK_HALF, INVERSE,
     )  # fmt: skip
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core import configs
-    from greta_core.configs.blocks import rope_blocks
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    strides_x = {f"stride_x{k}": "i32" for k in "bshd"}
-    strides_o = {f"stride_o{k}": "i32" for k in "bsh"}
-    sizes = {"seq_len": "i32", "n_heads": "i32", "half": "i32"}
-    for head_dim, n_heads in ((64, 32), (128, 32), (128, 8)):
-        config = configs.lookup("rope", arch, {"head_dim": head_dim})
-        block_h, block_half = rope_blocks(config, n_heads, head_dim)
-        options = configs.launch_options(config, arch)
-        for dtype in DTYPES:
-            for inverse in (False, True):
-                const = {"BLOCK_H": block_h, "BLOCK_HALF": block_half, "INVERSE": inverse}
-                tag = f"{dtype},d={head_dim},BLOCK_H={block_h},inverse={inverse}"
-                for cdtype in sorted({dtype, "fp32"}):
-                    specs.append(
-                        AotSpec(
-                            name=f"rope[{tag},cos={cdtype}]",
-                            kernel=rope_kernel,
-                            signature={
-                                "x_ptr": f"*{dtype}",
-                                "cos_ptr": f"*{cdtype}",
-                                "sin_ptr": f"*{cdtype}",
-                                **sizes,
-                                **strides_x,
-                                "stride_cb": "i32",
-                                "stride_cs": "i32",
-                                **strides_o,
-                                "out_ptr": f"*{dtype}",
-                            },
-                            constexprs=const,
-                            options=options,
-                        )
-                    )
-                for pdtype in ("i32", "i64"):
-                    specs.append(
-                        AotSpec(
-                            name=f"rope_positions[{tag},pos={pdtype}]",
-                            kernel=rope_positions_kernel,
-                            signature={
-                                "x_ptr": f"*{dtype}",
-                                "pos_ptr": f"*{pdtype}",
-                                **sizes,
-                                **strides_x,
-                                "stride_pb": "i32",
-                                "stride_ps": "i32",
-                                "log2_theta": "fp32",
-                                **strides_o,
-                                "out_ptr": f"*{dtype}",
-                            },
-                            constexprs=const,
-                            options=options,
-                        )
-                    )
-    return specs

@@ -1,0 +1,85 @@
+"""greta_core.jax.<name> for a declared op (``greta_core.ops.declare``): a ``custom_vjp``
+whose forward and backward run the declared plans through jax-triton on a GPU, and the
+declared reference (``jax.numpy``) elsewhere or for dtypes the kernels do not take."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+from greta_core.observe import record
+from greta_core.ops.declare import Caller, Meta, OpDecl
+
+
+def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
+    from greta_core.jax._runtime import use_triton
+
+    floats = [t for t in tensors if t is not None and "float" in str(t.dtype)]
+    return all(str(t.dtype) in op.kernel_dtypes for t in floats) and use_triton()
+
+
+def implementation(op: OpDecl, *args: Any) -> Any:
+    """The forward of `op` on JAX arrays (no autograd): the plan, else the reference."""
+    n = op.n_tensors
+    tensors = args[:n]
+    if _triton_ok(op, tensors):
+        from greta_core.jax._plan import run
+        from greta_core.jax._runtime import jax_arch
+
+        metas = [None if t is None else Meta.contiguous(t.shape, t.dtype) for t in tensors]
+        return op.unpack(run(op.plan(jax_arch(), *metas, *args[n:]), tensors))
+    record(op.name, "reference-jnp")
+    return op.reference(*args)
+
+
+_call = Caller(implementation, lambda a: a)
+
+
+@functools.cache
+def _vjp(op: OpDecl) -> Callable[..., Any]:
+    import jax
+
+    backward = op.backward
+    nondiff = tuple(i for i, a in enumerate(op.args) if not a.is_tensor)
+    if backward is None:
+        return functools.partial(implementation, op)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=nondiff)
+    def f(*args: Any) -> Any:
+        return implementation(op, *args)
+
+    def fwd(*args: Any) -> tuple[Any, Any]:
+        out = implementation(op, *args)
+        outs = out if op.n_outputs > 1 else (out,)
+        saved = op.saved(args, outs)
+        tensors = {k: v for k, v in vars(saved).items() if k not in scalars}
+        return out, tensors
+
+    scalars = {op.args[i].name for i in nondiff}
+
+    def bwd(*rest: Any) -> tuple[Any, ...]:
+        *fixed, residual, grad = rest
+        saved = types.SimpleNamespace(
+            **residual, **{op.args[i].name: v for i, v in zip(nondiff, fixed, strict=True)}
+        )
+        grads = backward.grads(_call, grad if op.n_outputs > 1 else (grad,), saved)
+        return tuple(g for i, g in enumerate(grads) if i not in nondiff)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def bind(op: OpDecl) -> Callable[..., Any]:
+    """The public JAX function of `op`: checked, defaults filled, differentiable."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        full = op.bind(args, kwargs)
+        if op.check_arrays is not None:
+            op.check_arrays(*full)
+        return _vjp(op)(*full)
+
+    call.__name__ = call.__qualname__ = op.name
+    call.__doc__ = f"{op.describe}\n\nJAX binding of the declared op {op.name!r}."
+    return call

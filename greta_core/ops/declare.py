@@ -1,0 +1,297 @@
+"""One declaration per op: everything GRETA needs to know about an op, written once.
+
+An op is its Triton kernel(s) plus one :class:`OpDecl`: the name and schema, the input
+checks, the launch plan (framework-free: :class:`Meta` of each tensor and the scalars in,
+a :class:`~greta_core.ops._plan.Plan` out, blocks from the config table), the reference
+maths, the backward (written once against a ``call`` that runs other declared ops in
+whichever binding is differentiating) and the cases the AOT build must cover. From it:
+
+- the raw launch (:meth:`OpDecl.raw`): validation and planning cached per call signature
+  (``ops/_calls.py``), ready launches on the hot path;
+- ``torch.ops.greta.<name>`` (``greta_core.torch._declared``): a triton_op forward with a
+  CPU kernel, autograd, ``torch.compile`` support, and an eager front whose no-grad and
+  training calls run the ready launches;
+- ``greta_core.jax`` (``greta_core.jax._declared``): a ``custom_vjp`` over jax-triton, the
+  reference elsewhere;
+- the GretaCompute entry (``greta_core.compute._declared``);
+- the AOT specs (:func:`aot_specs`), derived from the plans of the declared cases, so a
+  kernel module writes no ``aot_specs(arch)`` by hand.
+
+See docs/en/architecture.md ("How to add an op").
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from greta_core.errors import GretaConfigError, GretaInputError
+from greta_core.ops._calls import ForwardCall, tensors_as_given
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity, dtype_name, memo
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What a plan reads of a tensor: shape, strides (in elements) and dtype name."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, t: Any) -> Meta:
+        """A torch tensor's."""
+        return cls(tuple(t.shape), tuple(t.stride()), dtype_name(t.dtype))
+
+    @classmethod
+    def contiguous(cls, shape: Iterable[int], dtype: Any) -> Meta:
+        """A row-major array's (JAX arrays, AOT cases)."""
+        shape = tuple(shape)
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return cls(shape, tuple(reversed(strides)), dtype_name(dtype))
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    name: str
+    type: str  # the torch schema type: "Tensor", "bool", "float", "int", "float?" ...
+    default: Any = None
+    has_default: bool = False
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type.startswith("Tensor")
+
+
+_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
+    """``"Tensor x, Tensor cos, bool inverse=False -> Tensor"`` -> (args, output count)."""
+    inputs, _, outputs = schema.partition("->")
+    args = []
+    for part in filter(None, (p.strip() for p in inputs.split(","))):
+        decl, eq, default = part.partition("=")
+        type_, name = decl.split()
+        value = _LITERALS.get(default.strip()) if eq else None
+        if eq and default.strip() not in _LITERALS:
+            value = ast.literal_eval(default.strip())
+        args.append(Arg(name, type_, value, bool(eq)))
+    outputs = outputs.strip()
+    n_out = len(outputs.strip("()").split(",")) if outputs.startswith("(") else 1
+    return tuple(args), n_out
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int}
+
+
+class Caller:
+    """What a declared backward gets as `call`: ``call(op, *args)`` runs a declared op in
+    the binding that differentiates; ``call.contiguous(t)`` is a dense copy of a strided
+    gradient where a kernel needs one (torch's ``.contiguous()``; JAX arrays already are)."""
+
+    __slots__ = ("_run", "contiguous")
+
+    def __init__(self, run: Callable[..., Any], contiguous: Callable[[Any], Any]) -> None:
+        self._run = run
+        self.contiguous = contiguous
+
+    def __call__(self, op: OpDecl, *args: Any) -> Any:
+        return self._run(op, *args)
+
+
+@dataclass(frozen=True)
+class Backward:
+    """How the op differentiates.
+
+    `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument.
+    `call` (a :class:`Caller`) runs declared ops in the binding that is differentiating (the
+    torch op, the raw launch, the JAX implementation), so the backward is written once. `saved`
+    has the tensors named in `saves`, every non-tensor argument, and the forward's outputs
+    listed in `saves_outputs` as ``out0``, ``out1``...
+    """
+
+    grads: Callable[[Caller, tuple[Any, ...], Any], tuple[Any, ...]]
+    saves: tuple[str, ...] = ()
+    saves_outputs: tuple[int, ...] = ()
+    nondiff_outputs: tuple[int, ...] = ()  # e.g. saved statistics returned beside y
+
+
+@dataclass(eq=False)
+class OpDecl:
+    """One op. See the module docstring; docs/en/architecture.md has a worked example."""
+
+    name: str
+    schema: str  # torch schema of the public op, "Tensor x, ..., float eps=1e-06 -> Tensor"
+    # (*args, reference=False) -> arch; raises GretaInputError. `reference`: only the
+    # reference will run (CPU tensors, float64), so the kernels' dtype/layout limits relax.
+    validate: Callable[..., str]
+    # (arch, *tensor Metas, *scalars) -> Plan: In(i) is the i-th tensor argument as given.
+    plan: Callable[..., Plan]
+    reference: Callable[..., Any]  # (*args) -> output(s), torch tensors or JAX arrays
+    backward: Backward | None = None
+    # JAX arrays' checks (torch tensors go through `validate`); None: no extra checks.
+    check_arrays: Callable[..., None] | None = None
+    # arch -> the (Metas..., scalars...) cases a kernel wheel precompiles.
+    aot_cases: Callable[[str], Iterable[tuple[Any, ...]]] | None = None
+    kernel_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
+    uses_matrix_units: bool = False
+    describe: str = ""  # one line for GretaCompute and reports
+    args: tuple[Arg, ...] = field(init=False)
+    n_outputs: int = field(init=False)
+    n_tensors: int = field(init=False)
+    call: ForwardCall = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.args, self.n_outputs = parse_schema(self.schema)
+        self.n_tensors = sum(a.is_tensor for a in self.args)
+        if any(a.is_tensor for a in self.args[self.n_tensors :]):
+            raise GretaConfigError(f"{self.name}: tensor arguments come first in the schema")
+        self.plan = memo(self.plan)
+        # Validation and planning once per call signature (ops/_calls.py): the plan takes
+        # the call's tensors as given, so every signature may get a ready launch.
+        self.call = ForwardCall(self._resolve, self.n_tensors, *tensors_as_given(self.n_tensors))
+
+    # --- the raw launch ---------------------------------------------------------------
+
+    def _resolve(self, *args: Any) -> Plan:
+        arch = self.validate(*args)
+        n = self.n_tensors
+        metas = [None if t is None else Meta.of(t) for t in args[:n]]
+        return self.plan(arch, *metas, *args[n:])
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The full positional argument tuple: defaults filled, scalars converted."""
+        if len(args) > len(self.args):
+            raise GretaInputError(f"{self.name}: takes {len(self.args)} arguments")
+        out = list(args)
+        for a in self.args[len(args) :]:
+            if a.name in kwargs:
+                out.append(kwargs.pop(a.name))
+            elif a.has_default:
+                out.append(a.default)
+            else:
+                raise GretaInputError(f"{self.name}: missing argument '{a.name}'")
+        if kwargs:
+            raise GretaInputError(f"{self.name}: unexpected argument(s) {sorted(kwargs)}")
+        for i, a in enumerate(self.args):
+            convert = _CONVERT.get(a.type)
+            if convert is not None and out[i] is not None:
+                out[i] = convert(out[i])
+        return tuple(out)
+
+    def raw(self, *args: Any, wrap: Wrap = _identity, **kwargs: Any) -> Any:
+        """Launch the kernels on torch tensors (GPU, or CPU under TRITON_INTERPRET=1); no
+        autograd. Raises GretaInputError for a wrong shape, dtype, device or layout."""
+        return self.unpack(self.call.run(wrap, *self.bind(args, kwargs)))
+
+    def unpack(self, outs: tuple[Any, ...]) -> Any:
+        return outs[0] if self.n_outputs == 1 else outs
+
+    def saved(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> types.SimpleNamespace:
+        """What the backward reads (see :class:`Backward`), by name."""
+        assert self.backward is not None
+        values = {a.name: v for a, v in zip(self.args, args, strict=True) if not a.is_tensor}
+        names = {a.name: i for i, a in enumerate(self.args)}
+        values.update({n: args[names[n]] for n in self.backward.saves})
+        values.update({f"out{i}": outputs[i] for i in self.backward.saves_outputs})
+        return types.SimpleNamespace(**values)
+
+
+DECLARED: dict[str, OpDecl] = {}
+
+
+def declare(op: OpDecl) -> OpDecl:
+    """Register `op` (by name; declaring a name again replaces it: a reloaded module)."""
+    DECLARED[op.name] = op
+    return op
+
+
+# --- AOT specs, derived from the plans ----------------------------------------------------
+
+_SHORT = {
+    "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1",
+}  # fmt: skip
+
+
+def _scalar_type(value: Any) -> str:
+    # What Triton's JIT specializes a Python scalar as.
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    return "fp32"
+
+
+def launch_signature(plan: Plan, launch: Any, metas: tuple[Any, ...]) -> dict[str, str]:
+    """The Triton signature of one planned launch: pointer dtypes and scalar types by name."""
+    # A launch passes the kernel's leading parameters positionally, constexprs by keyword
+    # (arg_names: a JITFunction's and the interpreter's alike).
+    signature = {}
+    for name, arg in zip(launch.kernel.arg_names, launch.args, strict=False):
+        if type(arg) is In:
+            signature[name] = "*" + _SHORT[metas[arg.index].dtype]
+        elif type(arg) is Out:
+            signature[name] = "*" + _SHORT[plan.buffers[arg.index].dtype]
+        else:
+            signature[name] = _scalar_type(arg)
+    return signature
+
+
+def aot_specs(op: OpDecl, arch: str) -> list[Any]:
+    """Every distinct launch of the plans of `op`'s AOT cases for `arch`, as AotSpecs."""
+    from greta_core.kernels._aot import AotSpec
+
+    specs: dict[tuple[Any, ...], Any] = {}
+    for case in op.aot_cases(arch) if op.aot_cases else ():
+        metas = tuple(c for c in case if isinstance(c, Meta))
+        plan = op.plan(arch, *case)
+        for launch in plan.launches:
+            signature = launch_signature(plan, launch, metas)
+            constexprs, options = dict(launch.constexprs), dict(launch.options)
+            key = (
+                launch.kernel,
+                *(tuple(sorted(d.items())) for d in (signature, constexprs, options)),
+            )
+            if key in specs:
+                continue
+            pointers = ",".join(t[1:] for t in signature.values() if t.startswith("*"))
+            consts = ",".join(f"{k}={v}" for k, v in constexprs.items())
+            name = f"{launch.kernel.__name__}[{pointers};{consts}]"
+            taken = sum(s.name.startswith(name) for s in specs.values())
+            specs[key] = AotSpec(
+                name=f"{name}#{taken}" if taken else name, kernel=launch.kernel,
+                signature=signature, constexprs=constexprs, options=options,
+                uses_matrix_units=op.uses_matrix_units,
+            )  # fmt: skip
+    return list(specs.values())
+
+
+def _kernel_module(kernel: Any) -> str:
+    return getattr(getattr(kernel, "fn", kernel), "__module__", "")
+
+
+def aot_maker(kernel_module: str) -> Callable[[str], list[Any]] | None:
+    """``aot_specs(arch)`` for the declared ops of ``greta_core.kernels.<kernel_module>``
+    (their declarations live in ``greta_core.ops.<kernel_module>``), or None."""
+    try:
+        importlib.import_module(f"greta_core.ops.{kernel_module}")
+    except ModuleNotFoundError:
+        return None
+    full = f"greta_core.kernels.{kernel_module}"
+
+    def make(arch: str) -> list[Any]:
+        specs = []
+        for op in DECLARED.values():
+            specs += [s for s in aot_specs(op, arch) if _kernel_module(s.kernel) == full]
+        return specs
+
+    return make if any(op.aot_cases for op in DECLARED.values()) else None

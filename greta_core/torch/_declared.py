@@ -1,0 +1,160 @@
+"""torch.ops.greta.<name> for a declared op (``greta_core.ops.declare``).
+
+``greta::<name>_fwd`` is a triton_op (``torch.compile`` sees the Triton kernel; fake tensors
+come from tracing it) with a CPU kernel (the reference; the Triton kernel under the
+interpreter, see ``_common.use_interpreter_on_cpu``) and the declared backward as its
+autograd. ``greta::<name>`` is a CompositeImplicitAutograd front over it with two eager
+shortcuts, plain GPU tensors only:
+
+- no gradient wanted: the ready launch (``ops/_calls.py``), no dispatcher hop;
+- a gradient wanted: a plain ``torch.autograd.Function`` over the same cached launches and
+  the same backward, without torch.library's per-call autograd wrapper (as attention's).
+
+torch.compile, dispatch modes, functorch transforms and tensor subclasses take the triton_op.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any, Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.library import triton_op, wrap_triton
+
+from greta_core.ops import _calls
+from greta_core.ops._plan import _identity
+from greta_core.ops.declare import Caller, OpDecl
+from greta_core.torch._common import record_reference
+from greta_core.torch._norms_common import run_triton_on_cpu
+
+_lib = torch.library.Library("greta", "FRAGMENT")
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous()
+
+
+# The public front: an eager backward (no create_graph) takes its hot path too.
+_torch_call = Caller(lambda op, *args: getattr(torch.ops.greta, op.name)(*args), _contiguous)
+_raw_call = Caller(lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous)
+
+
+_TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int}
+
+
+def _signature(op: OpDecl) -> inspect.Signature:
+    """The Python signature torch.library infers the triton_op's schema from."""
+    params = []
+    for a in op.args:
+        annotation = _TYPES[a.type.rstrip("?")]
+        if a.type.endswith("?"):
+            annotation = Optional[annotation]  # noqa: UP045  (infer_schema reads typing forms)
+        default = a.default if a.has_default else inspect.Parameter.empty
+        params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                        default=default, annotation=annotation))  # fmt: skip
+    out = torch.Tensor if op.n_outputs == 1 else tuple[(torch.Tensor,) * op.n_outputs]
+    return inspect.Signature(params, return_annotation=out)
+
+
+def register(op: OpDecl) -> Any:
+    """Define greta::<name>_fwd and greta::<name> for `op`; returns the triton_op."""
+    n = op.n_tensors
+    kernel_dtypes = tuple(getattr(torch, d) for d in op.kernel_dtypes)
+    out_schema = op.schema.partition("->")[2].strip()
+
+    def reference(*args: Any) -> Any:
+        op.validate(*args, reference=True)
+        record_reference(op.name)
+        return op.reference(*args)
+
+    n_args = len(op.args)
+
+    def full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        # torch.library passes an argument the caller left at its default by keyword.
+        return args if len(args) == n_args and not kwargs else op.bind(args, kwargs)
+
+    def fwd(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
+        x = args[0]
+        if x.device.type == "cpu" or x.dtype not in kernel_dtypes:
+            return reference(*args)
+        return op.unpack(op.call.run(wrap_triton, *args))
+
+    def fwd_cpu(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
+        if run_triton_on_cpu(*args[:n]) and args[0].dtype in kernel_dtypes:
+            return op.unpack(op.call.run(_identity, *args))
+        return reference(*args)
+
+    fwd.__signature__ = _signature(op)  # type: ignore[attr-defined]
+    fwd_op = triton_op(f"greta::{op.name}_fwd", fwd, mutates_args=())
+    fwd_op.register_kernel("cpu")(fwd_cpu)
+
+    backward = op.backward
+    if backward is not None:
+
+        def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+            _save(ctx, op, inputs, output if op.n_outputs > 1 else (output,))
+
+        def grads(ctx: Any, *grad_outputs: Any) -> tuple:
+            return tuple(backward.grads(_torch_call, grad_outputs, _saved(ctx)))
+
+        fwd_op.register_autograd(grads, setup_context=setup_context)
+        eager = _eager_function(op)
+
+    _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
+
+    def front(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
+        if args[0].dtype in kernel_dtypes:
+            done = op.call.if_eager(*args)
+            if done is not None:
+                return op.unpack(done)
+            if backward is not None and _calls.eager_autograd(*args[:n]):
+                return eager.apply(*args)
+        return fwd_op(*args)
+
+    # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
+    _lib.impl(op.name, front, "CompositeImplicitAutograd")
+    return fwd_op
+
+
+def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
+    """Keep what the declared backward reads: tensors through save_for_backward (version
+    checks), the rest on ctx."""
+    saved = vars(op.saved(args, outs))
+    tensors = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
+    ctx.save_for_backward(*tensors.values())
+    ctx.names = tuple(tensors)
+    ctx.rest = {k: v for k, v in saved.items() if k not in tensors}
+    for i in op.backward.nondiff_outputs:  # type: ignore[union-attr]
+        ctx.mark_non_differentiable(outs[i])
+
+
+def _saved(ctx: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**dict(zip(ctx.names, ctx.saved_tensors, strict=True)), **ctx.rest)
+
+
+def _eager_function(op: OpDecl) -> type:
+    """The eager training path: a ``torch.autograd.Function`` whose forward takes ``ctx``
+    (no ``setup_context``: ``apply`` then binds no defaults through ``inspect.signature``)."""
+    backward = op.backward
+    assert backward is not None
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        outs = op.call.run(_identity, *args)
+        _save(ctx, op, args, outs)
+        return op.unpack(outs)
+
+    @once_differentiable
+    def grads(ctx: Any, *grad_outputs: Any) -> tuple:
+        return tuple(backward.grads(_raw_call, grad_outputs, _saved(ctx)))
+
+    # Named after the triton_op it stands in for (its grad_fn reads "<name>_eagerBackward").
+    return type(
+        f"greta_{op.name}_fwd_eager",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(grads)},
+    )
