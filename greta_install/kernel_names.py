@@ -2,12 +2,14 @@
 
 ``sm_90`` -> distribution ``greta-kernels-sm-90``, import package ``greta_kernels_sm_90``,
 file ``greta_kernels_sm_90-<version>-py3-none-any.whl``. A leaf: the
-installer, the doctor and ``greta_core`` all import it. Standard library only: the kernel
+installer, the doctor and ``greta_core`` all import it. Standard library only (but for
+``wheel_archs``, which reads the matrix lazily): the kernel
 half reads it in environments that may lack ``packaging``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 WHEEL_TAG = "py3-none-any"
@@ -30,3 +32,14 @@ def wheel_filename(arch: str, version: str) -> str:
 def requirement(arch: str, version: str) -> str:
     """'greta-kernels-gfx942==0.1.0'."""
     return f"{distribution_name(arch)}=={version}"
+
+
+@functools.cache
+def wheel_archs() -> tuple[str, ...]:
+    """Every arch a kernel wheel is built for: each target's archs in the version matrix,
+    in matrix order. The one list the runtime, the doctor and the tests read for "every
+    arch" (the matrix is the arch table's source; swap the read here if that moves)."""
+    from greta_install.matrix import load_matrix
+
+    matrix = load_matrix()
+    return tuple(dict.fromkeys(a for spec in matrix.targets.values() for a in spec.archs))

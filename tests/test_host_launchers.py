@@ -26,9 +26,21 @@ from greta_core.kernel_wheels import host_launchers, triton_key_memo
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _pythonpath(*paths: object) -> str:
+    """`paths` ahead of the inherited PYTHONPATH: a stack installed with --target (the GPU
+    suite's locked row) must stay importable in the child, or it runs another Triton."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([*map(str, paths), *([inherited] if inherited else [])])
+
+
 def _run(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     """Run `code` in a fresh interpreter (Triton's driver state must not leak) -> last JSON line."""
-    full_env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "PYTHONPATH": _pythonpath(ROOT),
+        **(env or {}),
+    }
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=full_env,
@@ -299,7 +311,7 @@ def test_warmed_wheel_first_call_runs_no_compiler(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "TRITON_INTERPRET": "0",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+        "PYTHONPATH": _pythonpath(ROOT, site),
         "GRETA_CACHE_DIR": str(tmp_path / "greta-cache"),
     }
     warm = subprocess.run(
@@ -357,7 +369,7 @@ def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) ->
 def _warm_cli(site: Path, cache: Path) -> tuple[int, list[dict]]:
     # No ROCm on this machine (and no fake one: loading an empty libamdhip64.so crashes).
     env = {**os.environ, "TRITON_INTERPRET": "0", "GRETA_CACHE_DIR": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}  # fmt: skip
+           "PYTHONPATH": _pythonpath(ROOT, site)}  # fmt: skip
     env.pop("ROCM_PATH", None)
     out = subprocess.run(
         [sys.executable, "-m", "greta", "warm", "--json"],

@@ -28,6 +28,13 @@ ARCH = SHARED_WHEEL_ARCH
 TUNED_BLOCK = SHARED_WHEEL_VEC_ADD_BLOCK
 
 
+def _pythonpath(*paths: object) -> str:
+    """`paths` ahead of the inherited PYTHONPATH: a stack installed with --target (the GPU
+    suite's locked row) must stay importable in the child, or it runs another Triton."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([*map(str, paths), *([inherited] if inherited else [])])
+
+
 @pytest.fixture(scope="module")
 def built(gfx942_wheel: dict) -> dict:
     """conftest's shared gfx942 wheel (vec_add + col_sum, vec_add's BLOCK set to 512)."""
@@ -171,7 +178,7 @@ print(json.dumps({
 def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
     # The dev environment's triton + this repository + the freshly installed wheel.
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(_site_packages(venv))])
+    env["PYTHONPATH"] = _pythonpath(ROOT, _site_packages(venv))
     (tmp_path / "probe.py").write_text(JIT_PROBE)
     out = subprocess.run(
         [sys.executable, str(tmp_path / "probe.py")],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +29,49 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str
     return passed, tuple(sorted(k for k in options if k not in JAX_OPTIONS))
 
 
+def jax_triton_convention(version: str) -> str:
+    """How a jax-triton release hands an output aliased to an input to the kernel.
+
+    "appended" (0.3.x): every output, aliased ones included, is a kernel parameter after
+    the inputs; ``input_output_aliases`` maps an input position to the output it becomes.
+    "operand" (0.4+): an aliased output is never a parameter of its own: the kernel writes
+    through the operand it aliases, and only unaliased outputs fill the trailing parameters.
+    """
+    parts = re.match(r"^(\d+)\.(\d+)", version or "")
+    if parts and (int(parts.group(1)), int(parts.group(2))) <= (0, 3):
+        return "appended"
+    return "operand"
+
+
+def call_form(
+    param_names: Sequence[str],
+    lead: Sequence[Any],
+    specs: Sequence[Any],
+    inputs: Sequence[Any],
+    aliases: Mapping[int, int],
+    convention: str,
+) -> tuple[list[Any], dict[str, Any], dict[int, int]]:
+    """(positional operands, keyword operands, input_output_aliases) for ``triton_call``.
+
+    `lead`: the launch's arguments ahead of its outputs (kernel parameter order); `specs`:
+    the output buffers (the trailing parameters); `aliases`: {position in lead: output}.
+    Under "operand", the parameter of an output aliased to input ``b.alias`` gets that
+    input as an operand of its own (by name), and that operand is the one aliased: the
+    kernel writes through it and reads, through its input parameter, the values it had.
+    """
+    if convention == "appended":
+        return list(lead), {}, dict(aliases)
+    keywords: dict[str, Any] = {}
+    operand_aliases: dict[int, int] = {}
+    for k, b in enumerate(specs):
+        if b.alias is None:
+            continue
+        # Operands are numbered in parameter order: the lead, then the aliased outputs.
+        operand_aliases[len(lead) + len(keywords)] = k
+        keywords[param_names[len(lead) + k]] = inputs[b.alias]
+    return list(lead), keywords, operand_aliases
+
+
 def _new(buffer: Any, inputs: Sequence[Any]) -> Any:
     import jax.numpy as jnp
 
@@ -44,6 +89,7 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
     import jax.numpy as jnp
     import jax_triton as jt
 
+    convention = jax_triton_convention(getattr(jt, "__version__", ""))
     bufs: dict[int, Any] = {}
     for launch in plan.launches:
         written = launch.written()
@@ -75,16 +121,24 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
                 f"{plan.op}: the launch updates input(s) {unaliased} in place without taking "
                 "them as inputs; jax-triton can alias an output only to an input argument"
             )
-        results = jt.triton_call(
-            *args,
-            kernel=launch.kernel,
-            out_shape=[jax.ShapeDtypeStruct(b.shape, jnp.dtype(b.dtype)) for b in specs],
-            grid=launch.grid,
-            input_output_aliases=aliases,
-            zeroed_outputs=tuple(k for k, b in enumerate(specs) if b.zeroed),
-            **passed,
-            **launch.constexprs,
-        )
+        names = list(getattr(launch.kernel, "arg_names", ()))
+        args, operands, io_aliases = call_form(names, args, specs, inputs, aliases, convention)
+        zeroed = tuple(k for k, b in enumerate(specs) if b.zeroed)
+        with warnings.catch_warnings():
+            # jax-triton 0.4 deprecates both in favour of Refs, which jax 0.10 (the CPU
+            # row's) lacks: the same call serves every release the lock pins.
+            warnings.filterwarnings("ignore", "(input_output_aliases|zeroed_outputs) is deprecated")
+            results = jt.triton_call(
+                *args,
+                kernel=launch.kernel,
+                out_shape=[jax.ShapeDtypeStruct(b.shape, jnp.dtype(b.dtype)) for b in specs],
+                grid=launch.grid,
+                **({"input_output_aliases": io_aliases} if io_aliases else {}),
+                **({"zeroed_outputs": zeroed} if zeroed else {}),
+                **passed,
+                **operands,
+                **launch.constexprs,
+            )
         bufs.update(zip(written, results, strict=True))
     if plan.launches:
         record(plan.op, "jax-triton", plan.arch)

@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from greta_install.kernel_names import distribution_name, package_name
-
-KNOWN_ARCHS: tuple[str, ...] = ("sm_90", "gfx942", "gfx1100", "gfx1201")
+from greta_install.kernel_names import distribution_name, package_name, wheel_archs
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,7 @@ def _info(arch: str) -> KernelWheelInfo | None:
 
 
 def installed_kernel_wheels() -> list[KernelWheelInfo]:
-    return [info for arch in KNOWN_ARCHS if (info := _info(arch)) is not None]
+    return [info for arch in wheel_archs() if (info := _info(arch)) is not None]
 
 
 def installed_kernel_wheel() -> KernelWheelInfo | None:
@@ -95,7 +93,7 @@ def check_kernel_wheel(
     """
     if wheels is None:
         wheels = installed_kernel_wheels()
-    if not arch or arch not in KNOWN_ARCHS:
+    if not arch or arch not in wheel_archs():
         return []
     install = "greta install   # installs the kernel wheel for the detected arch"
     problems: list[Problem] = []

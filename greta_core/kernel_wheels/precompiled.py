@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from greta_install.kernel_names import distribution_name, package_name
+from greta_install.kernel_names import distribution_name, package_name, wheel_archs
 
 logger = logging.getLogger("greta")
 
@@ -47,11 +47,10 @@ def _say_once(topic: str, message: str, *args: Any) -> None:
 
 
 def installed_wheel_dirs() -> list[tuple[str, Path]]:
-    """(arch, package directory) of each GRETA kernel wheel importable here."""
-    from greta_core.arch import TUNED_ARCHS
-
+    """(arch, package directory) of each GRETA kernel wheel importable here: any arch the
+    installer builds a wheel for (``wheel_archs``), not only those with tuned tables."""
     found = []
-    for arch in TUNED_ARCHS:
+    for arch in wheel_archs():
         try:
             spec = importlib.util.find_spec(package_name(arch))
         except (ImportError, ValueError):
