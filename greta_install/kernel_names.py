@@ -2,8 +2,7 @@
 
 ``sm_90`` -> distribution ``greta-kernels-sm-90``, import package ``greta_kernels_sm_90``,
 file ``greta_kernels_sm_90-<version>-py3-none-any.whl``. A leaf: the
-installer, the doctor and ``greta_core`` all import it. Standard library only (but for
-``wheel_archs``, which reads the matrix lazily): the kernel
+installer, the doctor and ``greta_core`` all import it. Standard library only: the kernel
 half reads it in environments that may lack ``packaging``.
 """
 
@@ -36,10 +35,23 @@ def requirement(arch: str, version: str) -> str:
 
 @functools.cache
 def wheel_archs() -> tuple[str, ...]:
-    """Every arch a kernel wheel is built for: each target's archs in the version matrix,
-    in matrix order. The one list the runtime, the doctor and the tests read for "every
-    arch" (the matrix is the arch table's source; swap the read here if that moves)."""
-    from greta_install.matrix import load_matrix
+    """Every arch a kernel wheel is built for: each target's ``archs`` in the version
+    matrix, in matrix order. The one list the runtime, the doctor and the tests read for
+    "every arch" (swap the read here if the arch table moves). Stdlib only, like the rest."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    data = tomllib.loads(_matrix_text())
+    targets = data.get("targets", {})
+    return tuple(dict.fromkeys(a for spec in targets.values() for a in spec.get("archs", ())))
 
-    matrix = load_matrix()
-    return tuple(dict.fromkeys(a for spec in matrix.targets.values() for a in spec.archs))
+
+def _matrix_text() -> str:
+    from importlib import resources
+    from pathlib import Path
+
+    try:  # the installed package's copy (see greta_install.lockfile.lock_resource_dir)
+        return resources.files("greta_install.lockdata").joinpath("matrix.toml").read_text()
+    except ModuleNotFoundError:  # a source checkout: lock/ beside the package
+        return (Path(__file__).resolve().parent.parent / "lock" / "matrix.toml").read_text()
