@@ -54,6 +54,13 @@ def launch_convention(version: str | None) -> str | None:
     return LAUNCH_CONVENTIONS.get(key) if key is not None else None
 
 
+def per_signature_launcher(version: str | None) -> bool:
+    """True where Triton builds a C launcher module per kernel signature at a first launch
+    (3.6: ``CudaLauncher``/``HIPLauncher`` compile generated source); from 3.7 every kernel
+    goes through one generic launcher in the driver helpers (``utils.launch``), built once."""
+    return launch_convention(version) == "flat"
+
+
 def fast_launch_off_reason(version: str | None) -> str | None:
     """None when the fast launch path supports Triton `version`; else the one-line reason."""
     if launch_convention(version) is not None:

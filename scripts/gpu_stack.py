@@ -40,8 +40,10 @@ from pathlib import Path
 PART_BYTES = 50 * 1000 * 1000  # < 64 MiB per call, with the repository beside it
 MANIFEST = "stack.json"
 # What the GPU suite needs from the locked CUDA row beyond the image: the frameworks, the
-# Triton they run on, and NCCL (the image's 2.28.9 lacks ncclCommResume, which torch 2.14
-# needs at import).
+# Triton they run on, NCCL (the image's 2.28.9 lacks ncclCommResume, which torch 2.14
+# needs at import) and cuDNN (torch 2.14's SDPA fails on the image's older cuDNN with
+# CUDNN_STATUS_BAD_PARAM). `install` lists every other pin the machine holds at another
+# version (installed.json: differs_from_lock), so a result says exactly what it ran on.
 DEFAULT_PACKAGES = (
     "torch",
     "triton",
@@ -51,6 +53,7 @@ DEFAULT_PACKAGES = (
     "jax-cuda13-pjrt",
     "jax-triton",
     "nvidia-nccl-cu13",
+    "nvidia-cudnn-cu13",
 )
 # Pins the machine's image may already hold at the lock's version (the lent H100's image has
 # jax 0.11.2 with its CUDA 13 plugin, as the lock does): `--expect` them instead of sending
@@ -157,10 +160,18 @@ def prepare(args: argparse.Namespace) -> None:
         "python": python,
         "wheels": wheels,
         "expected": {n: v for n, (v, _) in expected.items()},
+        "lock_pins": _all_pins(lock_path),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(len(w["parts"]) for w in wheels)
     print(f"{total} parts in {out}; `gpu_stack.py calls --out {out}` lists the device calls")
+
+
+def _all_pins(lock_path: Path) -> dict[str, str]:
+    from greta_install.lockfile import parse_lock
+
+    lock = parse_lock(lock_path.read_text(), origin=str(lock_path))
+    return {p.name: p.version for p in lock.for_python(lock.python).packages}
 
 
 def _cached(cache: Path, name: str, version: str) -> Path | None:
@@ -238,6 +249,22 @@ def check_expected(expected: dict[str, str]) -> dict[str, str]:
     return seen
 
 
+def differs(pins: dict[str, str]) -> dict[str, list[str]]:
+    """{name: [installed, locked]} for each pin the environment holds at another version
+    (or lacks): the part of the stack that is the machine's, not the lock's."""
+    import importlib.metadata as md
+
+    out = {}
+    for name, version in sorted(pins.items()):
+        try:
+            have = md.version(name)
+        except md.PackageNotFoundError:
+            have = "not installed"
+        if have.split("+")[0] != version.split("+")[0]:
+            out[name] = [have, version]
+    return out
+
+
 def install(args: argparse.Namespace) -> None:
     stack = Path(args.stack)
     manifest = json.loads((stack / MANIFEST).read_text())
@@ -255,12 +282,15 @@ def install(args: argparse.Namespace) -> None:
         "sha256": {w["file"]: w["sha256"] for w in manifest["wheels"]},
         "not_in_lock": [w["name"] for w in manifest["wheels"] if not w["in_lock"]],
         "already_at_lock_version": present,
+        "differs_from_lock": differs(manifest.get("lock_pins", {})),
     }
     (stack / "installed.json").write_text(json.dumps(report, indent=1) + "\n")
     for name, version in present.items():
         print(f"kept {name}=={version} (the machine's, the lock's version)")
     for w in manifest["wheels"]:
         print(f"installed {w['name']}=={w['version']} (sha256 {w['sha256'][:16]}...)")
+    for name, (have, want) in report["differs_from_lock"].items():
+        print(f"differs from the lock: {name} {have} (locked {want})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -100,6 +100,9 @@ if stack.is_file():
     doc = json.loads(stack.read_text())
     print(f"installed from: {doc['lock']} (input {doc['lock_input']}); not in the lock: "
           + (", ".join(doc["not_in_lock"]) or "none"))
+    other = doc.get("differs_from_lock", {})
+    print(f"pins at another version than the lock ({len(other)}): "
+          + (", ".join(f"{n} {h} (lock {w})" for n, (h, w) in other.items()) or "none"))
 PY
 note "$(printf '%-13s %s' stack "$STACK @ $COMMIT")"
 

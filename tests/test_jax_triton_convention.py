@@ -1,15 +1,18 @@
 """greta_core.jax._plan's adapter per jax-triton release (0.3.x for Triton 3.6, 0.4.x for
 Triton 3.7+): the operands handed to ``triton_call`` bind every kernel parameter exactly once,
-and aliased outputs are written through the operand the release expects. The GPU tests of
-the JAX bindings (test_kernel_kv_cache.py, test_kernel_fused.py) run them for real."""
+in parameter order, and each output is written through the buffer the release hands it. The
+GPU tests of the JAX bindings (test_kernel_kv_cache.py, test_kernel_fused.py) run them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from greta_core.jax._plan import call_form, jax_triton_convention
-from greta_core.ops._plan import In, Out
+from greta_core.jax._plan import _runtime_params, call_form, jax_triton_convention
+from greta_core.ops._plan import In, Out, Plan
 from greta_core.ops.kv_cache import plan as kv_plan
+from greta_core.ops.linear_cross_entropy import plan_rows
 
 
 @pytest.mark.parametrize(
@@ -20,17 +23,23 @@ def test_convention_by_release(version: str, convention: str) -> None:
     assert jax_triton_convention(version) == convention
 
 
-def _kv_case() -> tuple[list[str], list, list, list, dict[int, int]]:
+def _kv() -> Plan:
     batch, heads, max_seq, d, n_new = 2, 3, 16, 64, 2
     ks = (heads * n_new * d, n_new * d, d)
     cs = (heads * max_seq * d, max_seq * d, d)
-    p = kv_plan((batch, heads, max_seq, d), n_new, (ks, ks, cs, cs), "float32", "sm_90")
+    return kv_plan((batch, heads, max_seq, d), n_new, (ks, ks, cs, cs), "float32", "sm_90")
+
+
+def _lce() -> Plan:
+    return plan_rows(8, 64, 64, "float32", -100, True, False, "sm_90")
+
+
+def _form(p: Plan, convention: str) -> tuple[list[str], Any, list[Any], list[Any]]:
     (launch,) = p.launches
     written = launch.written()
     lead = list(launch.args[: len(launch.args) - len(written)])
     specs = [p.buffers[j] for j in written]
-    inputs = ["k_cache", "v_cache", "k", "v", "lens"]
-    args = [inputs[a.index] if type(a) is In else a for a in lead]
+    assert not any(type(a) is Out for a in lead)
     aliases = {
         pos: k
         for k, b in enumerate(specs)
@@ -38,33 +47,31 @@ def _kv_case() -> tuple[list[str], list, list, list, dict[int, int]]:
         for pos, a in enumerate(lead)
         if type(a) is In and a.index == b.alias
     }
-    names = [n for n in launch.kernel.arg_names if n not in launch.constexprs]
-    assert not any(type(a) is Out for a in lead)
-    return names, args, specs, inputs, aliases
+    names = _runtime_params(launch.kernel)
+    new = lambda b: ("input", b.alias) if b.alias is not None else ("fresh", b.shape)  # noqa: E731
+    return names, call_form(names, lead, specs, aliases, convention, new), lead, specs
 
 
-def test_appended_keeps_the_03_call() -> None:
-    names, args, specs, inputs, aliases = _kv_case()
-    positional, keywords, io = call_form(names, args, specs, inputs, aliases, "appended")
-    assert positional == args and keywords == {} and io == aliases
-    # 0.3.x: every output is a parameter after the inputs.
+@pytest.mark.parametrize("make", [_kv, _lce], ids=["kv_cache", "linear_cross_entropy"])
+def test_appended_keeps_the_03_call(make: Any) -> None:
+    names, (positional, keywords, io, zeroed), lead, specs = _form(make(), "appended")
+    assert positional == lead and keywords == {} and zeroed is True
+    # 0.3.x: every output is a parameter after the inputs; the aliased ones map input -> output.
     assert len(positional) + len(specs) == len(names)
+    assert all(specs[k].alias == lead[pos].index for pos, k in io.items())
 
 
-def test_operand_binds_each_parameter_once_and_aliases_the_written_one() -> None:
-    names, args, specs, inputs, aliases = _kv_case()
-    positional, keywords, io = call_form(names, args, specs, inputs, aliases, "operand")
-    # jax-triton 0.4: operands (positional, then keywords in parameter order) plus one
-    # placeholder per unaliased output fill every non-constexpr parameter exactly once.
-    bound = names[: len(positional)] + list(keywords)
-    unaliased = [k for k, b in enumerate(specs) if b.alias is None]
-    assert len(set(bound)) == len(bound) and len(bound) + len(unaliased) == len(names)
-    assert list(keywords) == ["k_cache_ptr", "v_cache_ptr"]
-    assert keywords == {"k_cache_ptr": "k_cache", "v_cache_ptr": "v_cache"}
-    # The aliased operands are the written parameters (operand numbering follows the
-    # parameters: the lead, then the keywords), each mapped to its output.
-    order = names[: len(positional)] + list(keywords)
-    assert {order[i]: k for i, k in io.items()} == {"k_cache_ptr": 0, "v_cache_ptr": 1}
-    # The unaliased output (new lengths) fills the one parameter still missing.
-    missing = [n for n in names if n not in bound]
-    assert missing == ["new_lens_ptr"] and unaliased == [2]
+@pytest.mark.parametrize("make", [_kv, _lce], ids=["kv_cache", "linear_cross_entropy"])
+def test_operand_gives_every_output_parameter_its_own_aliased_operand(make: Any) -> None:
+    names, (positional, keywords, io, zeroed), lead, specs = _form(make(), "operand")
+    assert zeroed is False  # fresh outputs come as operands built like the plan's buffers
+    # Every non-constexpr parameter bound once, in parameter order: no placeholder is left,
+    # so jax-triton 0.4 hands the kernel its operands' buffers in order.
+    assert names[: len(positional)] + list(keywords) == names
+    assert list(keywords) == names[len(lead) :]
+    # Each output is the operand of its own parameter: the aliased input, or a fresh buffer.
+    assert io == {len(lead) + k: k for k in range(len(specs))}
+    for k, b in enumerate(specs):
+        value = keywords[names[len(lead) + k]]
+        assert value == (("input", b.alias) if b.alias is not None else ("fresh", b.shape))
+    assert any(b.alias is not None for b in specs)  # the cases this adapter exists for

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from greta_core.errors import PlanError
@@ -30,12 +31,16 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str
 
 
 def jax_triton_convention(version: str) -> str:
-    """How a jax-triton release hands an output aliased to an input to the kernel.
+    """How a jax-triton release binds a kernel's output parameters.
 
     "appended" (0.3.x): every output, aliased ones included, is a kernel parameter after
-    the inputs; ``input_output_aliases`` maps an input position to the output it becomes.
-    "operand" (0.4+): an aliased output is never a parameter of its own: the kernel writes
-    through the operand it aliases, and only unaliased outputs fill the trailing parameters.
+    the inputs, filled from the call's output buffers in order; ``input_output_aliases``
+    maps an input position to the output it becomes.
+    "operand" (0.4+): only outputs aliased to no operand fill the missing parameters, and
+    the aliased ones are written through their operand's parameter. GRETA's kernels keep
+    a parameter per output (0.3's layout), so every output parameter gets an operand of
+    its own (the aliased input, or a fresh buffer filled like the plan's), aliased to its
+    output: the parameters then take the operand buffers in order, as under 0.3.
     """
     parts = re.match(r"^(\d+)\.(\d+)", version or "")
     if parts and (int(parts.group(1)), int(parts.group(2))) <= (0, 3):
@@ -47,29 +52,34 @@ def call_form(
     param_names: Sequence[str],
     lead: Sequence[Any],
     specs: Sequence[Any],
-    inputs: Sequence[Any],
     aliases: Mapping[int, int],
     convention: str,
-) -> tuple[list[Any], dict[str, Any], dict[int, int]]:
-    """(positional operands, keyword operands, input_output_aliases) for ``triton_call``.
+    new: Callable[[Any], Any],
+) -> tuple[list[Any], dict[str, Any], dict[int, int], bool]:
+    """(positional operands, keyword operands, input_output_aliases, pass zeroed_outputs)
+    for ``triton_call``.
 
     `lead`: the launch's arguments ahead of its outputs (kernel parameter order); `specs`:
-    the output buffers (the trailing parameters); `aliases`: {position in lead: output}.
-    Under "operand", the parameter of an output aliased to input ``b.alias`` gets that
-    input as an operand of its own (by name), and that operand is the one aliased: the
-    kernel writes through it and reads, through its input parameter, the values it had.
+    the output buffers (the trailing parameters); `aliases`: {position in lead: output};
+    `new(buffer)`: the array an output starts as (the aliased input, zeros, a fill).
     """
     if convention == "appended":
-        return list(lead), {}, dict(aliases)
-    keywords: dict[str, Any] = {}
-    operand_aliases: dict[int, int] = {}
-    for k, b in enumerate(specs):
-        if b.alias is None:
-            continue
-        # Operands are numbered in parameter order: the lead, then the aliased outputs.
-        operand_aliases[len(lead) + len(keywords)] = k
-        keywords[param_names[len(lead) + k]] = inputs[b.alias]
-    return list(lead), keywords, operand_aliases
+        return list(lead), {}, dict(aliases), True
+    keywords = {param_names[len(lead) + k]: new(b) for k, b in enumerate(specs)}
+    # Operands are numbered in parameter order: the lead, then one per output.
+    return list(lead), keywords, {len(lead) + k: k for k in range(len(specs))}, False
+
+
+def _runtime_params(kernel: Any) -> list[str]:
+    """The kernel's non-constexpr parameter names, in order (what operands bind to)."""
+    params = getattr(kernel, "params", None) or getattr(getattr(kernel, "fn", None), "params", None)
+    if params:  # a JITFunction (or an autotuner around one)
+        return [p.name for p in params if not p.is_constexpr]
+    fn = kernel  # the interpreter's InterpretedFunction: the Python function's signature
+    while hasattr(fn, "fn"):
+        fn = fn.fn
+    signature = inspect.signature(fn)
+    return [n for n, p in signature.parameters.items() if "constexpr" not in str(p.annotation)]
 
 
 def _new(buffer: Any, inputs: Sequence[Any]) -> Any:
@@ -121,13 +131,17 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
                 f"{plan.op}: the launch updates input(s) {unaliased} in place without taking "
                 "them as inputs; jax-triton can alias an output only to an input argument"
             )
-        names = list(getattr(launch.kernel, "arg_names", ()))
-        args, operands, io_aliases = call_form(names, args, specs, inputs, aliases, convention)
-        zeroed = tuple(k for k, b in enumerate(specs) if b.zeroed)
+        names = _runtime_params(launch.kernel)
+        args, operands, io_aliases, pass_zeroed = call_form(
+            names, args, specs, aliases, convention, lambda b: _new(b, inputs)
+        )
+        zeroed = tuple(k for k, b in enumerate(specs) if b.zeroed) if pass_zeroed else ()
         with warnings.catch_warnings():
             # jax-triton 0.4 deprecates both in favour of Refs, which jax 0.10 (the CPU
             # row's) lacks: the same call serves every release the lock pins.
-            warnings.filterwarnings("ignore", "(input_output_aliases|zeroed_outputs) is deprecated")
+            warnings.filterwarnings(
+                "ignore", "(input_output_aliases|zeroed_outputs|out_shape=) is deprecated"
+            )
             results = jt.triton_call(
                 *args,
                 kernel=launch.kernel,
