@@ -72,6 +72,23 @@ def installed_kernel_wheel() -> KernelWheelInfo | None:
     return wheels[0] if wheels else None
 
 
+def describe(wheel: KernelWheelInfo, triton_version: str | None) -> str:
+    """One line for the doctor: the wheel, its arch, its Triton fingerprint, and whether its
+    code is in use with the installed Triton (the runtime serves a wheel's code only to the
+    Triton version it was built with: greta_core.kernel_wheels.precompiled)."""
+    fingerprint = str(wheel.manifest.get("triton_fingerprint", ""))[:12] or "unknown"
+    built = wheel.triton_version or "unknown"
+    head = (
+        f"{wheel.distribution} {wheel.version} for {wheel.manifest.get('arch', wheel.arch)}, "
+        f"{wheel.kernel_count} kernels, Triton {built} (fingerprint {fingerprint})"
+    )
+    if not triton_version:
+        return f"{head}: whether its code is in use is unknown (Triton not importable)"
+    if built != triton_version:
+        return f"{head}: its code is NOT in use (installed Triton is {triton_version})"
+    return f"{head}: its code is in use"
+
+
 def _launchers_built(wheel: KernelWheelInfo) -> bool:
     from greta_core.kernel_wheels.host_launchers import is_warm
 
