@@ -10,9 +10,11 @@ import os
 import re
 
 from greta_core.errors import GretaInputError, NoGpuError
+from greta_install import archs as _arch_table
 
-# Arch names we ship tuned tables / wheels for; anything else uses "default".
-TUNED_ARCHS: tuple[str, ...] = ("sm_90", "gfx942", "gfx1100", "gfx1201")
+# Arch names we ship tuned tables / wheels for; anything else uses "default". Read from
+# the one arch table (greta_install/archs.py), which the installer half reads too.
+TUNED_ARCHS: tuple[str, ...] = _arch_table.TUNED_ARCHS
 
 
 def normalize_arch(name: str) -> str:
@@ -46,6 +48,9 @@ def backend(arch: str) -> str:
 def warp_size(arch: str) -> int:
     """Wave64 on CDNA/GCN (gfx9xx), wave32 on RDNA (gfx10xx-12xx) and NVIDIA."""
     if is_hip(arch):
+        wave = _arch_table.wave_size(arch)
+        if wave is not None:
+            return wave
         return 64 if re.fullmatch(r"gfx9\w+", arch) else 32
     return 32
 

@@ -7,8 +7,9 @@ current directory nor PYTHON* variables can put a `pip/__main__.py` on their pat
 
 from __future__ import annotations
 
+import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,9 +49,29 @@ def download_argv(
     if pkg.verified:
         argv.append("--require-hashes")
     if pkg.index and use_index:
-        argv += ["--extra-index-url", pkg.index]
+        # The vendor's index is the ONLY index (never --extra-index-url): a same-named
+        # package on the default index must not compete with the vendor's file.
+        argv += ["--index-url", pkg.index]
     argv += ["-r", work_dir(stage, f"{pkg.name}.req")]
     return argv
+
+
+# pip settings that would add another package source beside the vendor's index.
+_OTHER_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX")
+
+
+def download_env(env: Mapping[str, str], vendor_only: bool) -> dict[str, str]:
+    """The environment of one `pip download`. For a vendor-index download, no other source
+    may reach pip: the index/find-links variables are dropped and no pip configuration file
+    is read (`PIP_CONFIG_FILE=os.devnull`, pip's documented switch), since a config file's
+    extra-index-url would otherwise be consulted beside --index-url. Certificates and
+    proxies still come from the environment (PIP_CERT, HTTPS_PROXY)."""
+    out = dict(env)
+    if vendor_only:
+        for key in _OTHER_SOURCES:
+            out.pop(key, None)
+        out["PIP_CONFIG_FILE"] = os.devnull
+    return out
 
 
 def requirement_line(pkg: PlannedPackage) -> str:

@@ -43,6 +43,8 @@ class _Seen:
     compute_cap: str | None = None
     nv_architecture: str | None = None
     partition: str | None = None
+    ids: dict[str, str] = field(default_factory=dict)  # "node"/"kfd_id"/"unique_id" -> value
+    soc: bool = False  # an NVIDIA GPU without a PCI bus id (Jetson-class SoC)
 
     def add(self, source: str, bus: str | None = None, device_id: str | None = None) -> None:
         if source not in self.sources:
@@ -69,35 +71,60 @@ def _same_bus(a: str | None, b: str | None) -> bool:
     return _short_bus(a) == _short_bus(b)
 
 
+def _ids(**values: object) -> dict[str, str]:
+    """Identity keys a source gives (KFD node, KFD gpu_id, unique id), without blanks."""
+    return {k: str(v).strip().lower() for k, v in values.items() if v not in (None, "")}
+
+
+def _unique_id(value: str | None) -> str | None:
+    """rocminfo "GPU-67c63ac3c3c637f9" and rocm-smi "0x67c63ac3c3c637f9" are one id."""
+    text = (value or "").strip().lower().removeprefix("gpu-").removeprefix("0x")
+    return text if len(text) >= 8 and all(c in "0123456789abcdef" for c in text) else None
+
+
 def _match(
-    seen: list[_Seen], vendor: str, source: str, bus: str | None, device_id: str | None
+    seen: list[_Seen],
+    vendor: str,
+    source: str,
+    bus: str | None,
+    device_id: str | None,
+    ids: dict[str, str] | None = None,
 ) -> _Seen:
     """The GPU this observation is about, creating it when no earlier source saw it.
 
-    Match by PCI address first; without one, by device id and order (the n-th GPU a
-    bus-less source lists is the n-th not yet claimed by that source).
+    Match by PCI address first, then by an identity key two tools share (KFD node,
+    KFD gpu_id = rocm-smi GUID = amd-smi KFD_ID, unique id); without any, by device id
+    and order (the n-th GPU a bus-less source lists is the n-th not yet claimed by that
+    source). A GPU whose identity keys contradict the observation is never chosen.
     """
-    free = [s for s in seen if s.vendor == vendor and source not in s.sources]
+    ids = ids or {}
+
+    def compatible(s: _Seen) -> bool:
+        return not any(k in s.ids and s.ids[k] != v for k, v in ids.items())
+
+    free = [s for s in seen if s.vendor == vendor and source not in s.sources and compatible(s)]
     found = None
     if bus is not None:
         found = next((s for s in free if _same_bus(s.pci_bus, bus)), None)
-        if found is None:
-            found = next(
-                (
-                    s
-                    for s in free
-                    if s.pci_bus is None and (device_id is None or s.device_id in (None, device_id))
-                ),
-                None,
-            )
-    else:
+    if found is None and ids:
+        found = next((s for s in free if any(s.ids.get(k) == v for k, v in ids.items())), None)
+    if found is None:
+        # A GPU another bus-carrying source placed elsewhere is not this one.
         found = next(
-            (s for s in free if device_id is None or s.device_id in (None, device_id)), None
+            (
+                s
+                for s in free
+                if (bus is None or s.pci_bus is None)
+                and (device_id is None or s.device_id in (None, device_id))
+            ),
+            None,
         )
     if found is None:
         found = _Seen(vendor=vendor)
         seen.append(found)
     found.add(source, bus, device_id)
+    for key, value in ids.items():
+        found.ids.setdefault(key, value)
     return found
 
 
@@ -106,7 +133,14 @@ def _merge(ev: Evidence) -> list[_Seen]:
     for node in ev.kfd:
         if not node.is_gpu or (node.vendor_id not in (None, 0, AMD)):
             continue
-        s = _match(seen, "amd", "kfd", node.pci_bus, node.device_id)
+        s = _match(
+            seen,
+            "amd",
+            "kfd",
+            node.pci_bus,
+            node.device_id,
+            _ids(node=node.node, kfd_id=node.gpu_id),
+        )
         if node.gfx:
             s.gfx["kfd"] = node.gfx
         s.cus = s.cus or node.compute_units
@@ -124,7 +158,14 @@ def _merge(ev: Evidence) -> list[_Seen]:
     for agent in ev.rocminfo:
         if agent.device_type != "GPU":
             continue
-        s = _match(seen, "amd", "rocminfo", agent.pci_bus, agent.chip_id)
+        s = _match(
+            seen,
+            "amd",
+            "rocminfo",
+            agent.pci_bus,
+            agent.chip_id,
+            _ids(node=agent.node, unique_id=_unique_id(agent.uuid)),
+        )
         if agent.gfx:
             s.gfx["rocminfo"] = agent.gfx
         if agent.marketing_name:
@@ -132,7 +173,9 @@ def _merge(ev: Evidence) -> list[_Seen]:
         s.cus = agent.compute_units or s.cus
         s.apu_flag = s.apu_flag or agent.apu
     for g in ev.amd_smi:
-        s = _match(seen, "amd", "amd-smi", g.pci_bus, g.device_id)
+        s = _match(
+            seen, "amd", "amd-smi", g.pci_bus, g.device_id, _ids(node=g.node_id, kfd_id=g.kfd_id)
+        )
         if g.gfx:
             s.gfx["amd-smi"] = g.gfx
         name = g.market_name or g.product_name
@@ -140,9 +183,17 @@ def _merge(ev: Evidence) -> list[_Seen]:
             s.names["amd-smi"] = name
         s.revision = s.revision if s.revision is not None else g.revision
         s.vram = s.vram or g.vram_bytes
+        s.cus = s.cus or g.compute_units
         s.partition = s.partition or g.compute_partition
     for g in ev.rocm_smi:
-        s = _match(seen, "amd", "rocm-smi", g.pci_bus, g.device_id)
+        s = _match(
+            seen,
+            "amd",
+            "rocm-smi",
+            g.pci_bus,
+            g.device_id,
+            _ids(node=g.node, kfd_id=g.guid, unique_id=_unique_id(g.unique_id)),
+        )
         if g.gfx:
             s.gfx["rocm-smi"] = g.gfx
         if g.product:
@@ -166,6 +217,7 @@ def _merge(ev: Evidence) -> list[_Seen]:
             s.names["nvidia-smi"] = g.name
         s.compute_cap = g.compute_cap
         s.nv_architecture = g.architecture
+        s.soc = s.soc or g.integrated
         if g.memory_mib:
             s.vram = s.vram or g.memory_mib * 1024 * 1024
     return seen
@@ -182,13 +234,21 @@ def _amd_gpu(s: _Seen, ev: Evidence) -> _Built:
     warnings: list[str] = []
     notes: list[str] = []
     info = pci_ids.lookup(s.device_id, s.revision) if s.device_id else None
+    if info is None:
+        # No device id a table knows (the plain amd-smi table, rocm-smi --csv): the
+        # product name still names the model.
+        for source in ("amd-smi", "rocm-smi", "lspci", "rocminfo"):
+            info = pci_ids.lookup_name(s.names.get(source))
+            if info:
+                notes.append(f"architecture from the product name {s.names[source]!r}")
+                break
     if info and info.note:
         notes.append(f"PCI table: {info.note}")
     native = s.gfx.get("kfd") or s.gfx.get("amd-smi") or s.gfx.get("rocm-smi")
     native = native or (info.gfx if info else None)
     runtime = s.gfx.get("rocminfo")
     arch = native or runtime
-    where = s.pci_bus or s.device_id or "?"
+    where = s.pci_bus or s.device_id or f"({', '.join(s.sources)}: no bus or device id)"
     if native and runtime and native != runtime:
         seen_override = ev.env.get("HSA_OVERRIDE_GFX_VERSION")
         cause = (
@@ -238,15 +298,23 @@ def _amd_gpu(s: _Seen, ev: Evidence) -> _Built:
         usable = False
         notes.append(f"bound to {s.driver}, not amdgpu")
         warnings.append(_foreign_driver_warning(where, s.driver, product))
+    runtime_block = _runtime_blocker(ev)
+    if usable and runtime_block:
+        usable = False
+        notes.append(runtime_block[0])
     if s.sources == ["lspci"] and usable:
         warnings.append(
             f"GPU {where}: seen only by lspci; KFD and the ROCm tools did not show it "
             "(amdgpu not loaded, no /dev/kfd in this container, or not captured in the snapshot)"
         )
     if arch is None:
+        why = (
+            f"device id {s.device_id} is not in GRETA's PCI table and no ROCm tool named it"
+            if s.device_id
+            else "no source gave its device id or architecture"
+        )
         warnings.append(
-            f"GPU {where}: could not tell its architecture (device id {s.device_id or 'unknown'} "
-            "is not in GRETA's PCI table and no ROCm tool named it); please attach "
+            f"GPU {where}: could not tell its architecture ({why}); please attach "
             "`greta snapshot` output to a bug report"
         )
     gpu = Gpu(
@@ -264,6 +332,45 @@ def _amd_gpu(s: _Seen, ev: Evidence) -> _Built:
         note="; ".join(notes) or None,
     )
     return _Built(gpu, warnings, only_runtime)
+
+
+def _runtime_blocker(ev: Evidence) -> tuple[str, str] | None:
+    """(what, fix) when the ROCm runtime itself said it cannot reach the GPUs here."""
+    if ev.info.get("rocminfo.rock_module") == "not loaded":
+        return (
+            "the amdgpu kernel driver (ROCk) is not loaded",
+            "load it: `sudo modprobe amdgpu` (if that fails, install the amdgpu driver for "
+            "this kernel, e.g. `sudo apt install amdgpu-dkms`, and reboot)",
+        )
+    error = ev.info.get("rocminfo.kfd_open_error")
+    device = ev.info.get("dev.kfd")
+    if error is None and device == "absent":
+        error = "No such file or directory"
+    elif error is None and device == "denied":
+        error = "Permission denied"
+    if error is None:
+        return None
+    what = f"ROCm cannot open /dev/kfd ({error})"
+    low = error.lower()
+    if "no such file" in low:
+        return (
+            what,
+            "this container has no /dev/kfd: start it with "
+            "`--device=/dev/kfd --device=/dev/dri --group-add video --group-add render`",
+        )
+    if "permission" in low or "not permitted" in low:
+        return (
+            what,
+            "add this user to the render and video groups: `sudo usermod -aG render,video "
+            "$USER` and log in again; in a container, start it with `--device=/dev/kfd "
+            "--device=/dev/dri --group-add video --group-add render`",
+        )
+    return (
+        what,
+        "the kernel refused /dev/kfd: in an unprivileged container or LXC pass the host's "
+        "/dev/kfd and /dev/dri through (`--device=/dev/kfd --device=/dev/dri`) with a "
+        "matching amdgpu driver on the host, or run on the host itself",
+    )
 
 
 def _foreign_driver_warning(where: str, driver: str, product: str | None) -> str:
@@ -287,10 +394,8 @@ def _foreign_driver_warning(where: str, driver: str, product: str | None) -> str
 def _nvidia_gpu(s: _Seen) -> _Built:
     warnings: list[str] = []
     name = s.names.get("nvidia-smi") or s.names.get("lspci")
-    arch = archs.sm_from_compute_cap(s.compute_cap) or archs.sm_from_name(
-        s.names.get("nvidia-smi"), s.nv_architecture
-    )
-    where = s.pci_bus or s.device_id or "?"
+    arch = archs.sm_from_compute_cap(s.compute_cap) or archs.sm_from_name(name, s.nv_architecture)
+    where = s.pci_bus or s.device_id or f"({', '.join(s.sources)}: no bus or device id)"
     if arch is None:
         warnings.append(
             f"NVIDIA GPU {where} ({name or 'unnamed'}): compute capability unknown"
@@ -302,6 +407,13 @@ def _nvidia_gpu(s: _Seen) -> _Built:
         )
     usable = True
     notes: list[str] = []
+    if s.soc:
+        notes.append("no PCI bus id: an integrated (Jetson-class, aarch64) GPU")
+        warnings.append(
+            f"NVIDIA GPU {name or 'unnamed'} has no PCI bus id: an integrated GPU of an "
+            "aarch64 SoC (Jetson class). GRETA's locks are built for x86_64 Linux only, so "
+            "no locked build installs here; use NVIDIA's JetPack wheels instead"
+        )
     if s.driver_source == "lspci" and s.driver is None and s.modules:
         usable = False
         notes.append("no kernel driver bound")
@@ -314,7 +426,7 @@ def _nvidia_gpu(s: _Seen) -> _Built:
         arch=arch,
         product=name,
         pci_id=s.device_id,
-        integrated=False,
+        integrated=s.soc,
         evidence=tuple(s.sources),
         pci_bus=s.pci_bus,
         vram_bytes=s.vram,
@@ -325,21 +437,35 @@ def _nvidia_gpu(s: _Seen) -> _Built:
     return _Built(gpu, warnings)
 
 
+def _supported(gpu: Gpu) -> bool:
+    return archs.locked_build_supports(
+        gpu.vendor, gpu.arch, soc=gpu.vendor == "nvidia" and gpu.integrated
+    )
+
+
 def _target_of(gpu: Gpu) -> Target | None:
     if gpu.vendor == "nvidia":
-        return "cuda"
+        return "cuda" if _supported(gpu) or (gpu.arch is None and not gpu.integrated) else None
     return archs.target_for_gfx(gpu.arch)
 
 
+def _rank(gpu: Gpu) -> tuple:
+    return archs.usability_rank(
+        gpu.vendor,
+        gpu.arch,
+        usable=gpu.usable,
+        integrated=gpu.integrated,
+        compute_units=gpu.compute_units,
+        memory_bytes=gpu.vram_bytes,
+        soc=gpu.vendor == "nvidia" and gpu.integrated,
+    )
+
+
 def _pick_primary(gpus: list[Gpu]) -> int | None:
+    """The GPU a user can run the most on (archs.usability_rank); ties: the first listed."""
     if not gpus:
         return None
-
-    def score(i: int) -> tuple:
-        g = gpus[i]
-        return (g.usable, _target_of(g) is not None, not g.integrated, g.vram_bytes or 0, -i)
-
-    return max(range(len(gpus)), key=score)
+    return max(range(len(gpus)), key=lambda i: (_rank(gpus[i]), -i))
 
 
 def _describe(i: int, g: Gpu) -> str:
@@ -348,11 +474,22 @@ def _describe(i: int, g: Gpu) -> str:
 
 def _skip_reason(g: Gpu, primary: Gpu) -> str:
     if not g.usable:
-        return "not usable for compute"
-    if _target_of(g) is None:
-        return "no GRETA target for it"
+        return "not usable for compute here"
+    if not _supported(g):
+        if g.vendor == "nvidia" and g.integrated:
+            return "an integrated SoC GPU (aarch64): no locked build"
+        if g.vendor == "nvidia":
+            return (
+                f"{g.arch or 'compute capability unknown'}: the cuda target's torch wheels "
+                f"carry code for sm_{archs.CUDA_MIN_SM} and newer only"
+            )
+        return f"no locked build supports it ({archs.unsupported_reason(g.arch)})"
     if g.integrated and not primary.integrated:
-        return "integrated; the discrete GPU is preferred"
+        return "an integrated GPU; the discrete GPU runs more"
+    if (g.compute_units or 0) < (primary.compute_units or 0):
+        return f"fewer compute units ({g.compute_units} vs {primary.compute_units})"
+    if (g.vram_bytes or 0) < (primary.vram_bytes or 0):
+        return "less memory than the primary"
     return "a different GPU model"
 
 
@@ -429,6 +566,34 @@ def _source_warnings(ev: Evidence) -> list[str]:
     return out
 
 
+def _blockers(ev: Evidence, gpus: list[Gpu]) -> list[str]:
+    """What stops every GPU here, each with the fix, for the plan's blockers."""
+    out: list[str] = []
+    runtime = _runtime_blocker(ev)
+    if runtime:
+        out.append(f"{runtime[0]}: {runtime[1]}")
+    notes = " ".join(g.note or "" for g in gpus)
+    if "gim" in notes:
+        out.append(
+            "this host hands its GPU to virtual machines (SR-IOV, gim driver): install "
+            "inside a VM that gets a virtual function"
+        )
+    if "vfio" in notes:
+        out.append(
+            "the GPU is bound to vfio-pci for passthrough: install inside the VM that owns "
+            "it, or unbind it from vfio-pci and load amdgpu on this host"
+        )
+    if "no kernel driver bound" in notes:
+        out.append(
+            "no kernel driver is bound to the GPU: load it (`sudo modprobe amdgpu` or "
+            "`sudo modprobe nvidia`) and check `dmesg` for why it did not bind"
+        )
+    return out or [
+        "no GPU here is usable for compute and the evidence does not say why: run "
+        "`greta doctor` and attach `greta snapshot` to a bug report"
+    ]
+
+
 def conclude(ev: Evidence) -> Detection:
     """Pure: the detection for a set of parsed evidence."""
     warnings = _source_warnings(ev)
@@ -450,10 +615,12 @@ def conclude(ev: Evidence) -> Detection:
         target = _target_of(gpu)
         if target is None:
             det.target = "cpu"
-            warnings.append(
-                f"{_describe(primary or 0, gpu)}: {archs.unsupported_reason(gpu.arch)}; "
-                "using the cpu target"
+            why = (
+                _skip_reason(gpu, gpu)
+                if gpu.vendor == "nvidia"
+                else archs.unsupported_reason(gpu.arch)
             )
+            warnings.append(f"{_describe(primary or 0, gpu)}: {why}; using the cpu target")
         else:
             det.target = target
         if not gpu.usable:
@@ -461,6 +628,7 @@ def conclude(ev: Evidence) -> Detection:
                 f"no GPU here is usable for compute; the target names the hardware "
                 f"({det.target}), but programs on this machine cannot use it"
             )
+            det.blockers = _blockers(ev, gpus)
         sm = archs.sm_number(gpu.arch) if gpu.vendor == "nvidia" else None
         if sm is not None and sm < 70:
             warnings.append(
@@ -494,6 +662,7 @@ def conclude(ev: Evidence) -> Detection:
             or next((g.driver_version for g in ev.amd_smi if g.driver_version), None)
         )
     det.cuda_version = ev.info.get("nvidia-smi.cuda_version")
+    det.state = "none" if not gpus else ("usable" if any(g.usable for g in gpus) else "unusable")
     det.sources = dict(ev.status)
     det.warnings = list(dict.fromkeys(warnings))
     return det

@@ -47,6 +47,22 @@ TEXT = {
         "note": "note",
         "current": "Current row",
         "previous": "Previous row",
+        "therock": "TheRock row",
+        "routing": "Which arch gets which build (from greta_install/archs.py)",
+        "routing_intro": (
+            "`greta install` routes each GPU arch to the first row (current, therock, previous) "
+            "whose torch build carries code for it; `--row` overrides. Known-bad archs are refused "
+            "unless `--allow-known-bad-arch` is given."
+        ),
+        "row": "row",
+        "build": "torch build",
+        "family": "family",
+        "status": "status",
+        "ready": "ready",
+        "gated": "refused by default",
+        "refused": "refused",
+        "builds": "Torch builds and the archs they carry",
+        "evidence": "evidence",
         "hash": "hash",
         "py": "Python {py}",
         "lock": "Lock settings: platform `{platform}`, resolved with nothing newer than `{date}`.",
@@ -92,6 +108,23 @@ TEXT = {
         "note": "nota",
         "current": "Fila actual",
         "previous": "Fila anterior (previous)",
+        "therock": "Fila TheRock",
+        "routing": "Qué arquitectura recibe qué build (de greta_install/archs.py)",
+        "routing_intro": (
+            "`greta install` lleva cada arquitectura de GPU a la primera fila (current, therock, "
+            "previous) cuyo build de torch lleva código para ella; `--row` lo cambia. Las "
+            "arquitecturas conocidas como defectuosas se rechazan salvo con "
+            "`--allow-known-bad-arch`."
+        ),
+        "row": "fila",
+        "build": "build de torch",
+        "family": "familia",
+        "status": "estado",
+        "ready": "lista",
+        "gated": "rechazada por defecto",
+        "refused": "rechazada",
+        "builds": "Builds de torch y las arquitecturas que llevan",
+        "evidence": "evidencia",
         "hash": "hash",
         "py": "Python {py}",
         "lock": "Ajustes del lock: plataforma `{platform}`, resuelto sin nada más nuevo que `{date}`.",
@@ -111,6 +144,43 @@ def _pin_row(pin: Pin, t: dict[str, str]) -> str:
     flag = " (*)" if pin.uncertain else ""
     hashes = ", ".join(sorted(pin.hashes)) if pin.hashes else ""
     return f"| {pin.role} | `{pin.name}{extras}` | `{pin.version}`{flag} | {index} | {hashes} |"
+
+
+def _routing_table(matrix: Matrix, t: dict[str, str]) -> list[str]:
+    """Per AMD arch of the matrix: the row routing picks, its build, and the gate."""
+    from greta_install import routing
+
+    out = [f"## {t['routing']}", "", t["routing_intro"], ""]
+    out += [
+        f"| {t['arch']} | {t['family']} | target | {t['row']} | {t['build']} | {t['status']} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, spec in matrix.targets.items():
+        for arch in spec.archs:
+            if not arch.startswith("gfx"):
+                continue
+            facts = archs.arch_facts(arch)
+            try:
+                row = routing.route(matrix, name, arch).row
+                build = matrix.row(name, matrix.pythons[-1], row).torch_build
+                label = archs.torch_build(build).label
+                status = t["ready"]
+            except routing.RouteError:
+                row, label, status = "-", "-", t["refused"]
+            if facts.known_bad:
+                status = f"{t['gated']} ({', '.join(facts.known_bad_evidence)})"
+            out.append(
+                f"| `{arch}` | {facts.family} | `{name}` | {row} | {_cell(label)} | {status} |"
+            )
+    out += ["", f"### {t['builds']}", ""]
+    for build in archs.TORCH_BUILDS.values():
+        carried = ", ".join(build.archs) or "-"
+        out.append(
+            f"- **{_cell(build.label)}** (`{build.id}`): {carried}. {_cell(build.how)}. "
+            f"{t['evidence']}: {', '.join(build.evidence) or '-'}"
+        )
+    out.append("")
+    return out
 
 
 def render(matrix: Matrix, lang: str) -> str:
@@ -151,14 +221,13 @@ def render(matrix: Matrix, lang: str) -> str:
             continue
         generations = matrix.generations(name)
         for gen in generations:
-            label = (
-                spec.label if gen == "current" else (spec.previous.label if spec.previous else "")
-            )
+            alt = spec.alternates.get(gen)
+            label = spec.label if alt is None else alt.label
             out += ["", f"### {t[gen]}: {label}", ""]
-            if gen == "previous" and spec.previous:
-                out += [spec.previous.why, ""]
-                if spec.previous.torch_archs:
-                    out += [f"- {t['torch_archs']}: {', '.join(spec.previous.torch_archs)}", ""]
+            if alt is not None:
+                out += [alt.why, ""]
+                if alt.torch_archs:
+                    out += [f"- {t['torch_archs']}: {', '.join(alt.torch_archs)}", ""]
             for py in matrix.pythons:
                 row = matrix.row(name, py, gen)
                 out += [f"#### {t['py'].format(py=py)}", ""]
@@ -170,7 +239,7 @@ def render(matrix: Matrix, lang: str) -> str:
                 out.append("")
         out += ["", f"**{t['source']}**", ""]
         seen: set[tuple[str, str]] = set()
-        pins = list(spec.pins) + (list(spec.previous.pins) if spec.previous else [])
+        pins = list(spec.pins) + [p for alt in spec.alternates.values() for p in alt.pins]
         for pin in pins:
             key = (pin.name, pin.version)
             if key in seen:
@@ -184,6 +253,7 @@ def render(matrix: Matrix, lang: str) -> str:
             out.append(line)
         out.append("")
 
+    out += _routing_table(matrix, t)
     special = [archs.arch_facts(g) for g in archs.FAMILY if archs.arch_facts(g).warning]
     if special:
         out += [f"## {t['archs']}", ""]

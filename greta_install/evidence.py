@@ -33,6 +33,7 @@ DRM_CLASS = "/sys/class/drm"
 NVIDIA_VERSION = "/proc/driver/nvidia/version"
 ROCM_VERSION_FILE = "/opt/rocm/.info/version"
 AMDGPU_MODULE_VERSION = "/sys/module/amdgpu/version"
+KFD_DEVICE = "/dev/kfd"
 
 # Every source detection reports on, in the order they are read.
 SOURCES: tuple[str, ...] = (
@@ -167,6 +168,15 @@ def gather(view: SystemView, tools: ToolPolicy | None = None) -> Evidence:
         or (amd_seen and not _amd_arch_known(ev))
         or (not ev.kfd and not ev.drm and not ev.lspci)
     )
+    if amd_seen and view.is_live:
+        # sysfs shows the GPUs even in a container that was given no devices, and
+        # rocminfo (which would say so) is skipped when sysfs named every GPU: ask the
+        # device node itself.
+        can_open = getattr(view, "can_open_rw", None)
+        if not view.exists(KFD_DEVICE):
+            ev.info["dev.kfd"] = "absent"
+        elif can_open is not None and not can_open(KFD_DEVICE):
+            ev.info["dev.kfd"] = "denied"
     if run_rocm:
         ev.rocminfo = _tool(ev, view, "rocminfo", "rocminfo", rocminfo.parse)
         ev.amd_smi = _tool(ev, view, "amd-smi", "amd-smi", amd_smi.parse)

@@ -357,7 +357,7 @@ def _download_one(
             text=True,
             timeout=timeout,
             check=False,
-            env=env,
+            env=commandline.download_env(env, vendor_only=bool(pkg.index and use_index)),
             stdin=subprocess.DEVNULL,
             cwd=stage,  # never the user's directory: nothing there is on the child's path
         )

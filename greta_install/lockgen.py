@@ -141,7 +141,8 @@ def resolver_input(row: Row) -> tuple[list[str], list[str]]:
     # ROCm) resolve against the provider's version and are left out of the lock.
     no_emit = []
     for name, pin in sorted(provided.items()):
-        lines.append(f"{name}=={pin.version}")
+        # The vendor's +local build stands in for the public release of that version.
+        lines.append(f"{name}=={Version(pin.version).public}")
         no_emit.append(name)
     return lines, no_emit
 

@@ -19,6 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from greta_install import archs
 from greta_install.errors import GretaError
 
 if sys.version_info >= (3, 11):
@@ -80,15 +81,20 @@ class Pin:
 
 @dataclass(frozen=True)
 class Generation:
-    """An older stack a target keeps as a row users can pick (`--row previous`)."""
+    """Another stack a target keeps as a row: an older generation (`--row previous`), or
+    another vendor's build that carries archs the current row's torch lacks (`therock`)."""
 
     label: str  # e.g. "torch 2.11 + ROCm 7.2"
     why: str  # who needs it
-    torch_archs: tuple[str, ...]
+    torch_archs: tuple[str, ...]  # read from the arch table (archs.TORCH_BUILDS)
     pins: tuple[Pin, ...]
+    torch_build: str = ""  # id of its torch build in greta_install/archs.py
 
 
-ROW_NAMES = ("current", "previous")
+# Row names in the order the plan prefers them for an arch (routing takes the first row
+# whose torch build carries the arch).
+ROW_NAMES = ("current", "therock", "previous")
+ALTERNATE_ROWS = ROW_NAMES[1:]
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,12 @@ class TargetSpec:
     pins: tuple[Pin, ...]
     same_as: str | None = None
     label: str = ""  # what the current row is, e.g. "torch 2.14.1 + ROCm 7.14 (TheRock)"
-    previous: Generation | None = None
+    alternates: Mapping[str, Generation] = field(default_factory=dict)  # "previous", "therock"
+    torch_build: str = ""  # id of the current row's torch build in greta_install/archs.py
+
+    @property
+    def previous(self) -> Generation | None:
+        return self.alternates.get("previous")
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,7 @@ class Row:
     generation: str = "current"  # one of ROW_NAMES
     torch_archs: tuple[str, ...] = ()
     label: str = ""
+    torch_build: str = ""  # id in archs.TORCH_BUILDS ("" where the matrix names none)
 
     def by_role(self, role: str) -> list[Pin]:
         return [p for p in self.pins if p.role == role]
@@ -148,20 +160,22 @@ class Matrix:
         return self.targets[spec.same_as] if spec.same_as else spec
 
     def generations(self, target: str) -> tuple[str, ...]:
-        return ROW_NAMES if self.owner(target).previous else ROW_NAMES[:1]
+        owner = self.owner(target)
+        return tuple(g for g in ROW_NAMES if g == "current" or g in owner.alternates)
 
     def row(self, target: str, python: str, generation: str = "current") -> Row:
-        spec = self.target(target)
+        self.target(target)
         if python not in self.pythons:
             raise MatrixError(
                 f"no row for Python {python}: the matrix covers {', '.join(self.pythons)}"
             )
         owner = self.owner(target)
         if generation == "current":
-            pins, archs, label = owner.pins, spec.torch_archs or owner.torch_archs, owner.label
-        elif generation == "previous" and owner.previous is not None:
-            prev = owner.previous
-            pins, archs, label = prev.pins, prev.torch_archs, prev.label
+            pins, torch_archs, label = owner.pins, owner.torch_archs, owner.label
+            build = owner.torch_build
+        elif generation in owner.alternates:
+            alt = owner.alternates[generation]
+            pins, torch_archs, label, build = alt.pins, alt.torch_archs, alt.label, alt.torch_build
         else:
             raise MatrixError(
                 f"target {target} has no {generation!r} row (it has: {', '.join(self.generations(target))})"
@@ -171,8 +185,9 @@ class Matrix:
             python,
             tuple(p for p in pins if python in p.pythons),
             generation,
-            archs,
+            torch_archs,
             label,
+            build,
         )
 
     def rows(self) -> list[Row]:
@@ -295,10 +310,19 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
             pin = _build_pin(raw, f"{where} pin #{i + 1}", problems)
             if pin is not None:
                 pins.append(pin)
-        previous = None
-        raw_prev = table.get("previous")
-        if raw_prev is not None:
-            previous = _build_generation(raw_prev, f"{where}.previous", problems)
+        alternates = {}
+        for alt in ALTERNATE_ROWS:
+            raw_alt = table.get(alt)
+            if raw_alt is not None:
+                gen = _build_generation(raw_alt, f"{where}.{alt}", problems)
+                if gen is not None:
+                    alternates[alt] = gen
+        if "torch_archs" in table:
+            problems.append(
+                f"{where}: `torch_archs` is no longer read: name the row's build with "
+                "`torch_build` (its arch list lives in greta_install/archs.py)"
+            )
+        build = _str(table, "torch_build", where, problems, required=False) or ""
         kernel_wheel = table.get("kernel_wheel", False)
         if not isinstance(kernel_wheel, bool):
             problems.append(f"{where}: `kernel_wheel` must be true or false")
@@ -308,7 +332,7 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
             hardware=_str(table, "hardware", where, problems) or "",
             default_arch=_str(table, "default_arch", where, problems, required=kernel_wheel),
             archs=_str_list(table, "archs", where, problems),
-            torch_archs=_str_list(table, "torch_archs", where, problems),
+            torch_archs=_build_archs(build, where, problems),
             kernel_wheel=kernel_wheel,
             env=_str_map(table, "env", where, problems),
             env_why=_str_map(table, "env_why", where, problems),
@@ -317,7 +341,8 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
             pins=tuple(pins),
             same_as=_str(table, "same_as", where, problems, required=False),
             label=_str(table, "label", where, problems, required=False) or "",
-            previous=previous,
+            alternates=alternates,
+            torch_build=build,
         )
     return Matrix(
         exclude_newer=exclude_newer,
@@ -341,12 +366,27 @@ def _build_generation(raw: Any, where: str, problems: list[str]) -> Generation |
         pin = _build_pin(item, f"[{where}] pin #{i + 1}", problems)
         if pin is not None:
             pins.append(pin)
+    if "torch_archs" in raw:
+        problems.append(f"[{where}]: `torch_archs` is no longer read: use `torch_build`")
+    build = _str(raw, "torch_build", where, problems, required=False) or ""
     return Generation(
         label=_str(raw, "label", where, problems) or "",
         why=_str(raw, "why", where, problems) or "",
-        torch_archs=_str_list(raw, "torch_archs", where, problems),
+        torch_archs=_build_archs(build, where, problems),
         pins=tuple(pins),
+        torch_build=build,
     )
+
+
+def _build_archs(build: str, where: str, problems: list[str]) -> tuple[str, ...]:
+    """The arch list of a named torch build, from the arch table."""
+    if not build:
+        return ()
+    try:
+        return archs.torch_build(build).archs
+    except KeyError as exc:
+        problems.append(f"{where}: {exc.args[0]}")
+        return ()
 
 
 def _hashes(raw: Any, where: str, problems: list[str]) -> dict[str, tuple[str, ...]]:
@@ -436,14 +476,26 @@ def validate(matrix: Matrix) -> list[str]:
                 problems.append(
                     f"[targets.{name}]: same_as {spec.same_as!r} must name a target with its own pins"
                 )
-            if spec.pins or spec.previous:
+            if spec.pins or spec.alternates:
                 problems.append(f"[targets.{name}]: a target with same_as has no pins of its own")
         for key in spec.env:
             if not _ENV_KEY.match(key):
                 problems.append(
                     f"[targets.{name}.env]: {key!r} is not an environment variable name"
                 )
-        for pin in (*spec.pins, *(spec.previous.pins if spec.previous else ())):
+        for arch in spec.archs:
+            facts = archs.arch_facts(arch)
+            if facts.family is None:
+                problems.append(
+                    f"[targets.{name}]: arch {arch} has no row in greta_install/archs.py"
+                )
+            elif facts.target != name:
+                problems.append(
+                    f"[targets.{name}]: arch {arch} belongs to target {facts.target} in "
+                    "greta_install/archs.py"
+                )
+        alt_pins = [p for gen in spec.alternates.values() for p in gen.pins]
+        for pin in (*spec.pins, *alt_pins):
             for py in pin.pythons:
                 if py not in matrix.pythons:
                     problems.append(
@@ -543,6 +595,8 @@ def _check_torch_index(torch: Pin, where: str) -> list[str]:
         return [
             f"{where}: torch local version +{local} is not a known build (+rocmX.Y, +cuNNN, +cpu)"
         ]
+    if local.startswith("rocm") and (torch.index or "").endswith("/whl-multi-arch"):
+        return []  # AMD's multi-arch index serves every ROCm version's +rocmX.Y.Z builds
     if torch.index is None or not torch.index.endswith(f"/whl/{local}"):
         return [
             f"{where}: torch {torch.version} is a +{local} build and must come from a .../whl/{local} index, not {torch.index or 'the default index'}"

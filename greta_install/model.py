@@ -11,6 +11,10 @@ from typing import Any, Literal
 
 Vendor = Literal["amd", "nvidia"]
 Target = Literal["mi300x", "radeon", "instinct", "cuda", "cpu"]
+# "none": no GPU at all; "unusable": a GPU is there but nothing here can compute on it
+# (driver not loaded, /dev/kfd not permitted, a container without the devices, a host
+# that passes it to VMs); "usable": some GPU can run.
+DeviceState = Literal["none", "unusable", "usable"]
 TARGETS: tuple[Target, ...] = ("mi300x", "radeon", "instinct", "cuda", "cpu")
 
 
@@ -55,6 +59,9 @@ class Detection:
     sources: dict[str, str] = field(
         default_factory=dict
     )  # source -> "ok" | "absent" | "garbled: ..."
+    state: DeviceState = "none"
+    # In the "unusable" state: what stops programs here, each with the fix to type.
+    blockers: list[str] = field(default_factory=list)
 
     @property
     def primary_gpu(self) -> Gpu | None:
@@ -80,4 +87,6 @@ class Detection:
             "env_seen": dict(self.env_seen),
             "warnings": list(self.warnings),
             "sources": dict(self.sources),
+            "state": self.state,
+            "blockers": list(self.blockers),
         }

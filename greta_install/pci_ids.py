@@ -163,3 +163,27 @@ def lookup_by_name(name: str) -> tuple[str, PciInfo] | None:
             note="lspci without -nn: the chip is known from its name, the exact model is not",
         )
     return device_id, info
+
+
+# Model names that identify one product line, as tools print them ("AMD Instinct
+# MI325X", "Arcturus GL-XL [AMD Instinct MI100]", "Radeon RX 7900 XTX").
+_MODEL = re.compile(
+    r"\b(MI\d{2,3}[A-Z]?|RX \d{4}(?: XTX| XT| GRE)?|AI PRO R\d{4}|PRO W\d{4})\b", re.I
+)
+
+
+def lookup_name(name: str | None) -> PciInfo | None:
+    """Product and gfx target from a product name, for tools that print no device id
+    (the plain `amd-smi` table, `rocm-smi --csv` where "Card model" is a subsystem id).
+
+    Only a name whose model token names rows of a single gfx target answers.
+    """
+    match = _MODEL.search(name or "")
+    if not match:
+        return None
+    token = re.compile(rf"\b{re.escape(match.group(1))}\b", re.I)
+    found = [r for r in rows() if r.gfx and token.search(r.product)]
+    gfxs = {r.gfx for r in found}
+    if len(gfxs) != 1:
+        return None
+    return PciInfo(product=found[0].product, gfx=found[0].gfx, family=found[0].family)

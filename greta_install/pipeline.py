@@ -73,7 +73,10 @@ class InstallRequest:
     kernel_wheels: str | None = None
     snapshot: str | None = None
     lock: str | None = None
-    row: str = "current"  # which row of the target: "current" or "previous"
+    # which row of the target ("current", "therock", "previous"); None: the plan routes
+    # the arch to the first row whose torch build carries it (greta_install/routing.py)
+    row: str | None = None
+    allow_known_bad: bool = False  # install on an arch the arch table marks known-bad
     strict: bool = False  # refuse files without a lock hash (no trust on first use)
     from_record: str | None = None  # another install's hash record (cluster installs)
     build_kernels: bool = True  # build the kernel wheel here when nobody serves it

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from greta_install import archs, commandline, kernel_names
+from greta_install import archs, commandline, kernel_names, routing
 from greta_install.commandline import STAGE
 from greta_install.errors import GretaError
 from greta_install.lockfile import Lock
@@ -131,6 +131,12 @@ class InstallPlan:
     smoke: bool = True
     keep_failed: bool = False
     wheelhouse: str | None = None  # --save-wheelhouse DIR
+    # The GPU is there but nothing here can use it (detection's "unusable" state):
+    # each entry says why and what to type.
+    device_blockers: list[str] = field(default_factory=list)
+    torch_source: routing.TorchSource | None = None  # which build carries the arch, and why
+    route_reason: str | None = None  # why routing chose this row (None: the user named it)
+    gate: list[str] = field(default_factory=list)  # known-bad arch refusals (arch table)
 
     @property
     def unverified(self) -> list[str]:
@@ -145,8 +151,8 @@ class InstallPlan:
     @property
     def blockers(self) -> list[str]:
         if not self.strict:
-            return []
-        return [
+            return [*self.device_blockers, *self.gate]
+        return [*self.device_blockers, *self.gate] + [
             f"{p.name}=={p.version}: no hash in the lock and none recorded (--strict); run "
             "`greta lock --fill-hashes` where the vendor index is reachable, or install with "
             "--from-record FILE from a machine that already trusted it"
@@ -164,7 +170,8 @@ class InstallPlan:
             "python": {"version": self.python_version, "executable": self.python_executable},
             "installer": self.installer,
             "lock": {"file": self.lock_file, "platform": self.platform},
-            "row": {"name": self.row, "label": self.row_label},
+            "row": {"name": self.row, "label": self.row_label, "why": self.route_reason},
+            "torch_source": self.torch_source.to_json() if self.torch_source else None,
             "packages": [p.to_json() for p in self.packages],
             "unverified": self.unverified,
             "trust_on_first_use": self.first_use,
@@ -233,6 +240,8 @@ def build_plan(
     record: HashRecord | None = None,
     build_kernels: bool = True,
     smoke: bool = True,
+    allow_known_bad: bool = False,
+    route_reason: str | None = None,
 ) -> InstallPlan:
     spec = matrix.target(lock.target)
     row_name = lock.meta.get("row", "current")
@@ -257,9 +266,28 @@ def build_plan(
                 f"HSA_OVERRIDE_GFX_VERSION={decision.value} makes the {chosen_arch} GPU run {kernel_arch} code"
             )
             warnings.extend(_restrict_visibility(detection, chosen_arch, env, env_why))
-        elif not decision.native and row_name != "current":
-            warnings.append(
-                f"the current row carries native {chosen_arch} code: drop --row {row_name}"
+        elif not decision.native:
+            native_rows = [
+                g
+                for g in matrix.generations(lock.target)
+                if chosen_arch in matrix.row(lock.target, lock.python, g).torch_archs
+            ]
+            if native_rows:
+                warnings.append(
+                    f"the {native_rows[0]} row carries native {chosen_arch} code: "
+                    f"use --row {native_rows[0]} (or leave --row out)"
+                )
+
+    gate: list[str] = []
+    bad = archs.known_bad(chosen_arch) if spec.kernel_wheel else None
+    if bad is not None:
+        evidence = ", ".join(bad.known_bad_evidence)
+        if allow_known_bad:
+            warnings.append(f"{bad.known_bad} ({evidence}); proceeding: --allow-known-bad-arch")
+        else:
+            gate.append(
+                f"{chosen_arch}: known bad: {bad.known_bad} ({evidence}). Refused by default; "
+                "pass --allow-known-bad-arch to install anyway"
             )
 
     if detection is not None:
@@ -316,10 +344,20 @@ def build_plan(
         warnings=warnings,
         allow_unverified=allow_unverified,
         detected=detection is not None,
+        device_blockers=(
+            list(detection.blockers)
+            if detection is not None
+            and detection.state == "unusable"
+            and detection.target == lock.target
+            else []
+        ),
         strict=strict,
         row=row_name,
         row_label=row.label,
         smoke=smoke,
+        torch_source=routing.torch_source(row, chosen_arch, kernel_arch),
+        route_reason=route_reason,
+        gate=gate,
     )
     for pkg in packages:
         if pkg.hash_status == HASH_TOFU:

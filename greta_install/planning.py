@@ -7,6 +7,7 @@ nothing; every refusal is an `InstallFailed` with exit status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 from greta_install import installer as inst
 from greta_install import plan as planning
+from greta_install import routing
 from greta_install.boundedio import LOCK_MAX_BYTES, read_text
 from greta_install.lockfile import Lock, LockError, load_lock, parse_lock
 from greta_install.matrix import Matrix, MatrixError, load_matrix
@@ -104,11 +106,30 @@ def _choose_target(
         raise InstallFailed(str(exc), 2) from None
 
 
-def _lock_for(request: InstallRequest, explicit: Lock | None, target: str, version: str) -> Lock:
+def _route(
+    request: InstallRequest, explicit: Lock | None, matrix: Matrix, target: str, detection: Any
+) -> routing.Route | None:
+    """The row for the GPU's arch (None with an explicit --lock: that lock is the row)."""
+    if explicit is not None:
+        return None
+    arch = request.arch
+    if arch is None and detection is not None and detection.target == target:
+        arch = detection.arch
+    if arch is None:
+        arch = matrix.target(target).default_arch
+    try:
+        return routing.route(matrix, target, arch.lower() if arch else None, request.row)
+    except routing.RouteError as exc:
+        raise InstallFailed(str(exc), 2) from None
+
+
+def _lock_for(
+    request: InstallRequest, explicit: Lock | None, target: str, version: str, row: str
+) -> Lock:
     """The lock to install (explicit or packaged), less the pins whose marker is false."""
     try:
         if explicit is None:
-            return load_lock(target, version, request.row).for_python(version)
+            return load_lock(target, version, row).for_python(version)
         if explicit.python != version:
             raise InstallFailed(
                 f"{request.lock} is for Python {explicit.python}, the interpreter is {version}", 2
@@ -135,12 +156,24 @@ def prepare(request: InstallRequest) -> Prepared:
         raise InstallFailed(str(exc), 2) from None
     executable, version = _interpreter(request)
     explicit = _explicit_lock(request.lock) if request.lock else None
+    if explicit is None and version not in matrix.pythons:
+        raise InstallFailed(
+            f"Python {version} is not covered by GRETA's locks (Python "
+            f"{', '.join(matrix.pythons)}): create the environment with one of them, e.g. "
+            f"`python{matrix.pythons[-1]} -m venv .venv`",
+            2,
+        )
     detection, why_not = _detect(request.snapshot)
     target = _choose_target(request, explicit, detection, why_not, matrix)
     _check_machine(target, detection, request)
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
-    lock = _lock_for(request, explicit, target, version)
+    if detection is not None and target == "cpu" and (request.target or explicit is not None):
+        # --target cpu where the GPU cannot be used: the CPU install is what was asked for,
+        # so what blocks the GPU does not block it.
+        detection = dataclasses.replace(detection, blockers=[])
+    route = _route(request, explicit, matrix, target, detection)
+    lock = _lock_for(request, explicit, target, version, route.row if route else "current")
     installer, uv = _installer(request)
     downloader = inst.downloader_for(
         executable or "python",
@@ -161,6 +194,8 @@ def prepare(request: InstallRequest) -> Prepared:
         "record": record,
         "build_kernels": request.build_kernels,
         "smoke": request.smoke,
+        "allow_known_bad": request.allow_known_bad,
+        "route_reason": route.reason if route and route.chosen else None,
     }
     try:
         first = planning.build_plan(matrix, lock, **common)

@@ -23,10 +23,27 @@ CHILD = Path(__file__).with_name("smoke_child.py")
 GPU_TIMEOUT_S = 600.0  # first Triton compiles on a cold GPU machine
 CPU_TIMEOUT_S = 180.0
 
+# What a broken torch build says on its first kernel: no code for this GPU's arch.
+NO_KERNEL_FOR_ARCH = ("invalid device function", "no kernel image is available")
+ARCH_FIX = (
+    "torch.arch (torch wheel carries the device's arch)",
+    "greta doctor; greta install picks a torch build that carries this GPU's arch "
+    "(or refuses a known-bad one); greta install --target cpu runs on the CPU",
+)
+NUMERIC = (
+    "torch.arch (torch wheel carries the device's arch)",
+    "greta doctor   # this torch computes wrong numbers on this GPU (a build without its "
+    "arch, an override to a foreign arch, or a known-bad arch such as gfx1033); "
+    "greta install --target cpu runs on the CPU",
+)
+
 # step -> (doctor check that explains a failure, the usual fix)
 DIAGNOSIS: dict[str, tuple[str, str]] = {
     "torch": ("torch.import / torch.gpu", "greta doctor   # names why torch fails or sees no GPU"),
-    "matmul": ("torch.arch", "greta doctor   # a torch wheel without this GPU's code fails here"),
+    "matmul": NUMERIC,
+    "chain": NUMERIC,
+    "training": NUMERIC,
+    "gradcheck": NUMERIC,
     "triton": ("triton.*", "greta doctor   # one `triton` distribution, the one torch pins"),
     "sdpa": ("torch.arch", "greta doctor"),
     "greta-raw": ("kernel_wheel.*", "greta doctor; greta build-kernels --install"),
@@ -39,10 +56,15 @@ DIAGNOSIS: dict[str, tuple[str, str]] = {
 @dataclass(frozen=True)
 class Step:
     name: str
-    ok: bool
+    status: str  # "passed" | "failed" | "skipped" (never a pass: note says why)
     seconds: float
     detail: Any = None
     error: str | None = None
+    note: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in ("passed", "skipped")
 
 
 @dataclass
@@ -53,19 +75,29 @@ class SmokeReport:
     timed_out: bool = False
     seconds: float = 0.0
     stderr_tail: str = ""
+    planned: list[str] = field(default_factory=list)  # the steps the child said it would run
+
+    @property
+    def missing(self) -> list[str]:
+        """Planned steps the child never reported (it crashed or was killed first)."""
+        done = {s.name for s in self.steps}
+        return [name for name in self.planned if name not in done]
 
     @property
     def ok(self) -> bool:
+        """Fails closed: every planned step reported, none failed, at least one passed."""
         return (
             not self.timed_out
             and self.returncode == 0
-            and bool(self.steps)
-            and all(s.ok for s in self.steps)
+            and bool(self.planned)
+            and not self.missing
+            and not any(s.failed for s in self.steps)
+            and any(s.status == "passed" for s in self.steps)
         )
 
     @property
     def failed(self) -> Step | None:
-        return next((s for s in self.steps if not s.ok), None)
+        return next((s for s in self.steps if s.failed), None)
 
     def failure_message(self) -> str:
         """Which step failed, the doctor check that explains it, and the fix."""
@@ -80,11 +112,14 @@ class SmokeReport:
         step = self.failed
         if step is None:
             tail = self.stderr_tail.strip().splitlines()[-1:] or ["no output"]
+            where = f"before step '{self.missing[0]}'" if self.missing else "before reporting"
             return (
-                f"the smoke test crashed before reporting (exit {self.returncode}): {tail[0]}; "
+                f"the smoke test crashed {where} (exit {self.returncode}): {tail[0]}; "
                 "doctor: torch.import; fix: greta doctor"
             )
         check, fix = DIAGNOSIS.get(step.name, ("", "greta doctor"))
+        if any(words in (step.error or "") for words in NO_KERNEL_FOR_ARCH):
+            check, fix = ARCH_FIX
         return f"smoke test step '{step.name}' failed: {step.error}; doctor: {check}; fix: {fix}"
 
     def to_json(self) -> dict[str, Any]:
@@ -95,43 +130,64 @@ class SmokeReport:
             "returncode": self.returncode,
             "seconds": round(self.seconds, 2),
             "failed": self.failed.name if self.failed else None,
+            "missing": self.missing,
             "message": self.failure_message() or None,
+            "counts": {
+                status: sum(s.status == status for s in self.steps)
+                for status in ("passed", "failed", "skipped")
+            },
             "steps": [
                 {
                     "step": s.name,
-                    "ok": s.ok,
+                    "status": s.status,
                     "seconds": s.seconds,
                     "detail": s.detail,
                     "error": s.error,
+                    "note": s.note,
                 }
                 for s in self.steps
             ],
         }
 
 
-def parse_output(stdout: str) -> list[Step]:
-    """The steps a child reported; lines that are not step records are ignored."""
-    steps = []
+def parse_line(line: str) -> Step | list[str] | None:
+    """One line of the child: a Step, the plan (list of step names), or None for noise."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    plan = data.get("plan")
+    if isinstance(plan, list) and all(isinstance(name, str) for name in plan):
+        return plan
+    if not isinstance(data.get("step"), str):
+        return None
+    status = data.get("status")
+    return Step(
+        data["step"],
+        status if status in ("passed", "failed", "skipped") else "failed",
+        float(data.get("seconds") or 0.0),
+        data.get("detail"),
+        data.get("error") or (None if status in ("passed", "skipped") else f"status {status!r}"),
+        data.get("note"),
+    )
+
+
+def parse_output(stdout: str) -> tuple[list[str], list[Step]]:
+    """The plan and the steps a child reported; lines that are neither are ignored."""
+    plan: list[str] = []
+    steps: list[Step] = []
     for line in stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("step"), str):
-            continue
-        steps.append(
-            Step(
-                data["step"],
-                bool(data.get("ok")),
-                float(data.get("seconds") or 0.0),
-                data.get("detail"),
-                data.get("error"),
-            )
-        )
-    return steps
+        item = parse_line(line)
+        if isinstance(item, Step):
+            steps.append(item)
+        elif isinstance(item, list):
+            plan = item
+    return plan, steps
 
 
 def child_env(mode: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -153,13 +209,17 @@ def run_smoke(
     env: Mapping[str, str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SmokeReport:
-    """Run the smoke test in `python`; never raises for a failing environment."""
+    """Run the smoke test in `python`; never raises for a failing environment.
+
+    The child runs isolated (-I: no PYTHON* variables, no user site, not its own folder on
+    the path) from an empty folder, so it imports what the environment itself holds."""
     timeout = timeout or (GPU_TIMEOUT_S if mode == "gpu" else CPU_TIMEOUT_S)
     report = SmokeReport(mode)
     start = time.perf_counter()
-    argv = [python, str(CHILD), mode]
+    argv = [python, "-I", str(CHILD), mode]
     # stderr goes to a file: a chatty child must never block on a full pipe.
     errfile = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed on every path below)
+    workdir = tempfile.TemporaryDirectory(prefix="greta-smoke-")  # an empty cwd, cleaned below
     try:
         proc = subprocess.Popen(
             argv,
@@ -168,14 +228,15 @@ def run_smoke(
             stdin=subprocess.DEVNULL,
             text=True,
             env=child_env(mode, env),
+            cwd=workdir.name,
             start_new_session=True,
         )
     except OSError as exc:
         errfile.close()
+        workdir.cleanup()
         report.returncode = -1
         report.stderr_tail = f"could not start {python}: {exc}"
         return report
-    lines: list[str] = []
     try:
         assert proc.stdout is not None
         deadline = start + timeout
@@ -194,12 +255,13 @@ def run_smoke(
             line = proc.stdout.readline()
             if not line:
                 break
-            lines.append(line)
-            for step in parse_output(line):
-                report.steps.append(step)
+            item = parse_line(line)
+            if isinstance(item, list):
+                report.planned = item
+            elif isinstance(item, Step):
+                report.steps.append(item)
                 if log:
-                    mark = "ok" if step.ok else "FAILED"
-                    log(f"  smoke {step.name}: {mark} ({step.seconds:.1f}s)")
+                    log(_log_line(item))
         proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
     except subprocess.TimeoutExpired:
         report.timed_out = True
@@ -208,9 +270,16 @@ def run_smoke(
         errfile.seek(0)
         report.stderr_tail = errfile.read()[-4000:]
         errfile.close()
+        workdir.cleanup()
     report.returncode = proc.returncode
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _log_line(step: Step) -> str:
+    mark = {"passed": "passed", "skipped": "skipped"}.get(step.status, "FAILED")
+    why = step.note if step.status == "skipped" else step.error if step.failed else None
+    return f"  smoke {step.name}: {mark} ({step.seconds:.1f}s)" + (f": {why}" if why else "")
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

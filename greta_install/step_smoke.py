@@ -23,13 +23,15 @@ class SmokeTest:
         mode = smoke.default_mode(plan.target)
         python = plan.python_executable or "python"
         what = (
-            "torch + bf16 matmul on the GPU, a Triton kernel, SDPA fwd+bwd, GRETA raw/torch/jax "
-            "ops, a jax op on the GPU"
+            "torch on the GPU; the numeric gate: bf16/fp32 matmul, an elementwise/reduction "
+            "chain, SGD training and an fp64 gradcheck against the CPU; a Triton kernel, SDPA "
+            "fwd+bwd, GRETA raw/torch/jax ops against references, a jax op on the GPU"
             if mode == "gpu"
-            else "the CPU equivalents: torch, a Triton kernel in the interpreter, SDPA fwd+bwd, "
-            "GRETA raw/torch/jax ops, jax on CPU"
+            else "the CPU equivalents: torch, the numeric checks on the CPU only (reported "
+            "as skipped: no GPU to compare), a Triton kernel in the interpreter, SDPA "
+            "fwd+bwd, GRETA raw/torch/jax ops, jax on CPU"
         )
-        return [f"{python} {smoke.CHILD.name} {mode}   # {what}; undone on failure"]
+        return [f"{python} -I {smoke.CHILD.name} {mode}   # {what}; undone on failure"]
 
     def run(self, ctx: CommitContext) -> None:
         mode = smoke.default_mode(ctx.plan.target)

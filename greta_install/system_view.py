@@ -134,6 +134,11 @@ class LiveSystem(_TreeView):
         super().__init__(Path(root))
         self._timeout_s = timeout_s
 
+    def can_open_rw(self, path: str) -> bool:
+        """Whether this user may open a device node for reading and writing (/dev/kfd)."""
+        where = self._path(path)
+        return where is not None and os.access(where, os.R_OK | os.W_OK)
+
     def run(self, tool: str) -> str | None:
         argv = TOOL_COMMANDS.get(tool)
         if not argv or shutil.which(argv[0]) is None:

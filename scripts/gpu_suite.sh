@@ -11,7 +11,7 @@
 #
 # Steps (each under its own `timeout`, none stopping the others; all within the suite's
 # budget, GRETA_SUITE_BUDGET_S, 560 s by default): the three compat prototypes,
-# `greta backends --json`, `greta doctor --json`, pytest (-n 8, not slow, GPU tests included;
+# `greta backends --json`, `greta doctor --json`, `greta smoke --json`, pytest (-n 8, not slow, GPU tests included;
 # GRETA_SUITE_MARKS picks other tests, GRETA_SUITE_JOBS the worker count),
 # `greta bench --preset perf`, examples/llama_block.py and bench/first_call.py when present.
 #
@@ -119,6 +119,10 @@ step compat_torch 45 log -- python3 compat/pytorch/greta_extension_hello.py
 step compat_jax 60 log -- python3 compat/jax/jax_custom_call_hello.py
 step backends 30 log -- bash -c "python3 -m greta backends --json > '$WORK/backends.json'"
 step doctor 45 log -- bash -c "python3 -m greta doctor --json > '$WORK/doctor.json'"
+# The install gate as a user runs it, on the machine's own stack (every check, with its
+# numbers, in suite.tar.gz's smoke.json; GRETA's bindings are skipped unless GRETA is
+# installed here: tests/test_smoke.py's gpu test runs them through an environment that has it).
+step smoke 120 log -- bash -c "python3 -m greta smoke --mode gpu --json > '$WORK/smoke.json'"
 # xdist over the machine's cores: serially the suite needs ~10 minutes on the H100, with
 # -n 8 about 200 s. GRETA_SUITE_MARKS="slow and not network" runs the release-check tests.
 MARKS=${GRETA_SUITE_MARKS:-not slow and not network}
@@ -139,6 +143,24 @@ step pytest 330 tee -- python3 -m pytest -q -n "$JOBS" -m "$MARKS" -p no:cachepr
     for f in compat_triton compat_torch compat_jax; do
         [[ -f "$WORK/logs/$f.log" ]] && printf '%-14s %s\n' "$f" "$(grep '^STATUS=' "$WORK/logs/$f.log" | tail -n 1)"
     done
+    echo
+    echo "--- smoke (greta smoke --json) ---"
+    if [[ -s "$WORK/smoke.json" ]]; then
+        python3 - "$WORK/smoke.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"ok={r['ok']} mode={r['mode']} {r['seconds']}s counts={r['counts']} failed={r['failed']}")
+for s in r["steps"]:
+    d = s.get("detail") or {}
+    ratio = d.get("max_err_over_bound") if isinstance(d, dict) else None
+    ratio = max(ratio.values()) if isinstance(ratio, dict) and ratio else ratio
+    ratio = f"{ratio:.3g}" if isinstance(ratio, float) else "-"
+    why = s.get("error") or s.get("note") or ""
+    print(f"  {s['step']:<12} {s['status']:<8} {s['seconds']:>7.3f}s  err/bound={ratio}  {why[:90]}")
+PY
+    else
+        echo "no smoke.json (see logs/smoke.log in suite.tar.gz)"
+    fi
     echo
     echo "--- pytest ---"
     [[ -f "$WORK/logs/pytest.log" ]] && grep -E '^(FAILED|ERROR)|passed|failed' "$WORK/logs/pytest.log" | tail -n 25

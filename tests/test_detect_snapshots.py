@@ -35,6 +35,19 @@ def test_snapshot_matches_expected(name: str) -> None:
         assert sum(g.vendor == "nvidia" for g in det.gpus) == expected["nvidia_gpus"]
     if "env" in expected:
         assert det.env == expected["env"]
+    if "state" in expected:
+        assert det.state == expected["state"], det.warnings
+    if "primary_bus" in expected:
+        assert det.primary_gpu is not None
+        assert det.primary_gpu.pci_bus == expected["primary_bus"], det.warnings
+    if "evidence" in expected:
+        assert [list(g.evidence) for g in det.gpus] == expected["evidence"]
+    if "blocker_contains" in expected:
+        assert any(expected["blocker_contains"] in b for b in det.blockers), det.blockers
+    else:
+        assert det.blockers == [] or det.state == "unusable"
+    if "warning_contains" in expected:
+        assert any(expected["warning_contains"] in w for w in det.warnings), det.warnings
     # Every snapshot's JSON is complete and serialisable.
     data = json.loads(json.dumps(det.to_json()))
     assert {

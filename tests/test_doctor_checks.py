@@ -682,8 +682,23 @@ def test_no_lock_for_this_python() -> None:
         lock_pythons=("3.11", "3.12"),
         python=PythonInfo("3.13.1", "/v/bin/python", "/v", "/usr"),
     )
-    assert_status(check("python.version", facts), "warn", "python3.12 -m venv")
-    assert_status(check("lock.installed", facts), "warn", "greta lock --target mi300x")
+    # Nothing installs on this interpreter: a failure (non-zero exit), and the fix is the
+    # one a user types, never the maintainers' `greta lock`.
+    assert_status(check("python.version", facts), "fail", "python3.12 -m venv")
+    result = check("lock.installed", facts)
+    assert_status(result, "fail", "python3.12 -m venv", "greta install --target mi300x")
+    assert "greta lock" not in (result.fix or "")
+
+
+def test_apu_memory_is_never_ok_about_nothing() -> None:
+    # A Strix Halo snapshot without /proc/meminfo, GTT, TTM or a torch view.
+    apu = gpu("gfx1151", integrated=True)
+    facts = healthy_mi300x(
+        target="radeon", detection=detection("radeon", apu), torch_probe=torch_probe(devices=[])
+    )
+    result = check("gpu.apu_memory", facts)
+    assert result.status == "skip", result
+    assert "not measured" in result.finding
 
 
 def test_system_python_warns() -> None:
@@ -849,3 +864,31 @@ def test_fast_launch_names_an_unsupported_triton(triton: str, status: str) -> No
     else:
         assert result.finding.startswith(f"fast launch on: Triton {triton}")
     assert check("triton.fast_launch", healthy_mi300x(target="cpu")).status == "skip"
+
+
+def test_build_claims_only_what_detection_saw() -> None:
+    # `greta doctor --target cuda` on a machine without any GPU, CPU torch installed.
+    cpu_torch = torch_probe(version="2.13.0+cpu", hip=None, cuda=None, devices=[])
+    facts = healthy_mi300x(
+        target="cuda", target_source="option", detection=detection("cpu"), torch_probe=cpu_torch
+    )
+    result = check("torch.build", facts)
+    assert_status(result, "fail", "greta install --target cuda", "greta install --target cpu")
+    assert "is present" not in result.finding
+    assert "no NVIDIA GPU" in result.finding
+    # With an NVIDIA GPU detected, the finding says so.
+    h100 = gpu("sm_90", vendor="nvidia")
+    facts = healthy_mi300x(target="cuda", detection=detection("cuda", h100), torch_probe=cpu_torch)
+    result = check("torch.build", facts)
+    assert "an NVIDIA GPU is present" in result.finding
+    assert "--target cpu" not in (result.fix or "")
+
+
+def test_env_fix_for_another_target_is_an_export_not_the_saved_fixes() -> None:
+    # --target names another target than the last install: the saved fixes are that
+    # install's, so the fix is the export alone.
+    base = healthy_mi300x(target_source="option")
+    lock = dataclasses.replace(base.lock, env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    result = check("lock.env", dataclasses.replace(base, lock=lock))
+    assert_status(result, "warn", "export XLA_PYTHON_CLIENT_PREALLOCATE=false")
+    assert "greta env" not in (result.fix or "")

@@ -1,6 +1,6 @@
 """Issue 10's dry-run Done-when, over the whole target x Python matrix, through the CLI.
 
-For each target of the issue and each Python its row supports (3.11 and 3.12), the dry
+For each target of the issue and each Python its row supports (3.11, 3.12, 3.13), the dry
 run is ready (exit 0, no blocker) and the kernel wheel will be present after install:
 found in a source, or built here by the install's kernel-build step; the cpu row has no
 kernel wheel (Triton runs in its interpreter there) and plans no build.
@@ -27,7 +27,7 @@ TARGETS = [
 ]
 
 
-@pytest.mark.parametrize("python", ["3.11", "3.12"])
+@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t[::2]))
 def test_dry_run_is_ready_with_a_kernel_wheel(target: tuple[str, ...], python: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}

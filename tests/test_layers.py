@@ -154,6 +154,7 @@ def test_kernels_import_nothing_above_them(upper: str) -> None:
 # Programs the installer half starts in a child process of the target environment (python
 # -m / a script path), never imported by it: they exist to run the frameworks there.
 CHILD_SCRIPTS = (
+    "greta_install.doctor.cluster_worker",
     "greta_install.doctor.probe",
     "greta_install.doctor.collective_worker",
     "greta_install.smoke_child",

@@ -21,7 +21,7 @@ def matrix():
 
 def test_required_targets_and_pythons(matrix) -> None:
     assert {"mi300x", "radeon", "cuda", "cpu"} <= set(matrix.targets)
-    assert set(matrix.pythons) == {"3.11", "3.12"}
+    assert set(matrix.pythons) == {"3.11", "3.12", "3.13"}
 
 
 def test_packaged_matrix_is_the_repository_one(matrix) -> None:
@@ -65,8 +65,14 @@ def test_torch_local_version_matches_its_index(matrix) -> None:
         torch = row.one("torch")
         local = Version(torch.version).local
         if torch.index is None:
-            # The default index's torch (the cuda row's current build) has no local version.
-            assert local is None and row.target == "cuda", torch
+            # The default index's torch (cuda's current build; cpu on Python 3.13, where no
+            # +cpu wheel installs on the CI machine) has no local version.
+            assert local is None and (row.target == "cuda" or row.python == "3.13"), torch
+            continue
+        if row.generation == "therock":
+            # AMD's multi-arch index serves +rocmX.Y.Z builds of every ROCm version.
+            assert local and re.fullmatch(r"rocm\d+\.\d+\.\d+", local), torch
+            assert torch.index == "https://repo.amd.com/rocm/whl-multi-arch", torch
             continue
         if row.target in expected_local:
             assert local and re.fullmatch(expected_local[row.target], local), torch
@@ -94,16 +100,20 @@ def test_cuda_previous_row_matches_the_gpu_test_machine(matrix) -> None:
     assert got["jax"] == got["jax-cuda13-plugin"] == got["jax-cuda13-pjrt"] == "0.11.2"
     assert got["jax-triton"] == "0.3.1"
     current = {p.name: p.version for p in matrix.row("cuda", "3.12").pins}
-    assert current["torch"] == "2.14.1" and current["triton"] == "3.8.0"
+    assert current["torch"] == "2.15.0" and current["triton"] == "3.9.0"
     assert current["jax-triton"] == "0.4.1"
 
 
 def test_gpu_rows_are_current_and_keep_the_previous_generation(matrix) -> None:
-    for target in ("mi300x", "radeon", "instinct", "cuda"):
-        assert matrix.generations(target) == ("current", "previous")
+    newest = {"mi300x": (2, 14), "radeon": (2, 14), "instinct": (2, 14), "cuda": (2, 15)}
+    for target, release in newest.items():
+        amd = target != "cuda"
+        assert matrix.generations(target) == (
+            ("current", "therock", "previous") if amd else ("current", "previous")
+        )
         for py in matrix.pythons:
             torch = matrix.row(target, py).one("torch")
-            assert Version(torch.version).release[:2] == (2, 14), torch
+            assert Version(torch.version).release[:2] == release, torch
             old = matrix.row(target, py, "previous").one("torch")
             assert Version(old.version) < Version(torch.version)
     # The cpu row stays installable where CI runs (the newest CPU build served there).

@@ -101,7 +101,7 @@ def test_radeon_gfx1103_is_never_overridden_on_the_previous_row(matrix) -> None:
     assert data["row"]["name"] == "previous"
     assert "HSA_OVERRIDE_GFX_VERSION" not in data["env"]
     assert any("never sets it" in w for w in data["warnings"])
-    assert any("drop --row previous" in w for w in data["warnings"])
+    assert any("the therock row carries native gfx1103 code" in w for w in data["warnings"])
     # gfx1031 on the previous row: the override is known and safe, so it is set.
     rx = build_plan(matrix, load_lock("radeon", "3.12", "previous"), arch="gfx1031").to_json()
     assert rx["env"]["HSA_OVERRIDE_GFX_VERSION"] == "10.3.0" and rx["kernel_arch"] == "gfx1030"
@@ -151,8 +151,8 @@ def test_cuda_plan(matrix) -> None:
     data = plan_for(matrix, "cuda").to_json()
     check_consistent(data, None, "default")
     pkgs = {p["name"]: p["version"] for p in data["packages"]}
-    assert pkgs["torch"] == "2.14.1" and pkgs["triton"] == "3.8.0"
-    assert pkgs["jax-cuda13-plugin"] == "0.11.2" and pkgs["jax-triton"] == "0.4.1"
+    assert pkgs["torch"] == "2.15.0" and pkgs["triton"] == "3.9.0"
+    assert pkgs["jax-cuda13-plugin"] == "0.12.0" and pkgs["jax-triton"] == "0.4.1"
     assert data["kernel_wheel"]["requirement"] == "greta-kernels-sm-90==0.1.0"
     assert data["trust_on_first_use"] == [] and data["unverified"] == []
     previous = build_plan(matrix, load_lock("cuda", "3.12", "previous")).to_json()
@@ -259,7 +259,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     ("args", "torch_local"),
     [
         (("--target", "mi300x"), "rocm7.14"),
-        (("--target", "radeon", "--arch", "gfx1103"), "rocm7.14"),
         (("--target", "radeon", "--arch", "gfx1151"), "rocm7.14"),
         (("--target", "radeon", "--arch", "gfx1100", "--row", "previous"), "rocm7.2"),
         (("--target", "cuda"), None),
@@ -283,9 +282,11 @@ def test_cli_dry_run_exits_non_zero_when_not_ready() -> None:
     proc = run_cli("--dry-run", "--target", "mi300x", "--python", "3.12", "--strict")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "not ready:" in proc.stdout
-    # The vendor downloads are in the command list, hashed or not.
-    assert "--extra-index-url https://download.pytorch.org/whl/rocm7.14" in proc.stdout
-    assert "--extra-index-url https://repo.amd.com/rocm/whl-multi-arch" in proc.stdout
+    # The vendor downloads are in the command list, hashed or not, each with its vendor's
+    # index as the only index.
+    assert "--index-url https://download.pytorch.org/whl/rocm7.14" in proc.stdout
+    assert "--index-url https://repo.amd.com/rocm/whl-multi-arch" in proc.stdout
+    assert "--extra-index-url" not in proc.stdout
 
 
 def test_cli_errors_are_messages_not_tracebacks() -> None:
@@ -294,6 +295,6 @@ def test_cli_errors_are_messages_not_tracebacks() -> None:
         proc.returncode == 2 and "unknown target" in proc.stderr and "Traceback" not in proc.stderr
     )
     proc = run_cli("--dry-run", "--target", "cpu", "--python", "3.9")
-    assert proc.returncode == 2 and "no lock for target 'cpu' on Python 3.9" in proc.stderr
+    assert proc.returncode == 2 and "Python 3.9 is not covered by GRETA's locks" in proc.stderr
     proc = run_cli("--target", "cpu", "--python", "3.12")
     assert proc.returncode == 2 and "needs --python PATH" in proc.stderr

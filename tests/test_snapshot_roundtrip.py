@@ -65,6 +65,9 @@ def fake_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "\tKernel driver in use: amdgpu\n"
     )
     _fake_tool(bindir, "lspci", lspci_out)
+    # amdgpu's device node, which live detection asks (may this user open it?)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev" / "kfd").write_text("")
     # This box has no NVIDIA driver: shadow a real nvidia-smi (the GPU test machine has one).
     for missing in ("nvidia-smi", "amd-smi"):
         absent = bindir / missing

@@ -69,6 +69,9 @@ def render(det_json: dict) -> str:
     if det_json["env"]:
         lines.append("environment this machine needs:")
         lines.extend(f"  export {k}={v}" for k, v in det_json["env"].items())
+    if det_json.get("blockers"):
+        lines.append("GPU present but not usable here:")
+        lines.extend(f"  - {b}" for b in det_json["blockers"])
     if det_json["warnings"]:
         lines.append("warnings:")
         lines.extend(f"  - {w}" for w in det_json["warnings"])

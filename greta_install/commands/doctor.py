@@ -69,6 +69,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also capture an all-reduce in a CUDA/HIP graph (RCCL refuses it since ROCm 7.0)",
     )
     coll.add_argument("--out", type=Path, metavar="DIR", help="also write the result JSON here")
+    coll.add_argument(
+        "--sizes-mb",
+        metavar="LIST",
+        help="in a torchrun/srun job: message sizes in MiB, comma-separated "
+        "(default: 1,16,64,256 on GPUs, 0.25,1 with gloo)",
+    )
+    coll.add_argument(
+        "--busbw-min",
+        type=float,
+        metavar="GB/S",
+        help="in a torchrun/srun job: all-reduce bus bandwidth to reach at sizes of 64 MiB and "
+        "more (default from the link: NVLink 100, XGMI 50, PCIe 5, RDMA a quarter of the "
+        "ports' line rate, sockets 1, gloo none)",
+    )
+    coll.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="in a torchrun/srun job: a collective stuck this long is a hang; the watchdog "
+        "names the rank and node that stalled it (default: a third of --collective-timeout)",
+    )
+    coll.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run under torchrun/srun on every node: gather each node's versions, NICs, RDMA "
+        "GID tables, /dev/shm and NCCL/RCCL settings through torch.distributed and compare them",
+    )
 
 
 def _internal_error(exc: BaseException) -> Any:
@@ -114,6 +141,10 @@ def _diagnose(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cluster:
+        from greta_install.commands.doctor_cluster import run_command as run_cluster
+
+        return run_cluster(args)
     if args.collective:
         from greta_install.commands.doctor_collective import run_command
 

@@ -10,9 +10,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from greta_install.doctor.collective import SUSPECTS, CollectiveRun, probe, run_collective
+from greta_install.doctor.collective import (
+    SUSPECTS,
+    CollectiveRun,
+    JobRun,
+    probe,
+    run_collective,
+    run_job_rank,
+)
 
 CPU_DEFAULT_NPROC = 2
+
+
+def in_job(environ: dict[str, str]) -> bool:
+    """Started as one rank of a torchrun or srun job (then the job's ranks are the ranks)."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return True
+    return "SLURM_PROCID" in environ and environ.get("SLURM_NTASKS", "1") not in ("", "1")
+
+
+def parse_sizes(text: str | None) -> list[float] | str:
+    if not text:
+        return []
+    try:
+        sizes = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return f"--sizes-mb {text!r}: a comma-separated list of MiB"
+    if not sizes or any(not s > 0 for s in sizes):
+        return "--sizes-mb: every size must be positive"
+    return sorted(sizes)
 
 
 def plan(args: argparse.Namespace, offer: dict[str, Any]) -> tuple[str, int] | str:
@@ -106,7 +132,146 @@ def write_result(out: Path, run: CollectiveRun, offer: dict[str, Any]) -> Path:
     return path
 
 
+def job_table(run: JobRun) -> str:
+    """The per-size table and the verdict, as rank 0 prints it."""
+    label = "ok" if run.status == "ok" else "FAIL"
+    peers = run.result.get("peers") or []
+    hosts = sorted({str(p.get("host")) for p in peers})
+    gate = "none" if run.threshold_gbps is None else f"{run.threshold_gbps:g} GB/s"
+    lines = [
+        f"greta doctor --collective: {run.world} ranks of a job on {len(hosts) or '?'} host(s) "
+        f"({', '.join(hosts)}), backend {run.backend}, "
+        f"{run.result.get('device', '?')}, link {run.link}, gate {gate}",
+        "",
+        f"  {'size':>10}  {'all_reduce us':>14}  {'busbw GB/s':>10}  {'all_gather us':>14}  "
+        f"{'busbw GB/s':>10}  gate",
+    ]
+    for r in run.rows:
+        lines.append(
+            f"  {r['bytes'] / 2**20:>6g} MiB  {1e6 * r['all_reduce_s']:>14.1f}  "
+            f"{r['all_reduce_busbw']:>10.2f}  {1e6 * r['all_gather_s']:>14.1f}  "
+            f"{r['all_gather_busbw']:>10.2f}  {r['gate']}"
+        )
+    lines += ["", f"  {label:<4}  collective  {run.message}"]
+    if run.status != "ok" and run.stderr_tail:
+        lines.append(f"        stderr: {run.stderr_tail.strip().splitlines()[-1][:200]}")
+    return "\n".join(lines)
+
+
+def write_job_result(out: Path, run: JobRun, offer: dict[str, Any]) -> list[Path]:
+    """JSON (everything) and CSV (one row per size), with the machine and versions."""
+    import csv
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    device = str(run.result.get("device") or "unknown").replace(" ", "_").replace("/", "_")
+    stem = f"collective_job_{device}_x{run.world}_{now.strftime('%Y%m%dT%H%M%SZ')}"
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": now.isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "command": "greta doctor --collective (torchrun/srun job)",
+        **offer,
+    }
+    json_path = out / f"{stem}.json"
+    json_path.write_text(json.dumps({"metadata": meta, "result": run.to_json()}, indent=2) + "\n")
+    csv_path = out / f"{stem}.csv"
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            [
+                "date",
+                "device",
+                "torch",
+                "backend",
+                "world",
+                "link",
+                "bytes",
+                "all_reduce_s",
+                "all_reduce_busbw_gbps",
+                "all_gather_s",
+                "all_gather_busbw_gbps",
+                "threshold_gbps",
+                "gate",
+            ]
+        )
+        for r in run.rows:
+            w.writerow(
+                [
+                    meta["date"],
+                    run.result.get("device"),
+                    offer.get("torch"),
+                    run.backend,
+                    run.world,
+                    run.link,
+                    r["bytes"],
+                    r["all_reduce_s"],
+                    r["all_reduce_busbw"],
+                    r["all_gather_s"],
+                    r["all_gather_busbw"],
+                    run.threshold_gbps,
+                    r["gate"],
+                ]
+            )
+    return [json_path, csv_path]
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """This process is one rank of a torchrun/srun job: join it and measure across nodes."""
+    import os
+
+    from greta_install.doctor.cluster_facts import rendezvous_env
+
+    rdv = rendezvous_env(os.environ)
+    if isinstance(rdv, str):
+        print(f"greta doctor --collective: {rdv}", file=sys.stderr)
+        return 2
+    sizes = parse_sizes(args.sizes_mb)
+    if isinstance(sizes, str):
+        print(f"greta doctor: {sizes}", file=sys.stderr)
+        return 2
+    if args.busbw_min is not None and not args.busbw_min >= 0:
+        print("greta doctor: --busbw-min must be a bandwidth in GB/s, 0 or more", file=sys.stderr)
+        return 2
+    if args.stall_timeout is not None and not args.stall_timeout > 0:
+        print("greta doctor: --stall-timeout must be positive", file=sys.stderr)
+        return 2
+    stall = args.stall_timeout or max(5.0, args.collective_timeout / 3)
+    run = run_job_rank(
+        rdv,
+        "gloo" if args.cpu else "auto",
+        [int(m * 2**20) for m in sizes] or None,
+        args.iters,
+        args.collective_timeout,
+        stall,
+        args.busbw_min,
+        capture=args.capture,
+    )
+    offer = {k: run.result.get(k) for k in ("torch", "cuda", "hip")}
+    code = 0 if run.status == "ok" else 1
+    if run.rank != 0:
+        if run.status != "ok":
+            print(f"greta doctor --collective: rank {run.rank}: {run.message}", file=sys.stderr)
+        return code
+    if args.json:
+        print(json.dumps({**run.to_json(), "probe": offer}, indent=2, default=str))
+    else:
+        print(job_table(run))
+    if args.out:
+        for path in write_job_result(args.out, run, offer):
+            print(f"wrote {path}", file=sys.stderr)
+    return code
+
+
 def run_command(args: argparse.Namespace) -> int:
+    import os
+
+    if not args.snapshot and in_job(dict(os.environ)):
+        if not (args.collective_timeout > 0 and args.iters > 0):
+            print(
+                "greta doctor: --collective-timeout and --iters must be positive", file=sys.stderr
+            )
+            return 2
+        return run_job(args)
     if args.snapshot:
         print("greta doctor: --collective runs on this machine, not on a snapshot", file=sys.stderr)
         return 2

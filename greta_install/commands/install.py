@@ -57,10 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--row",
-        choices=("current", "previous"),
-        default="current",
-        help="which row of the target: current (default) or the previous generation "
-        "(older drivers / ROCm user space); see docs/en/framework_versions.md",
+        choices=("current", "therock", "previous"),
+        default=None,
+        help="which row of the target (default: the first whose torch build carries the "
+        "GPU's arch): current, therock (AMD's per-target build) or previous (older drivers / "
+        "ROCm user space); see docs/en/framework_versions.md",
+    )
+    parser.add_argument(
+        "--allow-known-bad-arch",
+        action="store_true",
+        help="install on an arch known to compute wrong results with every public build "
+        "(e.g. gfx1033); refused by default",
     )
     parser.add_argument(
         "--strict",
@@ -128,6 +135,7 @@ def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
         snapshot=args.snapshot,
         lock=args.lock,
         row=args.row,
+        allow_known_bad=args.allow_known_bad_arch,
         strict=args.strict,
         from_record=args.from_record,
         build_kernels=not args.no_build_kernels,
@@ -282,8 +290,15 @@ def render_plan(prepared: pipeline.Prepared) -> str:
         + (f" ({plan.python_executable})" if plan.python_executable else "")
         + f", installer {plan.installer}",
         f"lock: {plan.lock_file} ({plan.platform})",
-        f"packages ({len(plan.packages)}):",
     ]
+    if plan.torch_source is not None:
+        src = plan.torch_source
+        lines.append(f"torch source: {src.label} (row {src.row}): {src.why}")
+        if src.evidence:
+            lines.append(f"  evidence: {', '.join(src.evidence)}")
+    if plan.route_reason:
+        lines.append(f"row {plan.row} chosen: {plan.route_reason}")
+    lines.append(f"packages ({len(plan.packages)}):")
     width = max(len(p.name) for p in plan.packages)
     vwidth = max(len(p.version) for p in plan.packages)
     for p in plan.packages:

@@ -1,9 +1,14 @@
-"""`greta smoke`: prove this environment runs (the last step of `greta install`).
+"""`greta smoke`: prove this environment runs and computes right (the last step of
+`greta install`).
 
-Runs alone too, e.g. after torch was installed by other means: torch import and a bf16
-matmul on the GPU, one Triton kernel compiled and run, SDPA forward and backward, one
-GRETA op through each binding (raw Triton, torch.ops.greta, greta_core.jax) and a jax
-op on the device; on the CPU row, the CPU equivalents. Exit 0 only if every step passed.
+Runs alone too, e.g. after torch was installed by other means: torch import and a first
+kernel on the GPU; the numeric gate (bf16/fp32 matmul, an elementwise/reduction chain, a
+tiny MLP trained by SGD and an fp64 gradcheck, each against the CPU within tolerances
+derived from the dtype and the reduction length); one Triton kernel compiled and run,
+SDPA forward and backward, one GRETA op through each binding (raw Triton,
+torch.ops.greta, greta_core.jax) against its reference and a jax op on the device. On the
+CPU row the numeric checks run on the CPU only and say so (skipped, not passed). Exit 0
+only if no step failed. `--json` reports every step with its numbers.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import argparse
 import json
 import sys
 
-HELP = "Smoke-test this environment: torch, Triton, SDPA, GRETA ops and jax on the device."
+HELP = (
+    "Smoke-test this environment: torch, the numeric gate against the CPU, Triton, GRETA ops, jax."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     elif report.ok:
-        log(f"smoke test passed in {report.seconds:.1f}s")
+        skipped = [s.name for s in report.steps if s.status == "skipped"]
+        log(
+            f"smoke test passed in {report.seconds:.1f}s"
+            + (f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else "")
+        )
         timing = next((s.detail for s in report.steps if s.name == "greta-torch"), None)
         if isinstance(timing, dict) and "first_ms" in timing:
             log(

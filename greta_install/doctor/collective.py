@@ -17,19 +17,47 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-WORKER = (sys.executable, "-m", "greta_install.doctor.collective_worker")
+
+def isolated(script: str) -> tuple[str, ...]:
+    """Run a child script of this package as ``python -I -c <its text>``: isolated from
+    PYTHONPATH and user site, and (started in an empty directory) from a stray ``torch/``
+    folder; it needs no GRETA on its path, only torch."""
+    source = (Path(__file__).with_name(script)).read_text(encoding="utf-8")
+    return (sys.executable, "-I", "-c", source)
+
+
+WORKER = isolated("collective_worker.py")
 # NVLink SHARP / multicast stays off in everything we start (the shared machines require it).
 NO_MULTICAST = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+TORCH_PATH_ENV = "GRETA_WORKER_TORCH_PATH"
+
+
+def worker_env() -> dict[str, str]:
+    """What every worker gets beyond os.environ: multicast off, and the directory where this
+    interpreter finds torch. ``python -I`` drops PYTHONPATH and the user's site-packages;
+    a worker appends this directory to its path, so it still finds the torch we would
+    (a torch it finds on its own comes first)."""
+    import importlib.util
+
+    env = dict(NO_MULTICAST)
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("torch")  # locates, never imports
+        if spec is not None and spec.origin:
+            env[TORCH_PATH_ENV] = str(Path(spec.origin).parent.parent)
+    return env
+
+
 # The checks that explain a hung or wrong collective, in the order to read them.
 SUSPECTS = (
     "multi_gpu.visible_devices",
@@ -80,7 +108,7 @@ def probe(timeout_s: float, worker: Sequence[str] = WORKER) -> dict[str, Any]:
             text=True,
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **NO_MULTICAST},
+            env={**os.environ, **worker_env()},
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -124,6 +152,42 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10 * KILL_GRACE_S)
 
 
+def run_child(
+    argv: Sequence[str], env: dict[str, str], timeout_s: float, cwd: str
+) -> tuple[int | None, str]:
+    """Run one child in its own session for at most ``timeout_s``: (exit code or None when
+    it was stopped for running too long, the tail of its stderr). Nothing is left running."""
+    err_path = Path(cwd) / "child.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    # torchrun and `timeout` stop a rank with SIGTERM: unwind, so the child's group is ended
+    # here too instead of outliving us in its own session.
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _exit_on_signal) if main else None
+    try:
+        while _status(proc) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code = _status(proc)
+    finally:
+        kill_group(proc)
+        if main:
+            signal.signal(signal.SIGTERM, old)
+    return code, _tail(err_path, 8)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _tail(path: Path, lines: int = 6) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
@@ -148,11 +212,12 @@ def run_collective(
         port = free_port()
         procs: list[subprocess.Popen[bytes]] = []
         hung: list[int] = []
+        extra = worker_env()
         try:
             for rank in range(nproc):
                 env = {
                     **os.environ,
-                    **NO_MULTICAST,
+                    **extra,
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
                     "RANK": str(rank),
@@ -253,3 +318,193 @@ def _judge(run: CollectiveRun, hung: list[int]) -> None:
         )
         if "graph_capture" in r0:
             run.message += f"; all-reduce in a graph capture: {r0['graph_capture']}"
+
+
+# --- one rank of a torchrun/srun job (`greta doctor --collective` across nodes) ------------
+
+# Bus bandwidth (GB/s) a healthy link of each kind clears at bandwidth-bound sizes: well under
+# its peak, so a pass is no benchmark and a fail is a broken or misrouted link. NVLink: the
+# 100 GB/s gate of NVIDIA's NVSentinel multi-node preflight; RDMA: a quarter of the ACTIVE
+# ports' line rate (8 x 400 Gb/s gives the same 100 GB/s); gloo on CPUs: no gate.
+LINK_BUSBW_GBPS: dict[str, float | None] = {
+    "nvlink": 100.0,
+    "xgmi": 50.0,
+    "pcie": 5.0,
+    "socket": 1.0,
+    "gloo": None,
+}
+RDMA_FRACTION = 0.25
+GATED_BYTES = 64 * 2**20  # smaller messages are latency-bound: reported, not gated
+
+
+def rdma_gbits(ports: list[dict[str, Any]]) -> float:
+    """Sum of the ACTIVE RDMA ports' line rates in Gb/s ('400 Gb/sec (4X NDR)')."""
+    total = 0.0
+    for port in ports:
+        rate = str(port.get("rate") or "").split()
+        if port.get("state") == "ACTIVE" and rate:
+            with contextlib.suppress(ValueError):
+                total += float(rate[0])
+    return total
+
+
+def local_link(topology_text: dict[str, str | None]) -> str | None:
+    """The fastest GPU-to-GPU link kind on this host: nvlink, xgmi or pcie (None: unknown)."""
+    from greta_install.parsers.topology import parse_amd_topology, parse_nvidia_topo
+
+    topo = parse_nvidia_topo(topology_text.get("nvidia")) or parse_amd_topology(
+        topology_text.get("amd"), topology_text.get("rocm")
+    )
+    if topo is None:
+        return None
+    for kind in ("nvlink", "xgmi"):
+        if topo.pairs_of(kind):
+            return kind
+    return "pcie"
+
+
+def link_facts() -> dict[str, Any]:
+    """What this node offers its collectives, for the default bandwidth gate."""
+    from greta_install.doctor.cluster_facts import collect_rdma
+    from greta_install.system_view import LiveSystem
+
+    view = LiveSystem()
+    text = {
+        "nvidia": view.run("nvidia-smi-topo"),
+        "amd": view.run("amd-smi-topology"),
+        "rocm": None,
+    }
+    if text["nvidia"] is None and text["amd"] is None:
+        text["rocm"] = view.run("rocm-smi-topo")
+    return {"local": local_link(text), "rdma_gbits": rdma_gbits(collect_rdma(view))}
+
+
+def default_gate(backend: str, peers: list[dict[str, Any]]) -> tuple[str, float | None]:
+    """(link kind, busbw threshold in GB/s) for the job's ranks (``peers``: host + link)."""
+    if backend != "nccl":
+        return "gloo", LINK_BUSBW_GBPS["gloo"]
+    if len({p.get("host") for p in peers}) > 1:
+        rates = [float((p.get("link") or {}).get("rdma_gbits") or 0) for p in peers]
+        if rates and min(rates) > 0:
+            return "rdma", RDMA_FRACTION * min(rates) / 8
+        return "socket", LINK_BUSBW_GBPS["socket"]
+    kind = (peers[0].get("link") or {}).get("local") if peers else None
+    kind = kind or "pcie"
+    return kind, LINK_BUSBW_GBPS.get(kind)
+
+
+def gate_rows(rows: list[dict[str, Any]], threshold: float | None) -> list[dict[str, Any]]:
+    """Each size with its verdict: 'pass'/'below' at bandwidth-bound sizes, else 'n/a'."""
+    gated_from = min(GATED_BYTES, max((r["bytes"] for r in rows), default=0))
+    out = []
+    for row in rows:
+        verdict = "n/a"
+        if threshold is not None and row["bytes"] >= gated_from:
+            verdict = "pass" if row["all_reduce_busbw"] >= threshold else "below"
+        out.append({**row, "gate": verdict})
+    return out
+
+
+@dataclass
+class JobRun:
+    """One rank's view of a collective run across a torchrun/srun job."""
+
+    rank: int
+    world: int
+    backend: str
+    status: str = "ok"  # ok | hang | wrong | crashed | slow
+    message: str = ""
+    link: str = ""
+    threshold_gbps: float | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    stderr_tail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def judge_job(run: JobRun, code: int | None, timeout_s: float, threshold: float | None) -> JobRun:
+    """The verdict of one rank's worker (pure but for its arguments)."""
+    res = run.result
+    peers = res.get("peers") or []
+    run.link, default = default_gate(run.backend, peers)
+    run.threshold_gbps = threshold if threshold is not None else default
+    run.rows = gate_rows(res.get("sizes") or [], run.threshold_gbps)
+    if res.get("stalled"):
+        run.status, run.message = "hang", str(res["error"])
+    elif code is None:
+        run.status = "hang"
+        run.message = (
+            f"the rank was stopped after {timeout_s:g} s before its watchdog could tell "
+            f"(last step: {res.get('phase') or 'joining the process group'})"
+        )
+    elif res.get("error"):
+        run.status, run.message = "crashed", f"rank {run.rank}: {res['error']}"
+    elif code != 0:
+        run.status, run.message = "crashed", f"rank {run.rank}'s worker exited with {code}"
+    elif not (res.get("all_reduce_ok") and res.get("all_gather_ok")):
+        bad = next(r for r in run.rows if not (r["all_reduce_ok"] and r["all_gather_ok"]))
+        what = "all-reduce" if not bad["all_reduce_ok"] else "all-gather"
+        run.status = "wrong"
+        run.message = f"the {what} of {bad['bytes'] / 2**20:g} MiB gave a wrong result"
+    elif any(r["gate"] == "below" for r in run.rows):
+        slow = [r for r in run.rows if r["gate"] == "below"]
+        run.status = "slow"
+        run.message = (
+            f"all-reduce bus bandwidth {slow[0]['all_reduce_busbw']:.2f} GB/s at "
+            f"{slow[0]['bytes'] / 2**20:g} MiB is below the {run.threshold_gbps:g} GB/s "
+            f"expected of a {run.link} link (set another with --busbw-min)"
+        )
+    else:
+        last = run.rows[-1] if run.rows else {}
+        hosts = len({p.get("host") for p in peers}) or 1
+        run.message = (
+            f"all-reduce and all-gather correct on {run.world} ranks ({hosts} host(s), "
+            f"{run.link}); busbw {last.get('all_reduce_busbw', 0):.2f} GB/s at "
+            f"{last.get('bytes', 0) / 2**20:g} MiB"
+        )
+        if "graph_capture" in res:
+            run.message += f"; all-reduce in a graph capture: {res['graph_capture']}"
+    return run
+
+
+def run_job_rank(
+    rdv: dict[str, str],
+    backend: str,  # "auto": NCCL/RCCL where torch sees a GPU, else gloo
+    sizes: list[int] | None,
+    iters: int,
+    timeout_s: float,
+    stall_s: float,
+    threshold: float | None,
+    capture: bool = False,
+    worker: Sequence[str] = WORKER,
+) -> JobRun:
+    """Run this rank's worker in the job's group (env:// from torchrun/srun) and judge it."""
+    rank, world = int(rdv["RANK"]), int(rdv["WORLD_SIZE"])
+    run = JobRun(rank, world, backend)
+    with tempfile.TemporaryDirectory(prefix="greta-collective-") as tmp:
+        result_path = Path(tmp, "result.json")
+        env = {
+            **os.environ,
+            **worker_env(),
+            **rdv,
+            "GRETA_COLLECTIVE_MODE": "job",
+            "GRETA_COLLECTIVE_BACKEND": backend,
+            "GRETA_COLLECTIVE_SIZES": ",".join(map(str, sizes or ())),
+            "GRETA_COLLECTIVE_ITERS": str(iters),
+            "GRETA_COLLECTIVE_TIMEOUT": str(timeout_s),
+            "GRETA_COLLECTIVE_STALL_S": str(stall_s),
+            "GRETA_COLLECTIVE_RESULT": str(result_path),
+            "GRETA_COLLECTIVE_CAPTURE": "1" if capture else "0",
+            "GRETA_COLLECTIVE_LINK": json.dumps(link_facts()),
+        }
+        work = Path(tmp, "cwd")
+        work.mkdir()
+        code, run.stderr_tail = run_child(worker, env, timeout_s, str(work))
+        try:
+            run.result = json.loads(result_path.read_text())
+        except (OSError, ValueError):
+            run.result = {} if code is None else {"error": f"no result (exit code {code})"}
+    run.backend = str(run.result.get("backend") or backend)
+    return judge_job(run, code, timeout_s, threshold)

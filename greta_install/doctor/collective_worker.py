@@ -9,12 +9,22 @@ torch is imported inside the functions: the installer half must import without i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
+
+HEARTBEAT_S = 0.5
+# Between the two reads of the heartbeats: six beats, so a loaded host that delays one
+# beat thread by a second is not taken for a frozen rank.
+SAMPLE_GAP_S = 6 * HEARTBEAT_S
+HB_PREFIX = "greta/collective/hb/"
+ABORT_KEY = "greta/collective/verdict"
 
 
 def probe() -> dict[str, Any]:
@@ -52,7 +62,7 @@ def _timed(fn: Any, iters: int, sync: Any) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def _capture(dist: Any, buf: Any) -> str:
+def _capture(dist: Any, buf: Any, group: Any = None) -> str:
     """Whether an all-reduce can be captured in a CUDA/HIP graph and replayed.
 
     NCCL allows it; RCCL refuses collectives during graph capture since ROCm 7.0.
@@ -62,7 +72,7 @@ def _capture(dist: Any, buf: Any) -> str:
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         graph.replay()
         torch.cuda.synchronize()
         return "ok"
@@ -151,16 +161,396 @@ def run_rank(result_path: str) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
+class Heartbeat:
+    """This rank's liveness and position, published through the job's TCPStore.
+
+    A daemon thread writes ``{beat, seq, phase, host, node}`` every HEARTBEAT_S; the main
+    thread moves ``seq``/``phase`` before each collective. A watchdog thread notices when the
+    main thread has sat in one collective longer than ``stall_s``, reads every rank's entry
+    twice, and names the suspects: ranks whose beat stopped (frozen or dead), ranks behind
+    the others (alive but never entered this collective), or, when every rank is inside it,
+    the transport between the nodes. It writes that verdict and ends the rank: a collective
+    cannot be interrupted from Python.
+    """
+
+    def __init__(
+        self,
+        store_addr: tuple[str, int],
+        rank: int,
+        world: int,
+        stall_s: float,
+        result_path: str | None,
+        partial: dict[str, Any],
+    ) -> None:
+        self.addr, self.rank, self.world, self.stall_s = store_addr, rank, world, stall_s
+        self.result_path, self.partial = result_path, partial
+        self.seq, self.phase, self.busy_since = 0, "joined", 0.0
+        self.busy = False
+        self.beat = 0
+        self.me = {
+            "host": socket.gethostname(),
+            "node": os.environ.get("GROUP_RANK", "?"),
+            "local_rank": os.environ.get("LOCAL_RANK", "0"),
+            "transport": {
+                k: os.environ[k]
+                for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
+                if k in os.environ
+            },
+        }
+        self._stop = threading.Event()
+
+    def _report(self, result: dict[str, Any]) -> None:
+        if self.result_path:
+            _write(self.result_path, result)
+        else:  # inside a user's program: the verdict goes to its stderr before the exit
+            print(f"greta collective watchdog: {result.get('error')}", file=sys.stderr, flush=True)
+
+    def _store(self) -> Any:
+        import torch.distributed as dist
+
+        return dist.TCPStore(
+            self.addr[0], self.addr[1], is_master=False, timeout=timedelta(seconds=30)
+        )
+
+    def start(self) -> None:
+        threading.Thread(target=self._beat, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def enter(self, phase: str) -> None:
+        self.seq += 1
+        self.phase, self.busy_since, self.busy = phase, time.monotonic(), True
+
+    def leave(self) -> None:
+        self.busy = False
+        self.phase = f"between collectives, after {self.phase}"
+
+    def _beat(self) -> None:
+        store = self._store()
+        while not self._stop.is_set():
+            self.beat += 1
+            entry = {**self.me, "beat": self.beat, "seq": self.seq, "phase": self.phase}
+            try:
+                store.set(f"{HB_PREFIX}{self.rank}", json.dumps(entry))
+                # A peer's watchdog judged a stall: every rank ends with its verdict, so no
+                # rank waits out the launcher's timeout in a collective that cannot finish.
+                if store.check([ABORT_KEY]):
+                    verdict = json.loads(store.get(ABORT_KEY))
+                    self._report({**self.partial, **verdict, "rank": self.rank})
+                    os._exit(3)
+            except Exception:
+                return  # the store is gone: the job is ending
+            self._stop.wait(HEARTBEAT_S)
+
+    def _read(self, store: Any) -> dict[int, dict[str, Any]]:
+        out = {}
+        for r in range(self.world):
+            key = f"{HB_PREFIX}{r}"
+            try:
+                if store.check([key]):
+                    out[r] = json.loads(store.get(key))
+            except Exception:
+                continue
+        return out
+
+    def _watch(self) -> None:
+        store = None
+        while not self._stop.wait(HEARTBEAT_S):
+            if not (self.busy and time.monotonic() - self.busy_since > self.stall_s):
+                continue
+            try:
+                store = store or self._store()
+                first = self._read(store)
+                time.sleep(SAMPLE_GAP_S)
+                second = self._read(store)
+            except Exception as exc:
+                first, second = {}, {}
+                self.partial["watchdog_error"] = f"{type(exc).__name__}: {exc}"
+            verdict = judge_stall(self.world, first, second, self.phase, self.stall_s)
+            verdict["judged_by"] = self.rank
+            self._report({**self.partial, **verdict, "rank": self.rank})
+            with contextlib.suppress(Exception):
+                (store or self._store()).set(ABORT_KEY, json.dumps(verdict))
+            os._exit(3)
+
+
+def judge_stall(
+    world: int,
+    first: dict[int, dict[str, Any]],
+    second: dict[int, dict[str, Any]],
+    phase: str,
+    stall_s: float,
+) -> dict[str, Any]:
+    """Who stalled a collective, from two reads of every rank's heartbeat (pure)."""
+
+    def who(r: int) -> str:
+        e = second.get(r) or first.get(r) or {}
+        return f"rank {r} (node {e.get('node', '?')}, host {e.get('host', '?')})"
+
+    silent = [r for r in range(world) if r not in second]
+    frozen = [
+        r
+        for r in range(world)
+        if r in first and r in second and second[r]["beat"] == first[r]["beat"]
+    ]
+    alive = {r: e for r, e in second.items() if r not in frozen}
+    top = max((e["seq"] for e in alive.values()), default=0)
+    behind = sorted(r for r, e in alive.items() if e["seq"] < top)
+    suspects: list[dict[str, Any]] = []
+    for r in silent:
+        suspects.append(
+            {
+                "rank": r,
+                "why": "never published a heartbeat (did not start or cannot reach the store)",
+            }
+        )
+    for r in frozen:
+        suspects.append(
+            {
+                "rank": r,
+                "why": f"heartbeat stopped (process frozen or dead) at {second[r]['phase']}",
+            }
+        )
+    for r in behind:
+        suspects.append(
+            {
+                "rank": r,
+                "why": f"alive but never entered the collective; it is at {alive[r]['phase']}",
+            }
+        )
+    if suspects:
+        names = "; ".join(f"{who(s['rank'])}: {s['why']}" for s in suspects)
+        message = f"{phase} did not finish within {stall_s:g} s. Suspect {names}"
+    else:
+        links = sorted(
+            {
+                f"node {e.get('node')} ({e.get('host')}, {json.dumps(e.get('transport') or 'auto')})"
+                for e in second.values()
+            }
+        )
+        message = (
+            f"{phase} did not finish within {stall_s:g} s with every rank inside it: the data "
+            f"path between the nodes hangs; suspect link: {' <-> '.join(links)}"
+        )
+    return {
+        "error": message,
+        "stalled": True,
+        "phase": phase,
+        "suspects": suspects,
+        "heartbeats": {str(r): e for r, e in second.items()},
+    }
+
+
+# Default message sizes of the job form (MiB): up to 256 MiB on GPUs, where bandwidth shows.
+JOB_SIZES_MIB = {"nccl": (1.0, 16.0, 64.0, 256.0), "gloo": (0.25, 1.0)}
+
+
+def _sizes(backend: str) -> list[int]:
+    raw = os.environ.get("GRETA_COLLECTIVE_SIZES")
+    if raw:
+        return [int(x) for x in raw.split(",") if x]
+    return [int(m * 2**20) for m in JOB_SIZES_MIB[backend]]
+
+
+def _planted_stall(rank: int, index: int) -> None:
+    """GRETA_COLLECTIVE_PLANT_STALL=RANK:SIZE_INDEX: that rank sleeps before that size, as a
+    rank stuck in data loading would (tests of the watchdog; never set by GRETA)."""
+    plant = os.environ.get("GRETA_COLLECTIVE_PLANT_STALL", "")
+    if plant and plant == f"{rank}:{index}":
+        time.sleep(3600)
+
+
+def run_sweep(result_path: str) -> dict[str, Any]:
+    """The multi-node form: this process is one rank of a torchrun/srun job (env://). Every
+    size in GRETA_COLLECTIVE_SIZES is all-reduced and all-gathered (checked, then timed),
+    the heartbeat watchdog watching each call."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    backend = os.environ["GRETA_COLLECTIVE_BACKEND"]
+    if backend == "auto":  # one torch import per rank: the launcher does not probe first
+        gpu = torch.cuda.is_available() and dist.is_nccl_available()
+        backend = "nccl" if gpu else "gloo"
+    iters = int(os.environ["GRETA_COLLECTIVE_ITERS"])
+    timeout = float(os.environ["GRETA_COLLECTIVE_TIMEOUT"])
+    stall_s = float(os.environ.get("GRETA_COLLECTIVE_STALL_S", timeout / 2))
+    if backend == "nccl":
+        # srun --gpus-per-task leaves each task one visible GPU whatever its local rank.
+        local %= max(1, torch.cuda.device_count())
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        name = torch.cuda.get_device_name(local)
+
+        def sync() -> None:
+            torch.cuda.synchronize(device)
+
+    else:
+        device, name = torch.device("cpu"), "cpu"
+
+        def sync() -> None:
+            return None
+
+    out: dict[str, Any] = {
+        "rank": rank,
+        "world": world,
+        "device": name,
+        "backend": backend,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+    }
+    dist.init_process_group(
+        backend,
+        timeout=timedelta(seconds=timeout),
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
+    hb = Heartbeat(
+        (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
+        rank,
+        world,
+        stall_s,
+        result_path,
+        out,
+    )
+    hb.start()
+    try:
+        link = json.loads(os.environ.get("GRETA_COLLECTIVE_LINK", "{}"))
+        capture = backend == "nccl" and os.environ.get("GRETA_COLLECTIVE_CAPTURE") == "1"
+        return sweep(out, _sizes(backend), iters, device, sync, hb, link, capture, result_path)
+    finally:
+        hb.stop()
+        dist.destroy_process_group()
+
+
+class NoWatch:
+    """A Heartbeat's interface with no watchdog (a group whose store is not reachable)."""
+
+    def enter(self, phase: str) -> None:
+        return None
+
+    def leave(self) -> None:
+        return None
+
+
+def sweep(
+    out: dict[str, Any],
+    sizes: list[int],
+    iters: int,
+    device: Any,
+    sync: Any,
+    hb: Any,
+    link: dict[str, Any],
+    capture: bool,
+    result_path: str | None = None,
+    group: Any = None,
+) -> dict[str, Any]:
+    """Check and time an all-reduce and an all-gather of every size over ``group`` (the
+    default group: the whole job), each call announced to ``hb``; fills and returns ``out``."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    peers: list[Any] = [None] * world
+    hb.enter("the gather of the ranks' hosts")
+    me = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "node": os.environ.get("GROUP_RANK"),
+        "link": link,
+        "device": out.get("device"),
+    }
+    dist.all_gather_object(peers, me, group=group)
+    hb.leave()
+    out["peers"] = peers
+    rows: list[dict[str, Any]] = []
+    for index, nbytes in enumerate(sizes):
+        _planted_stall(rank, index)
+        n = max(1, nbytes // 4)
+        label = f"{n * 4 / 2**20:g} MiB"
+        x = torch.full((n,), float(rank + 1), device=device)
+        hb.enter(f"all_reduce of {label} (check)")
+        dist.all_reduce(x, group=group)
+        sync()
+        want = world * (world + 1) / 2
+        ar_ok = bool(torch.all(x == want).item())
+        pattern = torch.arange(n, device=device, dtype=torch.float32) % 1024
+        gathered = torch.empty(world * n, device=device)
+        hb.enter(f"all_gather of {label} (check)")
+        all_gather(gathered, pattern + 1024 * rank, group=group)
+        sync()
+        offsets = 1024 * torch.arange(world, device=device, dtype=torch.float32)[:, None]
+        ag_ok = bool(torch.equal(gathered.view(world, n), pattern + offsets))
+        buf = torch.zeros(n, device=device)
+        hb.enter(f"all_reduce of {label} (timed)")
+        t_ar = _timed(lambda b=buf: dist.all_reduce(b, group=group), iters, sync)
+        hb.enter(f"all_gather of {label} (timed)")
+        t_ag = _timed(lambda g=gathered, b=buf: all_gather(g, b, group=group), iters, sync)
+        times = torch.tensor([t_ar, t_ag], device=device, dtype=torch.float64)
+        hb.enter(f"the max-reduce of the {label} timings")
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+        hb.leave()
+        t_ar, t_ag = times.tolist()
+        row = {
+            "bytes": n * 4,
+            "all_reduce_ok": ar_ok,
+            "all_gather_ok": ag_ok,
+            "all_reduce_s": t_ar,
+            "all_gather_s": t_ag,
+        }
+        row["all_reduce_algbw"], row["all_reduce_busbw"] = bus_bandwidth(
+            "all_reduce", n * 4, t_ar, world
+        )
+        row["all_gather_algbw"], row["all_gather_busbw"] = bus_bandwidth(
+            "all_gather", world * n * 4, t_ag, world
+        )
+        rows.append(row)
+        out["sizes"] = rows
+        if result_path:
+            _write(result_path, out)  # what was measured survives a later hang
+    out["all_reduce_ok"] = all(r["all_reduce_ok"] for r in rows)
+    out["all_gather_ok"] = all(r["all_gather_ok"] for r in rows)
+    if capture:
+        if result_path:
+            _write(result_path, out)
+        hb.enter("an all-reduce inside a graph capture")
+        out["graph_capture"] = _capture(dist, torch.zeros(1 << 20, device=device), group)
+        hb.leave()
+    hb.enter("the final barrier")
+    dist.barrier(group=group)
+    hb.leave()
+    return out
+
+
+def _find_torch() -> None:
+    """Append the launcher's torch directory (GRETA_WORKER_TORCH_PATH): ``python -I`` left
+    out PYTHONPATH and the user's site-packages, where that torch may live."""
+    extra = os.environ.get("GRETA_WORKER_TORCH_PATH")
+    if extra and extra not in sys.path:
+        sys.path.append(extra)
+
+
 def main(argv: list[str]) -> int:
+    _find_torch()
     if argv[1:2] == ["--probe"]:
         print(json.dumps(probe()))
         return 0
     result_path = os.environ["GRETA_COLLECTIVE_RESULT"]
+    sweep = os.environ.get("GRETA_COLLECTIVE_MODE") == "job"
     try:
-        result = run_rank(result_path)
+        result = run_sweep(result_path) if sweep else run_rank(result_path)
     except Exception as exc:  # reported by the launcher, with the rank that failed
         rank = int(os.environ.get("RANK", -1))
-        _write(result_path, {"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        try:  # keep what was measured before the failure
+            with open(result_path, encoding="utf-8") as fh:
+                partial = json.load(fh)
+        except (OSError, ValueError):
+            partial = {}
+        _write(result_path, {**partial, "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     _write(result_path, result)
     return 0

@@ -20,6 +20,10 @@ _TABLE_ROW = re.compile(
     r"^\|\s*(?P<idx>\d+)\s+(?P<name>.+?)\s+(?:On|Off|N/A)?\s*\|\s*"
     r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])"
 )
+# Integrated GPUs (Jetson Orin/Thor) print "N/A" where the bus id goes.
+_TABLE_ROW_NO_BUS = re.compile(
+    r"^\|\s*(?P<idx>\d+)\s+(?P<name>.+?)\s+(?:On|Off|N/A)\s*\|\s*N/A\s+(?:On|Off|N/A)?\s*\|"
+)
 _TABLE_MEM = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
 _VERSIONS = re.compile(
     r"Driver Version:\s*(?P<driver>[\d.]+)(?:.*?CUDA Version:\s*(?P<cuda>[\d.]+))?"
@@ -41,16 +45,16 @@ class NvidiaGpu:
     compute_cap: str | None  # "9.0"
     architecture: str | None  # "Hopper" (-q only)
     memory_mib: int | None
+    integrated: bool = False  # no PCI bus id: an SoC GPU (Jetson)
 
 
 def _device_id(value: str | None) -> str | None:
-    # nvidia-smi prints the combined id 0xDDDDVVVV (device, then vendor 10DE).
-    number = to_int(value, 16)
-    if number is None:
+    # nvidia-smi prints the combined id 0xDDDDVVVV (device, then vendor 10DE); a cut
+    # paste leaves a prefix of it, which must not pass for another id.
+    match = re.fullmatch(r"\s*(?:0x)?([0-9a-fA-F]{4})(10de)?\s*", value or "", re.I)
+    if not match or int(match.group(1), 16) == 0:
         return None
-    if number > 0xFFFF:
-        number >>= 16
-    return f"0x{number:04x}"
+    return f"0x{int(match.group(1), 16):04x}"
 
 
 def _mib(value: str | None) -> int | None:
@@ -96,6 +100,20 @@ def _parse_table(text: str, out: Parsed[NvidiaGpu]) -> None:
             continue
         row = _TABLE_ROW.match(line)
         if not row:
+            soc = _TABLE_ROW_NO_BUS.match(line)
+            if soc:
+                out.records.append(
+                    NvidiaGpu(
+                        index=int(soc["idx"]),
+                        name=soc["name"].strip() or None,
+                        pci_bus=None,
+                        device_id=None,
+                        compute_cap=None,
+                        architecture=None,
+                        memory_mib=None,
+                        integrated=True,
+                    )
+                )
             continue
         memory = _TABLE_MEM.search(lines[i + 1]) if i + 1 < len(lines) else None
         name = row["name"].strip()

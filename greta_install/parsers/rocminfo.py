@@ -9,7 +9,7 @@ the overridden target, not the card's own.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from greta_install.parsers.common import Parsed, bus_from_location, hex_id, safe_parse, to_int
 
@@ -18,8 +18,16 @@ _FIELD = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z][^:]*?):+\s*(?P<value>.*?)
 _GFX = re.compile(r"\b(gfx[0-9a-f]{3,4})\b")
 _CHIP = re.compile(r"^(\d+)\s*(?:\((0x[0-9a-fA-F]+)\))?")
 _ERROR = re.compile(
-    r"(hsa api call failure.*|HSA_STATUS_ERROR\w*|ROCk module is NOT loaded.*)", re.I
+    r"(hsa api call failure.*|HSA_STATUS_ERROR\w*|ROCk module is NOT loaded.*"
+    r"|Unable to open /dev/kfd.*|.* is not member of .*group.*)",
+    re.I,
 )
+# `rocminfo | grep gfx` keeps the agent's own "Name: gfx1100" line (one per GPU) and
+# the ISA lines "Name: amdgcn-amd-amdhsa--gfx1100..." (not GPUs: there may be several).
+_GREP_AGENT = re.compile(r"^\s*Name:\s*(gfx[0-9a-f]{3,4})\s*$")
+_GREP_MARKETING = re.compile(r"^\s*Marketing Name:\s*(.+?)\s*$")
+_KFD_OPEN = re.compile(r"Unable to open /dev/kfd read-write:\s*(.+?)\s*$", re.I)
+_ROCK = re.compile(r"ROCk module (?:version (\S+) )?is (NOT )?loaded", re.I)
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,32 @@ def _agent(index: int, fields: dict[str, str], isas: list[str]) -> RocmAgent:
     )
 
 
+def _grep_fragment(text: str, out: Parsed[RocmAgent]) -> None:
+    """GPU agents from a `rocminfo | grep` paste: one per agent-name line."""
+    for line in text.splitlines():
+        agent = _GREP_AGENT.match(line)
+        if agent:
+            out.records.append(
+                RocmAgent(
+                    index=len(out.records),
+                    device_type="GPU",
+                    name=agent.group(1),
+                    marketing_name=None,
+                    vendor_name=None,
+                    gfx=agent.group(1),
+                    chip_id=None,
+                    pci_bus=None,
+                    compute_units=None,
+                    node=None,
+                    apu=False,
+                )
+            )
+            continue
+        marketing = _GREP_MARKETING.match(line)
+        if marketing and out.records and out.records[-1].marketing_name is None:
+            out.records[-1] = replace(out.records[-1], marketing_name=marketing.group(1))
+
+
 def parse(text: str | None) -> Parsed[RocmAgent]:
     def body(clean_text: str, out: Parsed[RocmAgent]) -> None:
         index: int | None = None
@@ -91,6 +125,12 @@ def parse(text: str | None) -> Parsed[RocmAgent]:
             error = _ERROR.search(line)
             if error:
                 out.errors.append(f"rocminfo reported an error: {error.group(1).strip()[:120]}")
+            kfd_open = _KFD_OPEN.search(line)
+            if kfd_open:
+                out.info["kfd_open_error"] = kfd_open.group(1)[:80]
+            rock = _ROCK.search(line)
+            if rock:
+                out.info["rock_module"] = "not loaded" if rock.group(2) else "loaded"
             agent = _AGENT.match(line)
             if agent:
                 flush()
@@ -115,7 +155,9 @@ def parse(text: str | None) -> Parsed[RocmAgent]:
             # and some captures lose the indentation that would tell them apart.
             fields.setdefault(key, field["value"])
         flush()
-        if index is None and clean_text.strip() and not out.errors:
+        if index is None:
+            _grep_fragment(clean_text, out)
+        if index is None and not out.records and clean_text.strip() and not out.errors:
             out.problems.append("rocminfo: no 'Agent N' blocks found")
 
     return safe_parse("rocminfo", text, body)

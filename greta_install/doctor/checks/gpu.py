@@ -51,6 +51,18 @@ def check_detect(facts: Facts) -> Finding:
             **details,
         )
     notes = f"; {len(warnings)} detection note(s), see `greta detect`" if warnings else ""
+    if det.state == "unusable" and det.blockers:
+        # What stops the GPU, as detection saw it: "what: fix" per blocker.
+        whats = [b.split(": ", 1)[0] for b in det.blockers]
+        fixes = [b.split(": ", 1)[1] if ": " in b else b for b in det.blockers]
+        return fail(
+            f"{len(det.gpus)} GPU(s) present ({_gpu_name(gpu) if gpu else 'unnamed'}) but none "
+            f"usable here: {'; '.join(whats)}",
+            "\n".join(fixes),
+            state=det.state,
+            blockers=list(det.blockers),
+            **details,
+        )
     if gpu is None:
         return ok(f"target {det.target}: no usable GPU detected{notes}", **details)
     if det.target == "cpu":
@@ -249,6 +261,14 @@ def check_apu_memory(facts: Facts) -> Finding:
             "raise 'UMA Frame Buffer Size' (or 'iGPU Memory') in the BIOS/UEFI setup to 8G or more; "
             "or enlarge GTT: add amdgpu.gttsize=<MiB> to GRUB_CMDLINE_LINUX_DEFAULT in "
             "/etc/default/grub, then sudo update-grub && sudo reboot",
+            **details,
+        )
+    if usable is None:
+        # "ok" needs a number to be ok about: say what could not be read instead.
+        unknown = [k for k, v in details.items() if v is None]
+        return skip(
+            summary + f": not measured ({', '.join(unknown)} unknown: the RAM size from "
+            "/proc/meminfo and the GTT/TTM limits from sysfs are needed)",
             **details,
         )
     return ok(summary, **details)

@@ -11,6 +11,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from greta_install import kernel_names
+from greta_install.doctor.checks.python import SELF_INSTALL
 from greta_install.doctor.facts import Facts
 from greta_install.doctor.model import Finding, fail, ok, skip, warn
 
@@ -49,9 +50,22 @@ def _lock_problem(facts: Facts) -> Finding | None:
     if not facts.target:
         return skip("no target, so no lock")
     if facts.lock is None:
-        return warn(
+        py = facts.python
+        if py is not None and facts.lock_pythons and py.minor not in facts.lock_pythons:
+            # python.version says why and gives the fix; `greta lock` is a maintainer's
+            # command and would not help a user on an unsupported Python.
+            newest = facts.lock_pythons[-1]
+            return fail(
+                f"no lock for target {facts.target} on Python {py.minor} "
+                f"(the locks cover {', '.join(facts.lock_pythons)})",
+                f"python{newest} -m venv .venv && {SELF_INSTALL} "
+                f"&& .venv/bin/greta install --target {facts.target}",
+                error=facts.lock_error,
+            )
+        return fail(
             f"no lock for target {facts.target}: {facts.lock_error or 'unknown reason'}",
-            f"greta lock --target {facts.target}",
+            "update this GRETA checkout (`git pull`): its lock/ directory has no lock for "
+            f"{facts.target}; `greta install --target cpu` works everywhere",
             error=facts.lock_error,
         )
     return None
@@ -245,7 +259,14 @@ def check_env(facts: Facts) -> Finding:
     exports = " ".join(f"{k}={v}" for k, v in off.items())
     return warn(
         f"the {facts.target} lock expects {shown}",
-        f'eval "$(greta env)"   # the fixes greta install saved; or: export {exports}',
+        f"export {exports}"
+        + (
+            # the saved fixes are the last install's: the right ones only when that
+            # install was for the target checked here
+            f'\nor: eval "$(greta env)"   # the fixes greta install saved for {facts.target}'
+            if facts.target_source != "option"
+            else ""
+        ),
         expected=wanted,
         seen={k: seen.get(k) for k in wanted},
     )

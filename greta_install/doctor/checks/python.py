@@ -38,7 +38,8 @@ def check_version(facts: Facts) -> Finding:
     if facts.lock_pythons:
         choices = ", ".join(facts.lock_pythons)
         newest = facts.lock_pythons[-1]
-        return warn(
+        # Nothing GRETA locks installs on this interpreter: a failure, not a warning.
+        return fail(
             f"Python {py.version}: the {facts.target} lock has no Python {py.minor} row "
             f"(it covers {choices}); {facts.lock_error or ''}".rstrip("; "),
             f"python{newest} -m venv .venv && {SELF_INSTALL} "

@@ -136,6 +136,38 @@ def check_import(facts: Facts) -> Finding:
     )
 
 
+def _vendor_seen(facts: Facts, target: str) -> bool | None:
+    """Whether detection saw a GPU of the target's vendor; None without a detection."""
+    det = facts.detection
+    if det is None:
+        return None
+    vendor = "nvidia" if target == "cuda" else "amd"
+    return any(g.vendor == vendor for g in det.gpus)
+
+
+def _what_needs(facts: Facts, target: str) -> str:
+    """The claim the finding makes: only what detection saw, else what was asked for."""
+    kind = "an NVIDIA GPU" if target == "cuda" else f"an AMD GPU ({target})"
+    seen = _vendor_seen(facts, target)
+    if seen:
+        return f"{kind} is present"
+    asked = "--target" if facts.target_source == "option" else "the target"
+    if seen is None:
+        return f"{asked} {target} needs a {'CUDA' if target == 'cuda' else 'ROCm'} build of torch"
+    return (
+        f"{asked} {target} needs a {'CUDA' if target == 'cuda' else 'ROCm'} build of torch "
+        f"(detection found no {'NVIDIA' if target == 'cuda' else 'AMD'} GPU on this machine)"
+    )
+
+
+def _no_such_gpu_note(facts: Facts, target: str) -> str:
+    if _vendor_seen(facts, target) is not False:
+        return ""
+    det = facts.detection
+    here = det.target if det is not None else "cpu"
+    return f"\nor, for this machine as detected: greta install --target {here}"
+
+
 def check_build(facts: Facts) -> Finding:
     if missing := probe_missing(facts, facts.torch_probe, "torch"):
         return missing
@@ -144,19 +176,20 @@ def check_build(facts: Facts) -> Finding:
     target = facts.target
     if target is None:
         return skip(f"torch {version} ({_build(torch)}); no target to compare with")
-    if target in AMD_TARGETS and not torch.get("hip"):
+    wrong = (target in AMD_TARGETS and not torch.get("hip")) or (
+        target == "cuda" and not torch.get("cuda")
+    )
+    if wrong:
         return fail(
-            f"an AMD GPU is present ({target}) but torch {version} is a {_build(torch)}: "
-            "torch.version.hip is None, so a CUDA or CPU wheel shadows the ROCm one",
-            _reinstall_torch(facts),
+            f"{_what_needs(facts, target)} but torch {version} is a {_build(torch)}"
+            + (
+                ": torch.version.hip is None, so a CUDA or CPU wheel shadows the ROCm one"
+                if target in AMD_TARGETS
+                else ""
+            ),
+            _reinstall_torch(facts) + _no_such_gpu_note(facts, target),
             version=version,
             cuda=torch.get("cuda"),
-        )
-    if target == "cuda" and not torch.get("cuda"):
-        return fail(
-            f"an NVIDIA GPU is present but torch {version} is a {_build(torch)}",
-            _reinstall_torch(facts),
-            version=version,
             hip=torch.get("hip"),
         )
     return ok(f"torch {version} is a {_build(torch)}, right for target {target}", version=version)
