@@ -92,7 +92,8 @@ print("versions: " + " ".join(f"{n}=={version(n)}" for n in names))
 try:
     import torch
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
-    print(f"torch.version.cuda: {torch.version.cuda}   nccl (loaded): {nccl}")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    print(f"gpu: {gpu}   torch.version.cuda: {torch.version.cuda}   nccl (loaded): {nccl}")
 except Exception as exc:  # the header must still be written
     print(f"torch import failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
 stack = pathlib.Path("/tmp/stack/installed.json")
