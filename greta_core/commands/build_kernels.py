@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     except (AotError, OSError) as exc:
         print(f"greta build-kernels: {exc}", file=sys.stderr)
         return 2
-    if args.dry_run:
+    if getattr(args, "dry_run", False):
         for row in plan_counts(archs, only, variants, configs_text):
             print(format_plan_row(row, args.jobs))
         return 0
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         f"built {built} of {len(outcomes)} wheel(s) in {time.perf_counter() - start:.1f}s"
         + ("; see the errors above" if failed else "")
     )
-    if args.index and not failed:
+    if getattr(args, "index", None) and not failed:
         from greta_install.kernel_build import write_index
 
         wheels = [Path(o["wheel"]) for o in outcomes if o.get("wheel") and not o.get("fatal")]
