@@ -18,7 +18,7 @@ costs one row); rows are written to ``<out>/hf_llama.{json,csv}`` as they arrive
 at the end. ``--quick`` is the < 3 minute run (the 1.0 B shape only, few steps);
 ``--tiny`` is a seconds-long CPU smoke test (in one process).
 
-    python bench/hf_llama.py --quick                  # H100: bench/results/h100/hf_llama/
+    python bench/hf_llama.py --quick                  # GPU only; H100: bench/results/h100/hf_llama/
     python bench/hf_llama.py --shapes llama-1b-8l                 # one shape per command
     python bench/hf_llama.py --shapes llama3-8b-4l --append       # adds its rows
     python bench/hf_llama.py --tiny --out hf_llama_smoke
@@ -454,7 +454,9 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, help="result dir (default bench/results/<gpu>/hf_llama)"
+        "--out",
+        type=Path,
+        help="result dir (default bench/results/<gpu>/hf_llama; --tiny: under the user cache)",
     )
     parser.add_argument("--quick", action="store_true", help="< 3 minutes on an H100")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test (seconds)")
@@ -495,7 +497,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown shape/variant: {', '.join(unknown)}")
     if "vanilla" in variants:  # the logits reference runs first
         variants = ["vanilla", *(v for v in variants if v != "vanilla")]
-    out = args.out or ROOT / "bench" / "results" / _device_tag(args.device) / "hf_llama"
+    # A --tiny smoke run is no result to commit: unless --out names a folder it goes under
+    # the user's cache, never into the checkout.
+    if args.out is not None:
+        out = args.out
+    elif args.tiny:
+        from greta_core.bench.runner import default_out
+
+        stamped = default_out()  # <cache>/greta/bench/<date-time>
+        out = stamped.parent.parent / "hf_llama" / stamped.name
+    else:
+        out = ROOT / "bench" / "results" / _device_tag(args.device) / "hf_llama"
     out.mkdir(parents=True, exist_ok=True)
     args.out_dir = out
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
@@ -532,11 +544,13 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         probe.unlink(missing_ok=True)
+    written = ["hf_llama.json", "hf_llama.csv"]
     try:
         plot(out / "hf_llama.png", rows, f"HF Llama, random init ({meta.get('gpu_name') or 'CPU'})")
+        written.append("hf_llama.png")
     except Exception as exc:  # matplotlib missing: the numbers are written already
         print(f"no PNG: {exc}", file=sys.stderr)
-    print(f"wrote {out}/hf_llama.json, .csv, .png")
+    print(f"wrote {', '.join(str(out / name) for name in written)}")
     return 0
 
 

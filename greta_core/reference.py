@@ -10,7 +10,6 @@ compute for every dtype but float64.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from typing import TYPE_CHECKING, Any
@@ -85,9 +84,16 @@ class _JaxNs:
         return self._nn.logsumexp(a, axis=axis)
 
 
-@functools.cache
+# A dict, not functools.cache: torch.compile traces these references (bench, opcheck) and
+# dynamo warns about every lru_cache wrapper it meets.
+_NAMESPACES: dict[bool, Any] = {}
+
+
 def _namespace(torch_like: bool) -> Any:
-    return _TorchNs() if torch_like else _JaxNs()
+    ns = _NAMESPACES.get(torch_like)
+    if ns is None:
+        ns = _NAMESPACES[torch_like] = _TorchNs() if torch_like else _JaxNs()
+    return ns
 
 
 def _xp(a: Any) -> Any:

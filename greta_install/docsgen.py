@@ -48,6 +48,7 @@ TEXT = {
         "current": "Current row",
         "previous": "Previous row",
         "therock": "TheRock row",
+        "rocm10": "ROCm 10 row",
         "routing": "Which arch gets which build (from greta_install/archs.py)",
         "routing_intro": (
             "`greta install` routes each GPU arch to the first row (current, therock, previous) "
@@ -109,6 +110,7 @@ TEXT = {
         "current": "Fila actual",
         "previous": "Fila anterior (previous)",
         "therock": "Fila TheRock",
+        "rocm10": "Fila ROCm 10",
         "routing": "Qué arquitectura recibe qué build (de greta_install/archs.py)",
         "routing_intro": (
             "`greta install` lleva cada arquitectura de GPU a la primera fila (current, therock, "
@@ -229,6 +231,8 @@ def render(matrix: Matrix, lang: str) -> str:
                 if alt.torch_archs:
                     out += [f"- {t['torch_archs']}: {', '.join(alt.torch_archs)}", ""]
             for py in matrix.pythons:
+                if gen not in matrix.generations(name, py):
+                    continue
                 row = matrix.row(name, py, gen)
                 out += [f"#### {t['py'].format(py=py)}", ""]
                 out += [

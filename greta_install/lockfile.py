@@ -148,11 +148,7 @@ def load_lock(target: str, python: str, row: str = "current") -> Lock:
     try:
         text = resource.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        available = available_locks()
-        hint = f" Available: {', '.join(f'{t}/py{p}' for t, p in available)}." if available else ""
-        raise LockError(
-            f"no lock for target {target!r} on Python {python} ({exc.__class__.__name__}).{hint}"
-        ) from None
+        raise LockError(_missing_lock(target, python, row, exc)) from None
     return parse_lock(
         text,
         target=target,
@@ -160,6 +156,37 @@ def load_lock(target: str, python: str, row: str = "current") -> Lock:
         origin=lock_filename(target, python, row),
         check_header=True,
     )
+
+
+def _missing_lock(target: str, python: str, row: str, exc: Exception) -> str:
+    """Why there is no lock file, naming the rows that do exist for this target."""
+    rows = available_rows()
+    mine = sorted({r for t, p, r in rows if t == target and p == python})
+    if row != "current" and mine:
+        others = sorted({t for t, p, r in rows if r == row and p == python})
+        where = f" ({row} rows exist for: {', '.join(others)})" if others else ""
+        return (
+            f"target {target!r} has no {row} row on Python {python}: it has only "
+            f"{', '.join(mine)}{where}"
+        )
+    available = [(t, p) for t, p, r in rows if r == row]
+    hint = f" Available: {', '.join(f'{t}/py{p}' for t, p in available)}." if available else ""
+    return f"no lock for target {target!r} on Python {python} ({exc.__class__.__name__}).{hint}"
+
+
+def available_rows() -> list[tuple[str, str, str]]:
+    """(target, python, row) of every packaged lock file."""
+    try:
+        folder = lock_resource_dir() / "targets"
+        names = sorted(entry.name for entry in folder.iterdir())
+    except (OSError, LockError):
+        return []
+    found = []
+    for name in names:
+        match = re.match(r"^([a-z0-9]+)-py3(\d+)(?:-([a-z]+))?\.txt$", name)
+        if match:
+            found.append((match.group(1), f"3.{match.group(2)}", match.group(3) or "current"))
+    return found
 
 
 def available_locks() -> list[tuple[str, str]]:

@@ -89,11 +89,12 @@ class Generation:
     torch_archs: tuple[str, ...]  # read from the arch table (archs.TORCH_BUILDS)
     pins: tuple[Pin, ...]
     torch_build: str = ""  # id of its torch build in greta_install/archs.py
+    pythons: tuple[str, ...] = ()  # the Pythons the row covers; () means every matrix Python
 
 
 # Row names in the order the plan prefers them for an arch (routing takes the first row
-# whose torch build carries the arch).
-ROW_NAMES = ("current", "therock", "previous")
+# whose torch build carries the arch). `rocm10` (ROCm 10 hosts) is only ever asked for.
+ROW_NAMES = ("current", "therock", "previous", "rocm10")
 ALTERNATE_ROWS = ROW_NAMES[1:]
 
 
@@ -159,9 +160,22 @@ class Matrix:
         spec = self.target(target)
         return self.targets[spec.same_as] if spec.same_as else spec
 
-    def generations(self, target: str) -> tuple[str, ...]:
+    def generations(self, target: str, python: str | None = None) -> tuple[str, ...]:
+        """The target's row names; with `python`, only the rows that cover that Python."""
         owner = self.owner(target)
-        return tuple(g for g in ROW_NAMES if g == "current" or g in owner.alternates)
+        return tuple(
+            g
+            for g in ROW_NAMES
+            if g == "current"
+            or (
+                g in owner.alternates
+                and (
+                    python is None
+                    or not owner.alternates[g].pythons
+                    or python in owner.alternates[g].pythons
+                )
+            )
+        )
 
     def row(self, target: str, python: str, generation: str = "current") -> Row:
         self.target(target)
@@ -175,6 +189,11 @@ class Matrix:
             build = owner.torch_build
         elif generation in owner.alternates:
             alt = owner.alternates[generation]
+            if alt.pythons and python not in alt.pythons:
+                raise MatrixError(
+                    f"target {target}'s {generation} row covers Python {', '.join(alt.pythons)}, "
+                    f"not {python}"
+                )
             pins, torch_archs, label, build = alt.pins, alt.torch_archs, alt.label, alt.torch_build
         else:
             raise MatrixError(
@@ -196,6 +215,7 @@ class Matrix:
             for t in self.targets
             for g in self.generations(t)
             for py in self.pythons
+            if g in self.generations(t, py)
         ]
 
 
@@ -375,6 +395,7 @@ def _build_generation(raw: Any, where: str, problems: list[str]) -> Generation |
         torch_archs=_build_archs(build, where, problems),
         pins=tuple(pins),
         torch_build=build,
+        pythons=_str_list(raw, "pythons", where, problems),
     )
 
 
@@ -595,8 +616,8 @@ def _check_torch_index(torch: Pin, where: str) -> list[str]:
         return [
             f"{where}: torch local version +{local} is not a known build (+rocmX.Y, +cuNNN, +cpu)"
         ]
-    if local.startswith("rocm") and (torch.index or "").endswith("/whl-multi-arch"):
-        return []  # AMD's multi-arch index serves every ROCm version's +rocmX.Y.Z builds
+    if local.startswith("rocm") and (torch.index or "").endswith(("/whl-multi-arch", "/whl-next")):
+        return []  # AMD's multi-arch indexes serve every ROCm version's +rocmX.Y.Z builds
     if torch.index is None or not torch.index.endswith(f"/whl/{local}"):
         return [
             f"{where}: torch {torch.version} is a +{local} build and must come from a .../whl/{local} index, not {torch.index or 'the default index'}"

@@ -347,6 +347,7 @@ def execute(
                     "installed; the environment is unchanged."
                 ) from None
             results = _commit(prepared, staged, stage, scheme, lock, log, env, warnings)
+            _compile_bytecode(executable, site, list(staged.files.values()), log, warnings)
             return Outcome(staged, results, recovered, warnings)
         finally:
             with transaction.critical():
@@ -357,6 +358,24 @@ def execute(
                 if stage_fd is not None:
                     os.close(stage_fd)
                 lock.release()
+
+
+def _compile_bytecode(
+    executable: str, site: Path, wheels: Sequence[Path], log: Log, warnings: list[str]
+) -> None:
+    """After the commit (the install is complete and stays so whatever happens here)."""
+    import time
+
+    from greta_install import bytecode
+
+    log("compiling bytecode for the installed packages (first imports stay fast)")
+    start = time.monotonic()
+    why_not = bytecode.compile_installed(executable, bytecode.installed_sources(wheels, site))
+    if why_not:
+        warnings.append(f"bytecode: {why_not}")
+        log(f"warning: bytecode: {why_not}")
+    else:
+        log(f"bytecode compiled in {time.monotonic() - start:.0f} s")
 
 
 def _make_stage(parent: Path) -> tuple[Path, int]:

@@ -137,6 +137,7 @@ class InstallPlan:
     torch_source: routing.TorchSource | None = None  # which build carries the arch, and why
     route_reason: str | None = None  # why routing chose this row (None: the user named it)
     gate: list[str] = field(default_factory=list)  # known-bad arch refusals (arch table)
+    refusals: list[str] = field(default_factory=list)  # what the real run would refuse here
 
     @property
     def unverified(self) -> list[str]:
@@ -150,15 +151,14 @@ class InstallPlan:
 
     @property
     def blockers(self) -> list[str]:
-        if not self.strict:
-            return [*self.device_blockers, *self.gate]
-        return [*self.device_blockers, *self.gate] + [
+        unhashed = [
             f"{p.name}=={p.version}: no hash in the lock and none recorded (--strict); run "
             "`greta lock --fill-hashes` where the vendor index is reachable, or install with "
             "--from-record FILE from a machine that already trusted it"
             for p in self.packages
-            if p.hash_status == HASH_TOFU
+            if self.strict and p.hash_status == HASH_TOFU
         ]
+        return [*self.device_blockers, *self.gate, *self.refusals, *unhashed]
 
     def to_json(self) -> dict[str, Any]:
         return {

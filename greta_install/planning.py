@@ -71,15 +71,30 @@ def _explicit_lock(path: str) -> Lock:
 def _check_machine(target: str, detection: Any, request: InstallRequest) -> None:
     """A lock or --target made for another kind of machine is refused unless forced
     (an mi300x set on a CPU machine installs, then fails at the first GPU call)."""
-    if request.dry_run or request.force_target or request.snapshot or detection is None:
-        return
-    if detection.target != target:
+    if foreign_target(target, detection, request) and not request.dry_run:
         what = f"{request.lock} is the lock of" if request.lock else "--target"
         raise InstallFailed(
             f"{what} {target} but this machine is {detection.target}; pass --force-target "
             "to install it anyway, or --dry-run to only plan",
             2,
         )
+
+
+def target_of_arch(arch: str) -> str | None:
+    """--arch alone names its target: gfx1100 is radeon, gfx942 mi300x, sm_90 cuda."""
+    from greta_install.archs import target_for_gfx
+
+    arch = arch.lower()
+    if arch.startswith("sm_"):
+        return "cuda"
+    return target_for_gfx(arch)
+
+
+def foreign_target(target: str, detection: Any, request: InstallRequest) -> bool:
+    """The real install would refuse this target here without --force-target."""
+    if request.force_target or request.snapshot or detection is None:
+        return False
+    return bool(detection.target != target)
 
 
 def _choose_target(
@@ -89,7 +104,9 @@ def _choose_target(
     why_not: str | None,
     matrix: Matrix,
 ) -> str:
-    target_arg = request.target
+    target_arg = request.target.lower() if request.target else None
+    if not target_arg and explicit is None and request.arch:
+        target_arg = target_of_arch(request.arch)
     if explicit is not None:
         if target_arg and target_arg != explicit.target:
             raise InstallFailed(
@@ -107,7 +124,12 @@ def _choose_target(
 
 
 def _route(
-    request: InstallRequest, explicit: Lock | None, matrix: Matrix, target: str, detection: Any
+    request: InstallRequest,
+    explicit: Lock | None,
+    matrix: Matrix,
+    target: str,
+    detection: Any,
+    python: str,
 ) -> routing.Route | None:
     """The row for the GPU's arch (None with an explicit --lock: that lock is the row)."""
     if explicit is not None:
@@ -118,7 +140,7 @@ def _route(
     if arch is None:
         arch = matrix.target(target).default_arch
     try:
-        return routing.route(matrix, target, arch.lower() if arch else None, request.row)
+        return routing.route(matrix, target, arch.lower() if arch else None, request.row, python)
     except routing.RouteError as exc:
         raise InstallFailed(str(exc), 2) from None
 
@@ -139,14 +161,33 @@ def _lock_for(
         raise InstallFailed(str(exc), 2) from None
 
 
-def _installer(request: InstallRequest) -> tuple[str, str | None]:
-    uv = find_uv()
+def _installer(request: InstallRequest, executable: str | None) -> tuple[str, str | None]:
+    uv = find_uv(executable)
     installer = request.installer or ("uv" if uv else "pip")
     if installer == "uv" and uv is None:
         raise InstallFailed(
             "--installer uv: uv was not found (pip install uv, or use --installer pip)", 2
         )
+    if installer == "pip" and executable is not None and not has_pip(executable):
+        # Found now, not after the downloads: the offline install step runs the target's pip.
+        if uv is None:
+            raise InstallFailed(no_installer_message(executable), 2)
+        raise InstallFailed(
+            f"--installer pip: {executable} has no pip; leave --installer out (uv is there: "
+            f"{uv}) or add pip with `{executable} -m ensurepip`",
+            2,
+        )
     return installer, uv
+
+
+def no_installer_message(executable: str) -> str:
+    """Neither pip nor uv: the exact commands that give this environment an installer."""
+    return (
+        f"{executable} has no pip and no uv was found (not on PATH, not beside the "
+        f"interpreter, not as `python -m uv`): nothing could download or install. Add pip "
+        f"with `{executable} -m ensurepip` (offline, from the standard library), or put uv on "
+        f"PATH; then run greta install again"
+    )
 
 
 def prepare(request: InstallRequest) -> Prepared:
@@ -166,15 +207,16 @@ def prepare(request: InstallRequest) -> Prepared:
     detection, why_not = _detect(request.snapshot)
     target = _choose_target(request, explicit, detection, why_not, matrix)
     _check_machine(target, detection, request)
+    detection_seen = detection
     if detection is not None and detection.target != target:
         detection = None  # planning another machine's install: this one's facts do not apply
     if detection is not None and target == "cpu" and (request.target or explicit is not None):
         # --target cpu where the GPU cannot be used: the CPU install is what was asked for,
         # so what blocks the GPU does not block it.
         detection = dataclasses.replace(detection, blockers=[])
-    route = _route(request, explicit, matrix, target, detection)
+    route = _route(request, explicit, matrix, target, detection, version)
     lock = _lock_for(request, explicit, target, version, route.row if route else "current")
-    installer, uv = _installer(request)
+    installer, uv = _installer(request, executable)
     downloader = inst.downloader_for(
         executable or "python",
         version,
@@ -206,6 +248,14 @@ def prepare(request: InstallRequest) -> Prepared:
         raise InstallFailed(str(exc), 2) from None
     if why_not and not request.target and explicit is None:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")
+    if request.dry_run and executable and foreign_target(target, detection_seen, request):
+        # The plan is right for that machine, but it is a plan for this interpreter, and
+        # here the real run refuses without the flag. (`--python 3.12`, a version only,
+        # plans for another machine: nothing to refuse there.)
+        plan.refusals.append(
+            f"this machine is {detection_seen.target}, not {target}: installing it here needs "
+            "--force-target (or run the install on the target machine)"
+        )
     plan.keep_failed = request.keep_failed
     plan.wheelhouse = request.wheelhouse
     return Prepared(request, plan, downloader, uv, executable, steps_for(plan), record)

@@ -73,11 +73,21 @@ def _check_target(matrix: Matrix, target: str, arch: str) -> None:
     )
 
 
-def route(matrix: Matrix, target: str, arch: str | None, requested: str | None = None) -> Route:
-    """The row that installs `arch` on `target`; `requested` is the user's --row, if any."""
-    gens = matrix.generations(target)
+def route(
+    matrix: Matrix,
+    target: str,
+    arch: str | None,
+    requested: str | None = None,
+    python: str | None = None,
+) -> Route:
+    """The row that installs `arch` on `target` (for `python`, when given); `requested` is
+    the user's --row, if any."""
+    gens = matrix.generations(target, python)
     if requested is not None and requested not in gens:
-        raise RouteError(f"target {target} has no {requested!r} row (it has: {', '.join(gens)})")
+        on = f" on Python {python}" if python else ""
+        raise RouteError(
+            f"target {target} has no {requested!r} row{on} (it has: {', '.join(gens)})"
+        )
     spec = matrix.target(target)
     if arch is None or not spec.kernel_wheel or not arch.startswith("gfx"):
         return Route(

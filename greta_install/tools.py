@@ -13,14 +13,16 @@ from greta_install.errors import InterpreterError
 from greta_install.wheelfiles import Scheme
 
 
-def find_uv() -> str | None:
-    """The uv executable: on PATH, beside this interpreter, or from the `uv` package."""
+def find_uv(python: str | None = None) -> str | None:
+    """The uv executable: on PATH, beside this interpreter or the target `python`, or from
+    the `uv` package (what `python -m uv` runs)."""
     found = shutil.which("uv")
     if found:
         return found
-    sibling = Path(sys.executable).parent / "uv"
-    if sibling.is_file() and os.access(sibling, os.X_OK):
-        return str(sibling)
+    for interpreter in dict.fromkeys([sys.executable, python or sys.executable]):
+        sibling = Path(interpreter).parent / "uv"
+        if sibling.is_file() and os.access(sibling, os.X_OK):
+            return str(sibling)
     try:
         from uv import find_uv_bin  # type: ignore[import-not-found]
 

@@ -43,3 +43,25 @@ def test_tiny_run_writes_rows_for_every_variant(tmp_path: Path, monkeypatch) -> 
         assert len(list(csv.DictReader(fh))) == 5
     assert (tmp_path / "hf_llama.png").stat().st_size > 0
     assert not list(tmp_path.glob(".probe_*"))
+
+
+def test_tiny_run_defaults_to_the_cache_and_names_only_files_it_wrote(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.delenv("GRETA_TRITON_ON_CPU", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bench = _load()
+    monkeypatch.setattr(bench, "plot", _no_matplotlib)
+    checkout = BENCH.parent / "results" / "cpu"
+    before = sorted(checkout.rglob("*")) if checkout.exists() else None
+    assert bench.main(["--tiny", "--variants", "vanilla"]) == 0
+    (out,) = (tmp_path / "greta" / "hf_llama").iterdir()
+    assert (out / "hf_llama.json").is_file() and not (out / "hf_llama.png").exists()
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert wrote == [f"wrote {out / 'hf_llama.json'}, {out / 'hf_llama.csv'}"]
+    after = sorted(checkout.rglob("*")) if checkout.exists() else None
+    assert after == before  # nothing written into the checkout
+
+
+def _no_matplotlib(*args: object) -> None:
+    raise ImportError("No module named 'matplotlib'")

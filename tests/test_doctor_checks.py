@@ -844,9 +844,11 @@ def test_doctor_judges_an_environment_against_the_row_it_holds() -> None:
     assert row is not None and row.generation == "previous"
     assert "gfx1103" not in row.torch_archs  # so gfx1103 is judged against classic wheels
     current = installed_row("radeon", "3.12", (InstalledDist("torch", "2.14.1+rocm7.14"),))
-    assert (
-        current is not None and current.generation == "current" and "gfx1103" in current.torch_archs
-    )
+    assert current is not None and current.generation == "current"
+    assert "gfx1103" not in current.torch_archs  # pytorch.org's build lacks it (archs.py)
+    therock = installed_row("radeon", "3.12", (InstalledDist("torch", "2.12.0+rocm7.14.0"),))
+    assert therock is not None and therock.generation == "therock"
+    assert "gfx1103" in therock.torch_archs
     assert installed_row("radeon", "3.12", None).generation == "current"  # type: ignore[union-attr]
     lock, error, _ = collect_lock("radeon", "3.12", "previous")
     assert error is None and lock.package("torch").version == "2.11.0+rocm7.2"

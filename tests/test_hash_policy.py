@@ -167,7 +167,7 @@ def test_known_hash_is_fetched_without_the_dead_vendor_and_tofu_is_checked(
     plan = _plan([PlannedPackage("vendor-pkg", "1.0", "https://vendor.test/whl", (digest,))])
     staged = stage_plan(plan, stage, fake_pip, lambda m: None, probe=lambda url: DOWN)
     assert staged.hashes["vendor-pkg"] == digest
-    assert "--extra-index-url" not in staged.commands[0]  # the dead vendor was not asked
+    assert "--index-url" not in staged.commands[0]  # the dead vendor was not asked
     # The same file recorded earlier with another hash: refused at staging.
     record = hashrecord.HashRecord(
         {"vendor_pkg-1.0-py3-none-any.whl": hashrecord.Entry("vendor-pkg", "1.0", DIGEST_B, "x")},

@@ -182,8 +182,16 @@ def plot(path: Path, rows: list[Row], ceilings: dict[str, Any], title: str) -> N
     plt.close(fig)
 
 
-def summary_table(rows: list[Row]) -> str:
-    """Compact text table: one line per case and implementation."""
+def summary_table(rows: list[Row], timings: bool = True) -> str:
+    """Compact text table: one line per case and implementation; `timings=False` (a CPU
+    run: interpreter time, not speed) shows what ran and leaves the numbers out."""
+    if not timings:
+        lines = [f"{'case':<52} {'impl':<28} {'status':<8} ran"]
+        for r in rows:
+            case = f"{r['op']} {r['shape']}"[:52]
+            detail = r.get("implementation_ran") or r.get("reason") or ""
+            lines.append(f"{case:<52} {r['impl']:<28} {r['status']:<8} {str(detail)[:40]}")
+        return "\n".join(lines)
     lines = [
         f"{'case':<52} {'impl':<28} {'status':<8} {'ms':>9} {'GB/s':>8} {'TFLOP/s':>8} {'vs vendor':>9}"
     ]

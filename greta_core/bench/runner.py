@@ -25,7 +25,7 @@ SCHEMA = "greta-bench/1"
 class BenchOptions:
     preset: str = "smoke"
     ops: tuple[str, ...] = ()
-    out: Path = Path("greta-bench")
+    out: Path | None = None  # None: a new folder under the user's cache (default_out)
     device: str = "auto"  # "auto", "cuda" or "cpu"
     budget_s: float | None = None
     overhead: bool = True
@@ -55,6 +55,23 @@ def policy_for(preset: str, device: str, graph: bool = False) -> TimingPolicy:
         return TimingPolicy(cpu_budget_s=0.05, cpu_max_calls=50, overhead_budget_s=0.2)
     rep = {"smoke": 50.0, "standard": 100.0, "perf": 200.0}[preset]
     return TimingPolicy(warmup_ms=25.0, rep_ms=rep, graph=graph)
+
+
+CPU_NOTE = (
+    "on a CPU the timings measure the torch references and Triton's interpreter on tiny "
+    "shapes, not kernel speed: they show that every path runs, and are left out of the "
+    "table (the CSV/JSON keep them)"
+)
+
+
+def default_out() -> Path:
+    """A new folder under the user's cache: never the current directory unasked."""
+    import datetime
+
+    import platformdirs
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(platformdirs.user_cache_dir("greta", appauthor=False)) / "bench" / stamp
 
 
 def pick_device(requested: str, preset: str) -> str:
@@ -417,6 +434,9 @@ def run(options: BenchOptions, log: Callable[[str], None] = print) -> BenchResul
     if device != "cpu":
         l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or l2_bytes
     log(f"greta bench: preset {options.preset} on {meta.get('gpu_name') or 'CPU'} ({dtype_name})")
+    if device == "cpu":
+        meta["timings"] = "interpreter"  # see CPU_NOTE
+        log(f"  note: {CPU_NOTE}")
 
     ceilings = measure_ceilings(options.preset, device, policy)
     log(f"  ceilings: {_ceiling_text(ceilings)}")
@@ -450,7 +470,7 @@ def run(options: BenchOptions, log: Callable[[str], None] = print) -> BenchResul
         "results": rows,
         "overhead": overhead,
     }
-    files = write_outputs(options.out, document)
+    files = write_outputs(options.out or default_out(), document)
     return BenchResult(document=document, files=files)
 
 

@@ -26,7 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OP",
         help="only these ops (space or comma separated), e.g. --ops rms_norm matmul",
     )
-    parser.add_argument("--out", type=Path, default=Path("greta-bench"), help="output folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: a new folder under the user cache, e.g. "
+        "~/.cache/greta/bench/<date-time>)",
+    )
     parser.add_argument(
         "--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run"
     )
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     doc = result.document
     print()
-    print(summary_table(doc["results"]))
+    print(summary_table(doc["results"], timings=doc["metadata"].get("timings") != "interpreter"))
     if doc["overhead"]:
         print()
         print(f"{'binding overhead (host time per call)':<44} {'status':<8} {'us/call':>9}  ran")

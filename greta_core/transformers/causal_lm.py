@@ -55,7 +55,6 @@ def causal_lm_forward(
     input_ids: torch.LongTensor | None = None,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.LongTensor | None = None,
-    past_key_values=None,
     inputs_embeds: torch.Tensor | None = None,
     labels: torch.LongTensor | None = None,
     use_cache: bool | None = None,
@@ -71,7 +70,6 @@ def causal_lm_forward(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         inputs_embeds=inputs_embeds,
         use_cache=use_cache,
         **kwargs,
@@ -96,11 +94,14 @@ def causal_lm_forward(
                 logits=logits, labels=labels, shift_labels=shift_labels,
                 vocab_size=self.config.vocab_size, **kwargs,
             )  # fmt: skip
+    # The KV-cache field: `cache` from transformers 5.2x on, `past_key_values` before; asked
+    # of the dataclass so no deprecated name is ever set (a dict lookup: traceable).
+    cache = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
     out = CausalLMOutputWithPast(
         loss=loss,
         logits=logits,
-        past_key_values=outputs.past_key_values,
         hidden_states=outputs.hidden_states,
         attentions=outputs.attentions,
+        **{cache: getattr(outputs, cache)},
     )
     return out if return_dict is not False else out.to_tuple()

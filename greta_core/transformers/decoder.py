@@ -14,18 +14,19 @@ def decoder_layer_forward(
     hidden_states: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.LongTensor | None = None,
-    past_key_values=None,
     use_cache: bool | None = False,
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     **kwargs,
 ) -> torch.Tensor:
+    # The KV cache travels in **kwargs under whichever name this transformers release uses
+    # (`cache` since 5.2x, `past_key_values` before): naming one here would pass the other
+    # release a deprecated or unknown argument.
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
     hidden_states, _ = self.self_attn(
         hidden_states=hidden_states,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         use_cache=use_cache,
         position_embeddings=position_embeddings,
         **kwargs,

@@ -57,11 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--row",
-        choices=("current", "therock", "previous"),
+        choices=("current", "therock", "previous", "rocm10"),
         default=None,
         help="which row of the target (default: the first whose torch build carries the "
-        "GPU's arch): current, therock (AMD's per-target build) or previous (older drivers / "
-        "ROCm user space); see docs/en/framework_versions.md",
+        "GPU's arch): current, therock (AMD's per-target build), previous (older drivers / "
+        "ROCm user space) or rocm10 (ROCm 10 hosts); see docs/en/framework_versions.md",
     )
     parser.add_argument(
         "--allow-known-bad-arch",
@@ -85,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-wheelhouse",
         metavar="DIR",
         help="after a successful install, copy every installed file and their hashes into DIR",
+    )
+    parser.add_argument(
+        "--export-lock",
+        metavar="FILE",
+        help="write this machine's lock as a PEP 751 pylock.toml (e.g. pylock.cpu-py311.toml) "
+        "for `uv pip install -r FILE`, and install nothing",
     )
     parser.add_argument(
         "--no-build-kernels",
@@ -155,12 +161,22 @@ def run(args: argparse.Namespace) -> int:
     log = _logger(args.json)
     try:
         prepared = planning.prepare(request_of(args))
+        if args.export_lock:
+            return _export_lock(prepared, args.export_lock, args.json)
         if args.dry_run:
             return _show_plan(prepared, args.json)
         if prepared.plan.blockers:
             return _refuse(prepared)
-        if not args.reinstall and not args.save_wheelhouse:
+        if not args.reinstall:
             same = _already_installed(prepared)
+            if same is not None and args.save_wheelhouse:
+                # The wheelhouse is made from the files an install stages: say so, never
+                # reinstall a matching environment unasked.
+                return _fail(
+                    f"{same}; --save-wheelhouse copies the files an install downloads, so it "
+                    "would download and reinstall everything: add --reinstall to do that",
+                    args.json,
+                )
             if same is not None:
                 return _nothing_to_do(same, args.json, log)
         for warning in prepared.plan.warnings:
@@ -169,6 +185,44 @@ def run(args: argparse.Namespace) -> int:
     except pipeline.InstallFailed as exc:
         return _fail(exc.message, args.json, exc.exit_code)
     return _report(prepared, outcome, args.json, log)
+
+
+def _export_lock(prepared: pipeline.Prepared, path: str, as_json: bool) -> int:
+    """The lock for this machine as pylock.toml, its files found on this machine's indexes."""
+    from pathlib import Path
+
+    from greta_install import pylock
+    from greta_install.lockfile import load_lock
+    from greta_install.tools import find_uv, pip_config_find_links
+
+    out = Path(path)
+    plan = prepared.plan
+    if not pylock.valid_name(out):
+        return _fail(
+            f"--export-lock {path}: PEP 751 names it pylock.toml or pylock.<name>.toml, "
+            f"e.g. {pylock.export_name(plan.target, plan.python_version, prepared.request.row)}",
+            as_json,
+        )
+    uv = prepared.uv or find_uv(prepared.executable)
+    if uv is None:
+        return _fail("--export-lock needs uv to read the indexes (pip install uv)", as_json)
+    try:
+        lock = load_lock(plan.target, plan.python_version, prepared.request.row).for_python(
+            plan.python_version
+        )
+        indexes, _down = pylock.vendor_indexes(lock)
+        resolved = pylock.resolve(lock, uv, indexes, pip_config_find_links(prepared.executable))
+        text = pylock.render(lock, resolved, prepared.request.row)
+    except (pylock.PylockError, OSError) as exc:
+        return _fail(f"--export-lock: {exc}", as_json, 1)
+    out.write_text(text, encoding="utf-8")
+    count = text.count("[[packages]]")
+    if as_json:
+        print(json.dumps({"pylock": str(out), "packages": count}, indent=2))
+    else:
+        print(f"{out}: {count} packages for {plan.target}/py{plan.python_version}")
+        print(f"install with: uv pip install -r {out}")
+    return 0
 
 
 def _logger(as_json: bool) -> Callable[[str], None]:

@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the index's sha256 or by downloading it; writes lock/hashes.toml, then regenerates",
     )
     parser.add_argument(
+        "--pylock",
+        metavar="DIR",
+        help="(network) also write each committed lock as DIR/pylock.<target>-py<ver>.toml "
+        "(PEP 751), its files found on this machine's indexes; nothing is re-resolved",
+    )
+    parser.add_argument(
         "--find-links",
         action="append",
         default=[],
@@ -94,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     docs = {lang: repo / "docs" / lang / "framework_versions.md" for lang in docsgen.LANGUAGES}
 
+    if args.pylock:
+        return _write_pylocks(Path(args.pylock), targets, pythons, matrix, args.find_links)
     if args.check:
         problems = lockgen.stale_locks(matrix, out_dir, filled=filled)
         for lang, path in docs.items():
@@ -170,12 +178,44 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _write_pylocks(out: Path, targets, pythons, matrix, find_links: list[str]) -> int:  # type: ignore[no-untyped-def]
+    """The committed locks as PEP 751 files (the lock's pins and hashes; the URLs are the
+    ones this machine's indexes serve, so the files are made here, not committed)."""
+    from greta_install import pylock
+    from greta_install.lockfile import LockError, load_lock
+    from greta_install.tools import find_uv, pip_config_find_links
+
+    uv = find_uv()
+    if uv is None:
+        print("greta lock --pylock: needs uv (pip install uv)", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    links = [*find_links, *pip_config_find_links()]
+    failed = 0
+    for name, py, row in _rows(matrix, targets, pythons):
+        try:
+            lock = load_lock(name, py, row).for_python(py)
+            indexes, down = pylock.vendor_indexes(lock)
+            for url, why in down.items():
+                print(f"{name}/py{py}: {url}: {why}; files from the configured index")
+            text = pylock.render(lock, pylock.resolve(lock, uv, indexes, links), row)
+        except (LockError, pylock.PylockError) as exc:
+            print(f"{name}/py{py} ({row}): FAILED: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        path = out / pylock.export_name(name, py, row)
+        path.write_text(text, encoding="utf-8")
+        print(f"{path}: {text.count('[[packages]]')} packages")
+    return 1 if failed else 0
+
+
 def _rows(matrix, targets: list[str], pythons: list[str]):  # type: ignore[no-untyped-def]
     """(target, python, row) of every lock file to write, in a stable order."""
     for name in targets:
         for row in matrix.generations(name):
             for py in pythons:
-                yield name, py, row
+                if row in matrix.generations(name, py):
+                    yield name, py, row
 
 
 def _fetch_text(url: str) -> str:

@@ -38,7 +38,13 @@ from greta_install.doctor.probe_runner import probe_argv, run_probe
 from greta_install.system_view import RELEVANT_ENV, SystemView
 
 DEFAULT_PROBE_TIMEOUT_S = 120.0
-DOCTOR_ENV = (*RELEVANT_ENV, "JAX_PLATFORMS", "CONDA_PREFIX", "VIRTUAL_ENV")
+DOCTOR_ENV = (
+    *RELEVANT_ENV,
+    "JAX_PLATFORMS",
+    "CONDA_PREFIX",
+    "VIRTUAL_ENV",
+    "PYTHONDONTWRITEBYTECODE",
+)
 LOCK_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 _CGROUP_KINDS = (
     ("kubepods", "kubernetes"),
@@ -163,6 +169,13 @@ def collect_env_fixes() -> str:
         return str(exc)
 
 
+def collect_bytecode() -> dict[str, Any]:
+    from greta_install import bytecode
+
+    found = {name: bytecode.package_state(name) for name in bytecode.FRAMEWORKS}
+    return {name: state for name, state in found.items() if state is not None}
+
+
 def collect_python() -> PythonInfo:
     stdlib = sysconfig.get_paths().get("stdlib", "")
     return PythonInfo(
@@ -172,6 +185,7 @@ def collect_python() -> PythonInfo:
         base_prefix=getattr(sys, "base_prefix", sys.prefix),
         conda_prefix=os.environ.get("CONDA_PREFIX"),
         externally_managed=bool(stdlib) and (Path(stdlib) / "EXTERNALLY-MANAGED").exists(),
+        site_packages=sysconfig.get_paths().get("purelib", ""),
     )
 
 
@@ -246,7 +260,7 @@ def installed_row(target: str, python: str, dists: tuple[InstalledDist, ...] | N
     if target not in matrix.targets or python not in matrix.pythons:
         return None
     installed = next((d.version for d in dists or () if d.name == "torch"), None)
-    rows = [matrix.row(target, python, g) for g in matrix.generations(target)]
+    rows = [matrix.row(target, python, g) for g in matrix.generations(target, python)]
     for row in rows:
         pin = row.one("torch")
         if installed and pin is not None and pin.version == installed:
@@ -338,6 +352,8 @@ def collect_facts(
         facts.env_fixes = collect_env_fixes()
     with contextlib.suppress(Exception):
         facts.dists = collect_dists()
+    with contextlib.suppress(Exception):
+        facts.bytecode = collect_bytecode()
     if facts.target:
         row = "current"
         with contextlib.suppress(Exception):

@@ -71,6 +71,7 @@ class PythonInfo:
     base_prefix: str
     conda_prefix: str | None = None
     externally_managed: bool = False  # PEP 668 marker next to the stdlib
+    site_packages: str = ""  # purelib: where the frameworks and their bytecode live
 
     @property
     def minor(self) -> str:
@@ -122,6 +123,8 @@ class Facts:
     memory: MemoryInfo | None = None  # RAM and the GPU-visible (GTT/TTM) limit
     # greta-env.json of this environment: "absent", "ok", or why it is unusable
     env_fixes: str | None = None
+    # top-level framework package -> how much of it has bytecode (greta_install.bytecode)
+    bytecode: dict[str, Any] | None = None
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():

@@ -34,6 +34,7 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check("python.version", "Python version covered by the lock", python.check_version),
     Check("python.venv", "virtual environment", python.check_venv),
+    Check("python.bytecode", "bytecode for torch, triton, jax", python.check_bytecode),
     Check("container.detect", "container detection", container.check_detect),
     Check("container.devices", "GPU devices passed into the container", container.check_devices, 5),
     Check("gpu.detect", "GPU detection and target", gpu.check_detect),

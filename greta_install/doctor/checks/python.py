@@ -74,3 +74,29 @@ def check_venv(facts: Facts) -> Finding:
         prefix=py.prefix,
         externally_managed=py.externally_managed,
     )
+
+
+def check_bytecode(facts: Facts) -> Finding:
+    if (skipped := needs_live(facts)) or facts.python is None:
+        return skipped or skip("Python facts were not collected")
+    if not facts.bytecode:
+        return skip("no framework installed (torch, triton, jax) to look at")
+    missing = [s for s in facts.bytecode.values() if s.missing]
+    shares = {s.package: f"{s.compiled}/{s.modules}" for s in facts.bytecode.values()}
+    if not missing:
+        return ok(
+            "bytecode present for " + ", ".join(f"{p} ({n})" for p, n in shares.items()),
+            compiled=shares,
+        )
+    dont_write = facts.env.get("PYTHONDONTWRITEBYTECODE")
+    why = (
+        " and PYTHONDONTWRITEBYTECODE is set, so imports never write it"
+        if dont_write
+        else ": every first import of a module compiles it again"
+    )
+    names = ", ".join(f"{s.package} ({s.compiled}/{s.modules} modules)" for s in missing)
+    return warn(
+        f"no bytecode for {names}{why}; `import torch` takes seconds longer",
+        f"{facts.python.executable} -m compileall -qq -j 0 {facts.python.site_packages}",
+        compiled=shares,
+    )

@@ -1,0 +1,136 @@
+"""GRETA's layers for Hugging Face's `kernels` library (`kernelize`, transformers' `use_kernels`).
+
+Beside `apply_greta`, the same GRETA forwards are offered as a *local* kernel repository
+(`greta_core/hub_repo`, no hub access): a layer mapping names them under the layer names
+transformers marks with `use_kernel_forward_from_hub` ("RMSNorm", "rotary_pos_emb") and
+one it does not mark ("GatedMLP": `kernelize_greta` marks the gated-MLP classes first).
+
+    from kernels import Mode
+    from greta_core.hub import kernelize_greta
+
+    model = kernelize_greta(model, mode=Mode.INFERENCE)  # or Mode.TRAINING
+
+or with the `kernels` API directly:
+
+    from kernels import Mode, kernelize, use_kernel_mapping
+    from greta_core.hub import layer_mapping
+
+    with use_kernel_mapping(layer_mapping()):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+
+The layers follow `kernels`' rules: stateless (no constructor, no members), the forward of
+the layer they replace, run on the module's own weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
+from greta_core.transformers.mlp import glu_mlp_forward
+from greta_core.transformers.rms_norm import rms_norm_forward
+from greta_core.transformers.rope import make_apply_rotary_pos_emb
+
+# The local repository: one build variant per device type `kernels` knows GRETA runs on;
+# each variant's module exposes this file's layers as `layers`.
+REPOSITORY = Path(__file__).resolve().parent / "hub_repo"
+DEVICES = ("cpu", "cuda", "rocm")
+LAYER_NAMES = ("RMSNorm", "GatedMLP", "rotary_pos_emb")
+
+
+class RMSNorm(torch.nn.Module):
+    """`torch.ops.greta.rms_norm` over the norm's own weight and eps (Gemma's offset too)."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm_forward(self, hidden_states)
+
+
+class GatedMLP(torch.nn.Module):
+    """down(act(gate(x)) * up(x)) with the gating fused (`swiglu` / `geglu`)."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return glu_mlp_forward(self, x)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _reference_rope(q, k, cos, sin, unsqueeze_dim=1):  # type: ignore[no-untyped-def]
+    """transformers' apply_rotary_pos_emb, for the layouts GRETA's rope does not take."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+_apply_rope = make_apply_rotary_pos_emb(_reference_rope)
+
+
+class rotary_pos_emb(torch.nn.Module):  # lower case: the layer name transformers looks up
+    """apply_rotary_pos_emb through `torch.ops.greta.rope` (views, no copies)."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):  # type: ignore[no-untyped-def]
+        return _apply_rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+def layer_mapping(repository: Path = REPOSITORY) -> dict[str, dict[str, Any]]:
+    """{layer name: {device: LocalLayerRepository}} for `kernels.use_kernel_mapping`."""
+    from kernels import LocalLayerRepository
+
+    return {
+        name: {
+            device: LocalLayerRepository(repo_path=repository, layer_name=name)
+            for device in DEVICES
+        }
+        for name in LAYER_NAMES
+    }
+
+
+def mark_layers(model: torch.nn.Module) -> None:
+    """Make the model family's norm and gated-MLP classes kernelizable as "RMSNorm" and
+    "GatedMLP" where transformers has not marked them (it marks norms and RoPE only when
+    the installed `kernels` is in its supported range, and never MLPs). Gemma's norms scale
+    by (1 + weight): their instances are told so, as apply_greta does."""
+    from kernels import replace_kernel_forward_from_hub
+
+    from greta_core.transformers._families import FAMILIES
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    family = FAMILIES.get(str(model_type))
+    if family is None:
+        raise ValueError(
+            f"kernelize_greta: model type {model_type!r} is not one GRETA's layers were "
+            f"checked against ({', '.join(FAMILIES)})"
+        )
+    for suffix, name in (("RMSNorm", "RMSNorm"), ("MLP", "GatedMLP")):
+        cls = family.cls(suffix)
+        if cls is not None and getattr(cls, "kernel_layer_name", None) is None:
+            replace_kernel_forward_from_hub(cls, name)
+    norm_cls = family.cls("RMSNorm")
+    if family.norm_weight_offset and norm_cls is not None:
+        for module in model.modules():
+            if isinstance(module, norm_cls):
+                module._greta_weight_offset = True
+
+
+def kernelize_greta(
+    model: torch.nn.Module, *, mode: Any, device: str | None = None
+) -> torch.nn.Module:
+    """`kernels.kernelize` with GRETA's local layer mapping (no hub access)."""
+    from kernels import kernelize, use_kernel_mapping
+
+    mark_layers(model)
+    with use_kernel_mapping(layer_mapping(), inherit_mapping=False):
+        return kernelize(model, mode=mode, device=device)
