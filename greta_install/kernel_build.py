@@ -129,8 +129,16 @@ class BuiltWheel:
     seconds: float
 
 
-def greta_source_hash() -> str:
-    """sha256 of what a kernel wheel is built from: kernel sources, config tables, version.
+# Everything in greta_core that decides what a kernel wheel compiles, beside the tables:
+# the kernels, the block choices of each table entry, and the AOT compiler (variants,
+# stand-in values, specialisation).
+SOURCE_FILES: tuple[str, ...] = ("kernels/*.py", "configs/blocks.py", "kernel_wheels/aot.py")
+
+
+def greta_source_hash(table_text: str | None = None) -> str:
+    """sha256 of what a kernel wheel is built from: ``SOURCE_FILES``, the config table(s)
+    and GRETA's version. The one source hash: the wheel cache key (every shipped table)
+    and a wheel's manifest (`table_text`, the table it ships) both come from here.
 
     Read from the files, never by importing greta_core (the installer runs before torch).
     """
@@ -138,13 +146,15 @@ def greta_source_hash() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise KernelBuildError("greta_core is not importable here: cannot build kernel wheels")
     root = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted({path for pattern in SOURCE_FILES for path in root.glob(pattern)})
+    if table_text is None:
+        files += sorted(root.joinpath("configs", "tables").glob("*.json"))
     digest = hashlib.sha256()
-    files = sorted(
-        [*root.joinpath("kernels").glob("*.py"), *root.joinpath("configs", "tables").glob("*.json")]
-    )
     for path in files:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
+    if table_text is not None:
+        digest.update(b"table\0" + table_text.encode() + b"\0")
     digest.update(__version__.encode())
     return digest.hexdigest()
 

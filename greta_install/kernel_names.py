@@ -8,6 +8,7 @@ half reads it in environments that may lack ``packaging``.
 
 from __future__ import annotations
 
+import functools
 import re
 
 WHEEL_TAG = "py3-none-any"
@@ -30,3 +31,27 @@ def wheel_filename(arch: str, version: str) -> str:
 def requirement(arch: str, version: str) -> str:
     """'greta-kernels-gfx942==0.1.0'."""
     return f"{distribution_name(arch)}=={version}"
+
+
+@functools.cache
+def wheel_archs() -> tuple[str, ...]:
+    """Every arch a kernel wheel is built for: each target's ``archs`` in the version
+    matrix, in matrix order. The one list the runtime, the doctor and the tests read for
+    "every arch" (swap the read here if the arch table moves). Stdlib only, like the rest."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    data = tomllib.loads(_matrix_text())
+    targets = data.get("targets", {})
+    return tuple(dict.fromkeys(a for spec in targets.values() for a in spec.get("archs", ())))
+
+
+def _matrix_text() -> str:
+    from importlib import resources
+    from pathlib import Path
+
+    try:  # the installed package's copy (see greta_install.lockfile.lock_resource_dir)
+        return resources.files("greta_install.lockdata").joinpath("matrix.toml").read_text()
+    except ModuleNotFoundError:  # a source checkout: lock/ beside the package
+        return (Path(__file__).resolve().parent.parent / "lock" / "matrix.toml").read_text()

@@ -76,6 +76,37 @@ step() {
     note "$(printf '%-13s %-14s %4ss  %s' "$name" "$verdict" "$(($(date +%s) - t0))" "$last")"
 }
 
+COMMIT=${GRETA_SUITE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)}
+STACK=${GRETA_STACK:-image}
+python3 - "$STACK" "$COMMIT" >"$WORK/versions.txt" 2>&1 <<'PY'
+import importlib.metadata as md, json, pathlib, sys
+names = ("torch", "triton", "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-triton",
+         "transformers", "torchvision", "nvidia-nccl-cu13", "numpy")
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "-"
+print(f"stack: {sys.argv[1]}   commit: {sys.argv[2]}")
+print("versions: " + " ".join(f"{n}=={version(n)}" for n in names))
+try:
+    import torch
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    print(f"gpu: {gpu}   torch.version.cuda: {torch.version.cuda}   nccl (loaded): {nccl}")
+except Exception as exc:  # the header must still be written
+    print(f"torch import failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+stack = pathlib.Path("/tmp/stack/installed.json")
+if stack.is_file():
+    doc = json.loads(stack.read_text())
+    print(f"installed from: {doc['lock']} (input {doc['lock_input']}); not in the lock: "
+          + (", ".join(doc["not_in_lock"]) or "none"))
+    other = doc.get("differs_from_lock", {})
+    print(f"pins at another version than the lock ({len(other)}): "
+          + (", ".join(f"{n} {h} (lock {w})" for n, (h, w) in other.items()) or "none"))
+PY
+note "$(printf '%-13s %s' stack "$STACK @ $COMMIT")"
+
 step env 30 log -- bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader;
     python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.is_available())";
     python3 -c "import jax; print(jax.__version__, jax.devices())";
@@ -97,14 +128,16 @@ step smoke 120 log -- bash -c "python3 -m greta smoke --mode gpu --json > '$WORK
 # -n 8 about 200 s. GRETA_SUITE_MARKS="slow and not network" runs the release-check tests.
 MARKS=${GRETA_SUITE_MARKS:-not slow and not network}
 JOBS=${GRETA_SUITE_JOBS:-8}
-step pytest 330 tee -- python3 -m pytest -q -n "$JOBS" -m "$MARKS" -p no:cacheprovider tests/
-step bench 150 log -- python3 -m greta bench --preset perf --out "$WORK/bench" --budget-s 100
+step pytest 330 tee -- python3 -m pytest -q -n "$JOBS" -m "$MARKS" -p no:cacheprovider ${GRETA_SUITE_TESTS:-tests/}
+# GRETA_SUITE_BENCH=0 leaves the bench out (a call that must also install a stack first).
+[[ ${GRETA_SUITE_BENCH:-1} == 0 ]] || step bench 150 log -- python3 -m greta bench --preset perf --out "$WORK/bench" --budget-s 100
 # The llama block, the kernel wheel's first-call timing and tuning run in
 # scripts/gpu_suite_part2.sh (a second device call: one call is capped at 10 minutes).
 
 # --- what comes back ------------------------------------------------------------------
 {
     echo "=== GRETA GPU suite ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(($(date +%s) - START)) s) ==="
+    cat "$WORK/versions.txt"
     printf '%s\n' "${SUMMARY[@]}"
     echo
     echo "--- compat ---"
@@ -162,7 +195,7 @@ PY
 } >"$WORK/summary.txt" 2>&1
 
 cp "$WORK/summary.txt" "$OUT/summary.txt"
-[[ -f "$WORK/logs/pytest.log" ]] && cp "$WORK/logs/pytest.log" "$OUT/pytest.log"
+[[ -f "$WORK/logs/pytest.log" ]] && cat "$WORK/versions.txt" "$WORK/logs/pytest.log" >"$OUT/pytest.log"
 for f in bench.csv bench.json bench.png; do
     [[ -f "$WORK/bench/$f" ]] && cp "$WORK/bench/$f" "$OUT/$f"
 done

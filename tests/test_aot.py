@@ -140,3 +140,51 @@ def test_matrix_instruction_detection_per_arch(tmp_path: Path) -> None:
     assert any(m.startswith("v_wmma") for m in out["gfx1100"]["mi"]), out["gfx1100"]
     assert any(m.startswith("v_wmma") for m in out["gfx1201"]["mi"]), out["gfx1201"]
     assert any(m.startswith("wgmma.mma_async") for m in out["sm_90"]["mi"]), out["sm_90"]
+
+
+def _locked_triton_versions() -> list[str]:
+    """Every Triton version a lock file pins (triton or triton-rocm), oldest first."""
+    import re
+
+    found = set()
+    for lock in (ROOT / "lock" / "targets").glob("*.txt"):
+        found |= set(re.findall(r"^triton(?:-rocm)?==([0-9.]+)", lock.read_text(), re.M))
+    return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+# The kernels that reach the matrix units (MFMA on CDNA, WMMA on RDNA3/4, wgmma on Hopper).
+AOT_SUBSET = "matmul,attention"
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("version", _locked_triton_versions())
+def test_aot_subset_compiles_with_every_locked_triton(tmp_path: Path, version: str) -> None:
+    """The matrix-unit kernels compile for gfx942, gfx1100, gfx1201 and sm_90 with each Triton
+    the lock pins (PyPI's triton wheel of that version carries both backends)."""
+    import triton
+
+    env = _env()
+    if version != triton.__version__.split("+")[0]:
+        target = tmp_path / "triton"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+             str(target), f"triton=={version}"],
+            check=True, timeout=600,
+        )  # fmt: skip
+        env["PYTHONPATH"] = os.pathsep.join([str(target), env["PYTHONPATH"]])
+    report = tmp_path / "aot.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "greta_core.kernel_wheels.aot", "--arch",
+         "gfx942,gfx1100,gfx1201,sm_90", "--kernels", AOT_SUBSET, "--variants", "aligned",
+         "--report", str(report), "--quiet"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert report.is_file(), proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["environment"]["triton"].split("+")[0] == version
+    bad = [(r["arch"], r["spec"], r["error"][:200]) for r in data["results"] if not r["ok"]]
+    assert not bad and data["module_errors"] == [], (bad, data["module_errors"])
+    unmatched = [(r["arch"], r["spec"]) for r in data["results"] if not r["matrix_ok"]]
+    assert not unmatched, unmatched
+    assert {r["arch"] for r in data["results"]} == {"gfx942", "gfx1100", "gfx1201", "sm_90"}

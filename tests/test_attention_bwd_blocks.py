@@ -121,10 +121,13 @@ def test_delta_kernel_is_the_row_sum_of_o_times_do() -> None:
     torch.testing.assert_close(delta.double().cpu(), want.cpu(), rtol=1e-5, atol=1e-5)
 
 
-def test_jax_executor_feeds_delta_to_the_gradient_launches(monkeypatch) -> None:
+@pytest.mark.parametrize("jax_triton_version", ["0.3.1", "0.4.1"])
+def test_jax_executor_feeds_delta_to_the_gradient_launches(
+    monkeypatch, jax_triton_version: str
+) -> None:
     """greta_core.jax._plan runs the same plan: the delta launch's output is the array the
-    gradient kernels read (jax-triton stubbed: this checks the wiring, the H100 run checks
-    the numbers)."""
+    gradient kernels read (jax-triton stubbed, in either release's calling form: this checks
+    the wiring, the H100 run checks the numbers)."""
     import sys
     import types
 
@@ -134,11 +137,12 @@ def test_jax_executor_feeds_delta_to_the_gradient_launches(monkeypatch) -> None:
 
     calls = []
 
-    def triton_call(*args, kernel, out_shape, grid, input_output_aliases, zeroed_outputs, **kw):
+    def triton_call(*args, kernel, out_shape, grid, input_output_aliases=None, zeroed_outputs=(), **kw):  # fmt: skip
         calls.append((kernel, args, zeroed_outputs))
         return [jnp.full(s.shape, float(len(calls)), s.dtype) for s in out_shape]
 
-    monkeypatch.setitem(sys.modules, "jax_triton", types.SimpleNamespace(triton_call=triton_call))
+    stub = types.SimpleNamespace(triton_call=triton_call, __version__=jax_triton_version)
+    monkeypatch.setitem(sys.modules, "jax_triton", stub)
     shape = (1, 4, 32, 64)
     p = bwd.plan(shape, (2, 32), ((1, 1, 1),) * 5, "bfloat16", True, None, "sm_90")
     q = jnp.zeros(shape, jnp.bfloat16)

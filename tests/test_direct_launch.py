@@ -21,8 +21,10 @@ triton = pytest.importorskip("triton")
 
 from _kernel_testing import PassthroughMode, cuda_stand_in  # noqa: E402
 
+from greta_core import observe  # noqa: E402
 from greta_core.ops import _direct, _plan  # noqa: E402
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan  # noqa: E402
+from greta_install import triton_range  # noqa: E402
 
 _IN, _OUT, _SCALAR = _plan._IN, _plan._OUT, _plan._SCALAR
 
@@ -193,28 +195,22 @@ def test_cache_is_bounded(device) -> None:
     assert len(kernel.triton_path) == _direct.MAX_ENTRIES + 5
 
 
-def test_convention_check() -> None:
-    major_minor = tuple(int(p) for p in triton.__version__.split(".")[:2])
-    if major_minor != (3, 6):
-        pytest.skip(
-            f"launch convention verified against Triton 3.6 (installed {triton.__version__})"
-        )
-    from triton.runtime.jit import JITFunction
-
-    assert _direct.convention_matches(JITFunction.run)
-    assert _direct.support() is not None
-
-    def other_run(kernel: Any, grid: Any, stream: Any) -> None:
-        kernel.run(grid, stream)
-
-    assert not _direct.convention_matches(other_run)
-    assert not _direct.convention_matches(len)  # no source
+def test_support_follows_the_supported_triton_range() -> None:
+    # Which Triton the fast path serves is greta_install.triton_range's decision
+    # (tests/test_triton_range.py checks each version's adapter against Triton's own).
+    convention = triton_range.launch_convention(triton.__version__)
+    support = _direct.support()
+    assert (support is None) == (convention is None)
+    if support is not None:
+        assert support.convention == convention
 
 
 def test_direct_launch_binds_a_greta_kernel() -> None:
     support = _direct.support()
-    if support is None:
-        pytest.skip("this Triton's launch convention is not the direct launcher's")
+    if support is None:  # a Triton outside the supported range: off, and said so
+        assert triton_range.fast_launch_off_reason(triton.__version__) is not None
+        assert "not supported" in (observe.last_implementation("fast_launch") or "")
+        return
     from triton.runtime.jit import JITFunction
 
     from greta_core.kernels.rms_norm import rms_norm_fwd_kernel
@@ -271,46 +267,6 @@ def test_executor_routes_launches_through_the_direct_launcher(
 
 
 # --- CPU: Triton's CUDA launcher called without its wrapper ---------------------------------
-
-
-class CudaLauncher:  # named like Triton's: the convention check reads the source below
-    def __init__(self, global_scratch: int = 0, profile_scratch: int = 0) -> None:
-        self.global_scratch_size, self.profile_scratch_size = global_scratch, profile_scratch
-        self.launch_cooperative_grid, self.launch_pdl = False, True
-        self.launch = lambda *a: None
-
-    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # type: ignore[no-untyped-def]
-        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
-                    self.launch_pdl, global_scratch, profile_scratch, *args)  # type: ignore[name-defined]  # noqa: F821  # fmt: skip
-
-
-def test_launch_form_calls_the_c_launcher_when_the_wrapper_adds_only_constants() -> None:
-    launcher = CudaLauncher()
-    fn, between = _direct.launch_form(launcher, "fn", "packed")
-    assert fn is launcher.launch
-    # The wrapper's constants (cooperative, PDL, no scratch), then CompiledKernel.run's.
-    assert between == ("fn", False, True, None, None, "packed", None, None, None)
-    for needs_scratch in (CudaLauncher(global_scratch=8), CudaLauncher(profile_scratch=8)):
-        fn, between = _direct.launch_form(needs_scratch, "fn", "packed")
-        assert fn is needs_scratch and between == ("fn", "packed", None, None, None)
-    other = _Compiled().run  # not a CudaLauncher: its own call
-    assert _direct.launch_form(other, "fn", "packed") == (other, ("fn", "packed", None, None, None))
-
-
-def test_tritons_cuda_launcher_has_the_convention() -> None:
-    major_minor = tuple(int(p) for p in triton.__version__.split(".")[:2])
-    if major_minor != (3, 6):
-        pytest.skip(f"verified against Triton 3.6 (installed {triton.__version__})")
-    from triton.backends.nvidia.driver import CudaLauncher as Real
-
-    assert _direct._bypassable(Real)
-
-    class Changed(Real):  # type: ignore[misc, valid-type]
-        def __call__(self, *args: Any) -> None:
-            self.launch(*args)
-
-    Changed.__name__ = "CudaLauncher"
-    assert not _direct._bypassable(Changed)
 
 
 # --- CPU: the ready launch of a call signature (ops/_calls.py) ---------------------------
@@ -588,8 +544,7 @@ def hook_forces_tritons_path():
 
     seen: list[Any] = []
     hook = knobs.runtime.launch_enter_hook
-    if not hasattr(hook, "add"):
-        pytest.skip("this Triton has no launch hook chain")
+    assert hasattr(hook, "add"), "every supported Triton (3.6+) has the launch hook chain"
     hook.add(seen.append)
     yield seen
     hook.remove(seen.append)
@@ -748,8 +703,9 @@ def test_gpu_ready_launch_is_the_hot_path_and_bit_identical(op: str) -> None:
     case.y_call.clear()
     want = _outputs(case.raw(*t))  # the ordinary path; the kernel is captured, the launch kept
     (ready,) = [r for r in case.y_call._ready.values() if type(r) is _calls.ReadyLaunch]
-    if torch.version.hip is None:  # Triton's C launcher, its CudaLauncher wrapper skipped
+    if torch.version.hip is None:  # Triton's C launcher (adapted), its CudaLauncher wrapper skipped
         assert getattr(ready._fn, "__name__", None) == "launch"
+        assert type(ready._fn).__name__ != "CudaLauncher"
     # No backward follows these calls: only the outputs, each allocated like x; no stats.
     allocs = [0] * len(want) if case.allocs is None else list(case.allocs)
     assert [like for like, _, _ in ready._allocs] == allocs

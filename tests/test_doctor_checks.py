@@ -83,7 +83,7 @@ def detection(
 
 
 def torch_probe(
-    numpy: str = "1.26.4", triton: str | None = "3.1.0", stderr: str = "", **torch: Any
+    numpy: str = "1.26.4", triton: str | None = "3.6.0", stderr: str = "", **torch: Any
 ) -> ProbeResult:
     data: dict[str, Any] = {
         "version": "2.5.1+rocm6.2",
@@ -852,6 +852,20 @@ def test_doctor_judges_an_environment_against_the_row_it_holds() -> None:
     assert installed_row("radeon", "3.12", None).generation == "current"  # type: ignore[union-attr]
     lock, error, _ = collect_lock("radeon", "3.12", "previous")
     assert error is None and lock.package("torch").version == "2.11.0+rocm7.2"
+
+
+@pytest.mark.parametrize(
+    ("triton", "status"),
+    [("3.6.0", "ok"), ("3.8.0", "ok"), ("3.9.0", "ok"), ("3.5.1", "warn"), ("3.10.0", "warn")],
+)
+def test_fast_launch_names_an_unsupported_triton(triton: str, status: str) -> None:
+    result = check("triton.fast_launch", healthy_mi300x(torch_probe=torch_probe(triton=triton)))
+    assert result.status == status, result.finding
+    if status == "warn":
+        assert result.finding.startswith(f"fast launch off: Triton {triton} not supported")
+    else:
+        assert result.finding.startswith(f"fast launch on: Triton {triton}")
+    assert check("triton.fast_launch", healthy_mi300x(target="cpu")).status == "skip"
 
 
 def test_build_claims_only_what_detection_saw() -> None:

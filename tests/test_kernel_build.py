@@ -9,6 +9,7 @@ with real wheel files and the installer's own lookup.
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,27 @@ def test_static_index_serves_directory_and_http_lookups(tmp_path: Path) -> None:
     with Index(files, {}) as index:
         hit = find_kernel_wheel(index.url, "greta-kernels-sm-90==0.1.0", allow_http=True)
     assert hit.location and hit.location.endswith(wheels[1].name)
+
+
+def test_source_hash_covers_what_decides_what_is_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import shutil
+
+    real = Path(next(iter(importlib.util.find_spec("greta_core").submodule_search_locations)))
+    copy = tmp_path / "greta_core"
+    shutil.copytree(real, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "greta_core" or m.startswith("greta_core.")]:
+        monkeypatch.delitem(sys.modules, name)
+    base, with_table = kb.greta_source_hash(), kb.greta_source_hash('{"ops": {}}')
+    assert base != with_table != kb.greta_source_hash('{"ops": {"x": {}}}')
+    for rel in ("configs/blocks.py", "kernel_wheels/aot.py", "kernels/vec_add.py",
+                "configs/tables/gfx942.json"):  # fmt: skip
+        path = copy / rel
+        saved = path.read_bytes()
+        path.write_bytes(saved + b"\n# changed\n")
+        assert kb.greta_source_hash() != base, rel
+        path.write_bytes(saved)
+    assert kb.greta_source_hash() == base

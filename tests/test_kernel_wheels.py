@@ -28,6 +28,13 @@ ARCH = SHARED_WHEEL_ARCH
 TUNED_BLOCK = SHARED_WHEEL_VEC_ADD_BLOCK
 
 
+def _pythonpath(*paths: object) -> str:
+    """`paths` ahead of the inherited PYTHONPATH: a stack installed with --target (the GPU
+    suite's locked row) must stay importable in the child, or it runs another Triton."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([*map(str, paths), *([inherited] if inherited else [])])
+
+
 @pytest.fixture(scope="module")
 def built(gfx942_wheel: dict) -> dict:
     """conftest's shared gfx942 wheel (vec_add + col_sum, vec_add's BLOCK set to 512)."""
@@ -161,18 +168,23 @@ def call(n, block):
     vec_add_kernel.warmup(t, t, n, t, BLOCK=block, num_warps=8, grid=(1,))
     return events.pop()
 
-print(json.dumps({
+print(json.dumps({{
     "active": active,
-    "aligned": call(4096, 2048), "ragged": call(1000, 2048), "other_block": call(4096, 128),
-}))
+    "aligned": call(4096, {tuned}), "ragged": call(1000, {tuned}),
+    "shipped_block": call(4096, {shipped}), "other_block": call(4096, 128),
+}}))
 """
 
 
 def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
     # The dev environment's triton + this repository + the freshly installed wheel.
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(_site_packages(venv))])
-    (tmp_path / "probe.py").write_text(JIT_PROBE)
+    env["PYTHONPATH"] = _pythonpath(ROOT, _site_packages(venv))
+    from greta_core.commands.build_kernels import shipped_table
+
+    shipped = json.loads(shipped_table(ARCH))["ops"]["vec_add"]["default"]["BLOCK"]
+    assert shipped != TUNED_BLOCK
+    (tmp_path / "probe.py").write_text(JIT_PROBE.format(tuned=TUNED_BLOCK, shipped=shipped))
     out = subprocess.run(
         [sys.executable, str(tmp_path / "probe.py")],
         env=env,
@@ -186,7 +198,9 @@ def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
     # Built in another process, looked up by the JIT here: same keys.
     assert result["aligned"] is True
     assert result["ragged"] is True
-    # A config the wheel does not hold is compiled as usual.
+    # The wheel holds exactly the blocks its own (tuned) table can request: not the
+    # shipped table's, not any other; those compile as usual.
+    assert result["shipped_block"] is False
     assert result["other_block"] is False
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import sys
 import tempfile
@@ -57,6 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: GRETA_BUILD_JOBS, else all CPU cores)",
     )
     parser.add_argument("--report", type=Path, help="write the AOT report (JSON) here")
+    parser.add_argument(
+        "--index",
+        type=Path,
+        help="also write the built wheels into this static PEP 503 index (grows arch by arch; "
+        "serve it and point GRETA_KERNEL_INDEX at it, or pass it as --kernel-wheels DIR)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list, per arch, the kernel variants the table can request and the estimated "
+        "build time and size; compile nothing",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     except (AotError, OSError) as exc:
         print(f"greta build-kernels: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "dry_run", False):
+        for row in plan_counts(archs, only, variants, configs_text):
+            print(format_plan_row(row, args.jobs))
+        return 0
     start = time.perf_counter()
     try:
         outcomes = build_all(
@@ -110,6 +125,12 @@ def run(args: argparse.Namespace) -> int:
         f"built {built} of {len(outcomes)} wheel(s) in {time.perf_counter() - start:.1f}s"
         + ("; see the errors above" if failed else "")
     )
+    if getattr(args, "index", None) and not failed:
+        from greta_install.kernel_build import write_index
+
+        wheels = [Path(o["wheel"]) for o in outcomes if o.get("wheel") and not o.get("fatal")]
+        index = write_index(wheels, args.index)
+        print(f"index: {index} ({len(wheels)} wheel(s) added; serve it as GRETA_KERNEL_INDEX)")
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(outcomes, indent=1, sort_keys=True) + "\n")
@@ -159,7 +180,7 @@ def build_all(
         # Entered after the staging dirs: the workers stop before those are removed.
         pool = stack.enter_context(buildpool.worker_pool(jobs))
         found = {
-            arch: pool.submit(buildpool.discover_specs, arch, list(only))
+            arch: pool.submit(buildpool.discover_specs, arch, list(only), tables[arch])
             for arch in archs
             if arch not in outcomes
         }
@@ -183,7 +204,9 @@ def build_all(
                 for index, (name, has_ints) in enumerate(specs):
                     for variant in variants_of(has_ints, variants):
                         tasks.append(
-                            buildpool.Task(arch, module, index, name, variant, staging[arch])
+                            buildpool.Task(
+                                arch, module, index, name, variant, staging[arch], tables[arch]
+                            )
                         )
         print(f"{len(tasks)} kernels to compile", flush=True)
         results = buildpool.compile_all(pool, tasks, jobs, progress=say)
@@ -196,6 +219,58 @@ def build_all(
                 list(variants), tables[arch], time.perf_counter() - start,
             )  # fmt: skip
     return [outcomes[arch] for arch in archs]
+
+
+# What one kernel costs to build and ship, measured by bench/kernel_build.py on the 2-core
+# CI machine (gfx942, Triton 3.6: bench/results/kernel_build/): CPU seconds and wheel bytes
+# per compiled kernel (gfx942_i24.json: 685 CPU-s for 1764 kernels). Estimates for the dry
+# run only; a real build reports what it took.
+EST_CPU_S_PER_KERNEL = 0.39
+EST_BYTES_PER_KERNEL = 12_000
+
+
+def plan_counts(
+    archs: Sequence[str],
+    only: Sequence[str] = (),
+    variants: Sequence[str] = ("aligned", "ragged"),
+    configs_text: str | None = None,
+) -> list[dict[str, Any]]:
+    """Per arch: the kernels a build compiles (per module), as the workers would list them
+    with the table the wheel ships; nothing is compiled."""
+    from greta_core import configs
+    from greta_core.kernel_wheels.aot import discover, has_int_args, variants_of
+
+    rows = []
+    for arch in archs:
+        table = configs_text if configs_text is not None else shipped_table(arch)
+        configs.build_with_table(arch, table)
+        try:
+            found = discover(arch, only)
+        finally:
+            configs.build_with_table(arch, None)
+        per_module = {
+            item.module: sum(len(variants_of(has_int_args(s), variants)) for s in item.specs)
+            for item in found
+        }
+        errors = {item.module: item.error for item in found if item.error}
+        rows.append({"arch": arch, "kernels": sum(per_module.values()),
+                     "per_module": per_module, "errors": errors})  # fmt: skip
+    return rows
+
+
+def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
+    from greta_core.kernel_wheels import buildpool
+
+    jobs = buildpool.resolve_jobs(jobs)
+    n = row["kernels"]
+    seconds = n * EST_CPU_S_PER_KERNEL / jobs
+    size_mb = n * EST_BYTES_PER_KERNEL / 1e6
+    modules = ", ".join(f"{m} {c}" for m, c in sorted(row["per_module"].items()) if c)
+    errors = "".join(f"\n  module {m}: {e}" for m, e in row["errors"].items())
+    return (
+        f"{row['arch']}: {n} kernels, estimated {seconds:.0f} s on {jobs} worker(s), "
+        f"~{size_mb:.1f} MB ({modules}){errors}"
+    )
 
 
 def print_progress(done: int, total: int, res: Any) -> None:
@@ -343,16 +418,10 @@ def shipped_table(arch: str) -> str:
 
 
 def source_hash(table_text: str) -> str:
-    """sha256 over the kernel sources and the shipped table: what the code was built from."""
-    from importlib import resources
+    """What the wheel was built from (greta_install.kernel_build.greta_source_hash)."""
+    from greta_install.kernel_build import greta_source_hash
 
-    digest = hashlib.sha256()
-    kernels = resources.files("greta_core.kernels")
-    for item in sorted(kernels.iterdir(), key=lambda p: p.name):
-        if item.name.endswith(".py"):
-            digest.update(item.name.encode() + b"\0" + item.read_bytes() + b"\0")
-    digest.update(table_text.encode())
-    return digest.hexdigest()
+    return greta_source_hash(table_text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

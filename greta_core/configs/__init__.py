@@ -44,9 +44,29 @@ def _read_json(text: str, origin: str) -> dict[str, Any]:
     return data
 
 
+# arch -> table text that replaces every other source for that arch: set by a kernel-wheel
+# build in its workers, so the wheel compiles the variants of the table it ships.
+_building: dict[str, str] = {}
+
+
+def build_with_table(arch: str, text: str | None) -> None:
+    """Make `text` the config table of `arch` in this process (None: back to the usual
+    lookup). Used by ``greta build-kernels`` workers: a tuned wheel compiles exactly the
+    block variants its own table can request."""
+    if text is None:
+        _building.pop(arch, None)
+    else:
+        _read_json(text, f"the table built into the {arch} wheel")
+        _building[arch] = text
+    load_table.cache_clear()
+
+
 @functools.lru_cache(maxsize=32)
 def load_table(arch: str) -> dict[str, Any]:
-    """The config table for `arch`: a kernel wheel's, else the shipped one, else default."""
+    """The config table for `arch`: the one a wheel build ships (``build_with_table``), else
+    an installed kernel wheel's, else the shipped one, else default."""
+    if arch in _building:
+        return _read_json(_building[arch], f"the table built into the {arch} wheel")
     try:
         module = importlib.import_module(package_name(arch))
         wheel_table = resources.files(module).joinpath("configs.json")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from greta_core.errors import PlanError
@@ -27,6 +30,58 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str
     return passed, tuple(sorted(k for k in options if k not in JAX_OPTIONS))
 
 
+def jax_triton_convention(version: str) -> str:
+    """How a jax-triton release binds a kernel's output parameters.
+
+    "appended" (0.3.x): every output, aliased ones included, is a kernel parameter after
+    the inputs, filled from the call's output buffers in order; ``input_output_aliases``
+    maps an input position to the output it becomes.
+    "operand" (0.4+): only outputs aliased to no operand fill the missing parameters, and
+    the aliased ones are written through their operand's parameter. GRETA's kernels keep
+    a parameter per output (0.3's layout), so every output parameter gets an operand of
+    its own (the aliased input, or a fresh buffer filled like the plan's), aliased to its
+    output: the parameters then take the operand buffers in order, as under 0.3.
+    """
+    parts = re.match(r"^(\d+)\.(\d+)", version or "")
+    if parts and (int(parts.group(1)), int(parts.group(2))) <= (0, 3):
+        return "appended"
+    return "operand"
+
+
+def call_form(
+    param_names: Sequence[str],
+    lead: Sequence[Any],
+    specs: Sequence[Any],
+    aliases: Mapping[int, int],
+    convention: str,
+    new: Callable[[Any], Any],
+) -> tuple[list[Any], dict[str, Any], dict[int, int], bool]:
+    """(positional operands, keyword operands, input_output_aliases, pass zeroed_outputs)
+    for ``triton_call``.
+
+    `lead`: the launch's arguments ahead of its outputs (kernel parameter order); `specs`:
+    the output buffers (the trailing parameters); `aliases`: {position in lead: output};
+    `new(buffer)`: the array an output starts as (the aliased input, zeros, a fill).
+    """
+    if convention == "appended":
+        return list(lead), {}, dict(aliases), True
+    keywords = {param_names[len(lead) + k]: new(b) for k, b in enumerate(specs)}
+    # Operands are numbered in parameter order: the lead, then one per output.
+    return list(lead), keywords, {len(lead) + k: k for k in range(len(specs))}, False
+
+
+def _runtime_params(kernel: Any) -> list[str]:
+    """The kernel's non-constexpr parameter names, in order (what operands bind to)."""
+    params = getattr(kernel, "params", None) or getattr(getattr(kernel, "fn", None), "params", None)
+    if params:  # a JITFunction (or an autotuner around one)
+        return [p.name for p in params if not p.is_constexpr]
+    fn = kernel  # the interpreter's InterpretedFunction: the Python function's signature
+    while hasattr(fn, "fn"):
+        fn = fn.fn
+    signature = inspect.signature(fn)
+    return [n for n, p in signature.parameters.items() if "constexpr" not in str(p.annotation)]
+
+
 def _new(buffer: Any, inputs: Sequence[Any]) -> Any:
     import jax.numpy as jnp
 
@@ -44,6 +99,7 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
     import jax.numpy as jnp
     import jax_triton as jt
 
+    convention = jax_triton_convention(getattr(jt, "__version__", ""))
     bufs: dict[int, Any] = {}
     for launch in plan.launches:
         written = launch.written()
@@ -75,16 +131,28 @@ def run(plan: Plan, inputs: Sequence[Any]) -> tuple[Any, ...]:
                 f"{plan.op}: the launch updates input(s) {unaliased} in place without taking "
                 "them as inputs; jax-triton can alias an output only to an input argument"
             )
-        results = jt.triton_call(
-            *args,
-            kernel=launch.kernel,
-            out_shape=[jax.ShapeDtypeStruct(b.shape, jnp.dtype(b.dtype)) for b in specs],
-            grid=launch.grid,
-            input_output_aliases=aliases,
-            zeroed_outputs=tuple(k for k, b in enumerate(specs) if b.zeroed),
-            **passed,
-            **launch.constexprs,
+        names = _runtime_params(launch.kernel)
+        args, operands, io_aliases, pass_zeroed = call_form(
+            names, args, specs, aliases, convention, lambda b: _new(b, inputs)
         )
+        zeroed = tuple(k for k, b in enumerate(specs) if b.zeroed) if pass_zeroed else ()
+        with warnings.catch_warnings():
+            # jax-triton 0.4 deprecates both in favour of Refs, which jax 0.10 (the CPU
+            # row's) lacks: the same call serves every release the lock pins.
+            warnings.filterwarnings(
+                "ignore", "(input_output_aliases|zeroed_outputs|out_shape=) is deprecated"
+            )
+            results = jt.triton_call(
+                *args,
+                kernel=launch.kernel,
+                out_shape=[jax.ShapeDtypeStruct(b.shape, jnp.dtype(b.dtype)) for b in specs],
+                grid=launch.grid,
+                **({"input_output_aliases": io_aliases} if io_aliases else {}),
+                **({"zeroed_outputs": zeroed} if zeroed else {}),
+                **passed,
+                **operands,
+                **launch.constexprs,
+            )
         bufs.update(zip(written, results, strict=True))
     if plan.launches:
         record(plan.op, "jax-triton", plan.arch)

@@ -47,6 +47,7 @@ class Task:
     spec: str  # the spec's name, checked in the worker against the index
     variant: str
     cache_dir: str  # the arch's staging directory (Triton cache layout)
+    table: str | None = None  # the config table the wheel ships (its blocks are compiled)
 
     @property
     def label(self) -> str:
@@ -78,7 +79,7 @@ def usable_cores() -> int:
 
 # --- worker side ----------------------------------------------------------------------
 
-_specs_by_module: dict[tuple[str, str], list[Any]] = {}
+_specs_by_module: dict[tuple[str, str, str | None], list[Any]] = {}
 
 
 def _init_worker(parent: int) -> None:
@@ -95,9 +96,14 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def discover_specs(arch: str, only: Sequence[str]) -> list[tuple[str, list[tuple[str, bool]], str]]:
-    """(module, [(spec name, has int args)], import error) per kernel module (in a worker)."""
+def discover_specs(
+    arch: str, only: Sequence[str], table: str | None = None
+) -> list[tuple[str, list[tuple[str, bool]], str]]:
+    """(module, [(spec name, has int args)], import error) per kernel module (in a worker),
+    with `table` as the arch's config table (the specs' blocks come from it)."""
     from greta_core.kernel_wheels.aot import discover, has_int_args
+
+    _use_table(arch, table)
 
     found = []
     for item in discover(arch, only):
@@ -109,11 +115,18 @@ def discover_specs(arch: str, only: Sequence[str]) -> list[tuple[str, list[tuple
     return found
 
 
+def _use_table(arch: str, table: str | None) -> None:
+    from greta_core import configs
+
+    configs.build_with_table(arch, table)
+
+
 def compile_task(task: Task) -> Any:
     """Compile one task (in a worker); returns aot.CompileResult."""
     from greta_core.kernel_wheels.aot import compile_spec, compiling_for, discover
 
-    key = (task.arch, task.module)
+    _use_table(task.arch, task.table)
+    key = (task.arch, task.module, task.table)
     if key not in _specs_by_module:
         _specs_by_module[key] = discover(task.arch, [task.module])[0].specs
     spec = _specs_by_module[key][task.index]

@@ -38,6 +38,7 @@ from typing import Any
 from greta_core.errors import AotError, GretaError, KernelWheelError
 from greta_core.kernel_wheels import triton_key_memo
 from greta_core.kernel_wheels.cache import cache_root
+from greta_install import triton_range
 
 SPECS_FILE = "launchers.json"
 # Triton backend name -> (driver module, launcher class, driver helpers class)
@@ -45,6 +46,15 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
     "cuda": ("triton.backends.nvidia.driver", "CudaLauncher", "CudaUtils"),
     "hip": ("triton.backends.amd.driver", "HIPLauncher", "HIPUtils"),
 }
+
+
+def per_signature_launchers() -> bool:
+    """True where the installed Triton builds a launcher module per kernel signature (3.6);
+    3.7+ launch every kernel through the driver helpers' generic launcher, so a wheel's
+    launcher specs need nothing built beyond the helpers (greta_install.triton_range)."""
+    import triton
+
+    return triton_range.per_signature_launcher(triton.__version__)
 
 
 def launcher_dir() -> Path:
@@ -142,12 +152,15 @@ def _capturing(module: Any) -> Iterator[None]:
             module.library_dirs = saved_dirs
 
 
-def launcher_source(src: Any, metadata: Any) -> str:
-    """The C source Triton's launcher class generates for (src, metadata), not built.
+def launcher_source(src: Any, metadata: Any) -> str | None:
+    """The C source Triton's launcher class generates for (src, metadata), not built; None
+    where this Triton generates none (its generic launcher serves every signature).
 
     Lets tests check that a spec rebuilt from ``launchers.json`` generates the source the
     JIT generates for the real kernel.
     """
+    if not per_signature_launchers():
+        return None
     module_name, launcher_cls, _ = _BACKENDS[metadata.target.backend]
     module = importlib.import_module(module_name)
     with _capturing(module):
@@ -247,6 +260,11 @@ def warm(
                 except Exception as exc:  # no GPU runtime library here
                     report.utils = f"failed: {type(exc).__name__}: {exc}".splitlines()[0]
 
+        if not per_signature_launchers():
+            # Triton 3.7+: the helpers' generic launcher serves every spec; nothing else
+            # is built, so the specs are ready exactly when the helpers are.
+            report.ready = len(specs) if not report.utils.startswith("failed") else 0
+            specs = []
         # Specs that differ only in pointer dtypes or names share one C source: build
         # each distinct source once (generating one is cheap, building it is not).
         distinct: dict[str, tuple[dict[str, Any], Any]] = {}
@@ -256,6 +274,8 @@ def warm(
             try:
                 metadata = load_metadata(precompiled / spec["entry"] / f"{spec['kernel']}.json")
                 source = launcher_source(_source_object(spec), metadata)
+                if source is None:
+                    raise AotError("this Triton generates no launcher source")
             except Exception as exc:
                 errors.append(f"{spec.get('kernel')}: {type(exc).__name__}: {exc}".splitlines()[0])
                 continue
@@ -275,7 +295,8 @@ def warm(
             results = dict(zip(distinct, pool.map(build, distinct), strict=True))
         errors += [e for e in results.values() if e]
         report.modules = len(distinct)
-        report.ready = sum(members[src] for src, err in results.items() if not err)
+        if distinct or per_signature_launchers():
+            report.ready = sum(members[src] for src, err in results.items() if not err)
     report.failed.extend(errors)
     report.built = max(0, _module_count(directory) - before)
     if remember_key:

@@ -13,10 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from greta_install.archs import TUNED_ARCHS
-from greta_install.kernel_names import distribution_name, package_name
-
-KNOWN_ARCHS: tuple[str, ...] = TUNED_ARCHS  # the arch table's precompiled kernel sets
+from greta_install.kernel_names import distribution_name, package_name, wheel_archs
 
 
 @dataclass(frozen=True)
@@ -66,13 +63,30 @@ def _info(arch: str) -> KernelWheelInfo | None:
 
 
 def installed_kernel_wheels() -> list[KernelWheelInfo]:
-    return [info for arch in KNOWN_ARCHS if (info := _info(arch)) is not None]
+    return [info for arch in wheel_archs() if (info := _info(arch)) is not None]
 
 
 def installed_kernel_wheel() -> KernelWheelInfo | None:
     """The installed GRETA kernel wheel (the first, when several are), or None."""
     wheels = installed_kernel_wheels()
     return wheels[0] if wheels else None
+
+
+def describe(wheel: KernelWheelInfo, triton_version: str | None) -> str:
+    """One line for the doctor: the wheel, its arch, its Triton fingerprint, and whether its
+    code is in use with the installed Triton (the runtime serves a wheel's code only to the
+    Triton version it was built with: greta_core.kernel_wheels.precompiled)."""
+    fingerprint = str(wheel.manifest.get("triton_fingerprint", ""))[:12] or "unknown"
+    built = wheel.triton_version or "unknown"
+    head = (
+        f"{wheel.distribution} {wheel.version} for {wheel.manifest.get('arch', wheel.arch)}, "
+        f"{wheel.kernel_count} kernels, Triton {built} (fingerprint {fingerprint})"
+    )
+    if not triton_version:
+        return f"{head}: whether its code is in use is unknown (Triton not importable)"
+    if built != triton_version:
+        return f"{head}: its code is NOT in use (installed Triton is {triton_version})"
+    return f"{head}: its code is in use"
 
 
 def _launchers_built(wheel: KernelWheelInfo) -> bool:
@@ -96,7 +110,7 @@ def check_kernel_wheel(
     """
     if wheels is None:
         wheels = installed_kernel_wheels()
-    if not arch or arch not in KNOWN_ARCHS:
+    if not arch or arch not in wheel_archs():
         return []
     install = "greta install   # installs the kernel wheel for the detected arch"
     problems: list[Problem] = []

@@ -31,13 +31,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from greta_install.kernel_names import distribution_name, package_name
+from greta_install.kernel_names import distribution_name, package_name, wheel_archs
 
 logger = logging.getLogger("greta")
 
 _activated = False
 _roots: list[Path] = []  # precompiled/ directories of the usable installed wheels
 _said: set[str] = set()
+_unused: dict[str, str] = {}  # arch -> why its installed wheel's code is not served
 
 
 def _say_once(topic: str, message: str, *args: Any) -> None:
@@ -47,11 +48,10 @@ def _say_once(topic: str, message: str, *args: Any) -> None:
 
 
 def installed_wheel_dirs() -> list[tuple[str, Path]]:
-    """(arch, package directory) of each GRETA kernel wheel importable here."""
-    from greta_core.arch import TUNED_ARCHS
-
+    """(arch, package directory) of each GRETA kernel wheel importable here: any arch the
+    installer builds a wheel for (``wheel_archs``), not only those with tuned tables."""
     found = []
-    for arch in TUNED_ARCHS:
+    for arch in wheel_archs():
         try:
             spec = importlib.util.find_spec(package_name(arch))
         except (ImportError, ValueError):
@@ -115,10 +115,14 @@ def _activate() -> bool:
     for arch, package_dir in wheels:
         manifest = read_manifest(package_dir)
         if manifest is None:
+            _unused[arch] = "no readable manifest.json"
             _say_once(f"manifest:{arch}", "kernel wheel for %s has no readable manifest", arch)
             continue
         built_with = manifest.get("triton_version")
         if built_with != triton.__version__:
+            _unused[arch] = (
+                f"built for triton {built_with}, installed triton is {triton.__version__}"
+            )
             _say_once(
                 f"version:{arch}",
                 "kernel wheel for %s holds code for triton %s, installed triton is %s: "
@@ -131,6 +135,8 @@ def _activate() -> bool:
         root = package_dir / "precompiled"
         if root.is_dir():
             _roots.append(root)
+        else:
+            _unused[arch] = "no precompiled/ directory"
     if not _roots:
         return False
     _add_host_side()
@@ -139,6 +145,27 @@ def _activate() -> bool:
         WheelCacheManager.fallback = previous
         knobs.cache.manager_class = WheelCacheManager
     return True
+
+
+def status() -> list[dict[str, Any]]:
+    """Each installed kernel wheel as the runtime sees it (activating first): arch,
+    distribution, the Triton version and fingerprint it was built with, and whether its
+    code is served to Triton here ("in_use"; "why_not" says why not)."""
+    activate()
+    rows = []
+    for arch, package_dir in installed_wheel_dirs():
+        manifest = read_manifest(package_dir) or {}
+        in_use = (package_dir / "precompiled") in _roots
+        rows.append({
+            "arch": arch,
+            "distribution": distribution_name(arch),
+            "triton_version": manifest.get("triton_version", ""),
+            "triton_fingerprint": manifest.get("triton_fingerprint", ""),
+            "kernels": len(manifest.get("kernels", [])),
+            "in_use": in_use,
+            "why_not": "" if in_use else _unused.get(arch, "GRETA_PRECOMPILED=0 or not activated"),
+        })  # fmt: skip
+    return rows
 
 
 def _add_host_side() -> None:
@@ -170,6 +197,7 @@ def deactivate() -> None:
     WheelCacheManager.fallback = None
     _roots.clear()
     _said.clear()
+    _unused.clear()
     _activated = False
 
 

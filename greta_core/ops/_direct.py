@@ -14,17 +14,22 @@ returns; later calls hand Triton's launcher exactly what ``CompiledKernel.run`` 
 Triton's own path runs instead, on every call, whenever anything unusual is set: launch
 hooks (profilers such as proton register there), ``TRITON_DEBUG`` or instrumentation,
 pre-run hooks on the kernel, a kernel that is not a plain ``JITFunction`` (interpreter,
-autotuner, a test's stand-in), or a Triton whose launch convention is not the one below
-(checked once: an older or newer Triton just takes its own path).
+autotuner, a test's stand-in), or a Triton outside ``greta_install.triton_range`` (then
+``support()`` records and logs "fast launch off", once).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from greta_core.observe import record
+from greta_install import triton_range
+
+logger = logging.getLogger("greta")
 
 # Specializations kept per launch (alignment x dtypes x devices): a bound, not a tuning.
 MAX_ENTRIES = 32
@@ -32,62 +37,43 @@ MAX_ENTRIES = 32
 _HIP_BUFFER_LIMIT = 2**31 - 1
 # Triton specializes a pointer on 16-byte alignment: ``ptr & ALIGN_MASK == 0``.
 ALIGN_MASK = 15
-# How JITFunction.run hands a compiled kernel to its launcher (Triton 3.3-3.6); with any
-# other text there the direct path stays off.
-_LAUNCH_CALL = (
-    "kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,"
-    "launch_metadata,knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,"
-    "*bound_args.values())"
-)
 
 
-def convention_matches(run: Callable[..., Any]) -> bool:
-    """True when `run` (``JITFunction.run``) launches through ``CompiledKernel.run`` with
-    the argument order the direct launcher reproduces."""
-    try:
-        source = inspect.getsource(run)
-    except (OSError, TypeError):
-        return False
-    return _LAUNCH_CALL in "".join(source.split())
+def _packed(c_launch: Callable[..., Any], head: tuple) -> Callable[..., Any]:
+    """Triton 3.7+'s C launcher takes the kernel arguments as one sequence: this keeps the
+    flat call form (``fn(g0, g1, g2, stream, *kernel_args)``) the hot path uses."""
+
+    def launch(g0: int, g1: int, g2: int, stream: int, *args: Any) -> None:
+        c_launch(g0, g1, g2, stream, *head, args)
+
+    return launch
 
 
-# How Triton 3.6's CudaLauncher.__call__ hands its C launcher the arguments: global and
-# profile scratch (allocated only when the kernel asks for them) and the cooperative/PDL
-# flags ahead of what CompiledKernel.run passed. Any other text: the wrapper runs.
-_CUDA_WRAPPER_CALL = (
-    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,"
-    "self.launch_pdl,global_scratch,profile_scratch,*args)"
-)
-
-
-@functools.cache
-def _bypassable(launcher_type: type) -> bool:
-    """True when `launcher_type` is Triton's CudaLauncher with the call convention above."""
-    if launcher_type.__name__ != "CudaLauncher":
-        return False
-    try:
-        source = inspect.getsource(launcher_type.__call__)
-    except (OSError, TypeError):
-        return False
-    return _CUDA_WRAPPER_CALL in "".join(source.split())
-
-
-def launch_form(launcher: Any, function: Any, packed: Any) -> tuple[Callable[..., Any], tuple]:
+def launch_form(
+    launcher: Any, function: Any, packed: Any, convention: str = "flat"
+) -> tuple[Callable[..., Any], tuple]:
     """(callable, arguments between the stream and the kernel's) of a captured kernel.
 
     Called as ``fn(g0, g1, g2, stream, *between, *kernel_args)``. Where Triton's CudaLauncher
     wrapper would only add its constant flags and no scratch (the kernel needs none), its C
-    ``launch`` is called with those constants; otherwise the wrapper itself. Either way no
-    launch metadata and no hooks (``quiet()`` holds whenever this runs).
+    ``launch`` is called with those constants, in the order of the Triton version's
+    `convention` (``greta_install.triton_range``); otherwise the wrapper itself. Either way
+    no launch metadata and no hooks (``quiet()`` holds whenever this runs).
     """
     if (
-        _bypassable(type(launcher))
+        type(launcher).__name__ == "CudaLauncher"
         and launcher.global_scratch_size == 0
         and launcher.profile_scratch_size == 0
+        and not getattr(launcher, "gsan_enabled", False)
         and callable(getattr(launcher, "launch", None))
     ):
         flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
-        return launcher.launch, (function, *flags, None, None, packed, None, None, None)
+        if convention == "flat":
+            return launcher.launch, (function, *flags, None, None, packed, None, None, None)
+        if convention == "packed":
+            head = (function, *flags, packed, None, None, None, None, None,
+                    launcher.arg_annotations, launcher.kernel_signature)  # fmt: skip
+            return _packed(launcher.launch, head), ()
     return launcher, (function, packed, None, None, None)
 
 
@@ -100,6 +86,7 @@ class Support:
     hook_chain: type | None  # triton.knobs.HookChain (None before Triton 3.4)
     knobs: Any  # triton.knobs
     hip: bool  # ROCm: the buffer-ops attribute joins the key
+    convention: str = "flat"  # greta_install.triton_range.LAUNCH_CONVENTIONS
 
     def quiet(self) -> bool:
         """No launch hook, debug mode or instrumentation that Triton's own path would honour."""
@@ -128,9 +115,12 @@ class Support:
 
 @functools.cache
 def support() -> Support | None:
-    """The direct launcher's view of Triton, or None when it must stay off."""
+    """The direct launcher's view of Triton, or None when it must stay off (a Triton outside
+    ``greta_install.triton_range``: recorded as ``fast_launch`` in ``greta_core.observe``
+    and logged once)."""
     try:
         import torch
+        import triton
         from triton import knobs
         from triton.compiler.compiler import CompiledKernel
         from triton.runtime.jit import JITFunction
@@ -147,10 +137,21 @@ def support() -> Support | None:
         or compilation is None
         or not all(hasattr(runtime, a) for a in ("launch_enter_hook", "launch_exit_hook", "debug"))
         or not hasattr(compilation, "instrumentation_mode")
-        or not convention_matches(JITFunction.run)
     ):
-        return None
-    return Support(JITFunction, CompiledKernel, HookChain, knobs, torch.version.hip is not None)
+        return _off(f"fast launch off: Triton {triton.__version__} lacks the launch knobs")
+    convention = triton_range.launch_convention(triton.__version__)
+    if convention is None:
+        return _off(triton_range.fast_launch_off_reason(triton.__version__) or "")
+    return Support(
+        JITFunction, CompiledKernel, HookChain, knobs, torch.version.hip is not None, convention
+    )
+
+
+def _off(reason: str) -> None:
+    """Say once, visibly, why eager launches take Triton's own path."""
+    record("fast_launch", reason)
+    logger.warning("greta: %s: kernels launch through Triton's own path", reason)
+    return None
 
 
 @functools.cache
@@ -259,7 +260,7 @@ class DirectLaunch:
             if captured is not None:
                 if len(self.entries) >= MAX_ENTRIES:
                     self.entries.clear()
-                self.entries[key] = launch_form(*captured)
+                self.entries[key] = launch_form(*captured, self._support.convention)
             return
         fn, between = entry
         g0, g1, g2 = self._grid3

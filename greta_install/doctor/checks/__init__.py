@@ -55,6 +55,11 @@ CHECKS: tuple[Check, ...] = (
     Check("numpy.torch", "NumPy works with torch", torch_checks.check_numpy, 12),
     Check("triton.providers", "one distribution provides triton", triton_checks.check_providers, 8),
     Check("triton.version", "triton version torch requires", triton_checks.check_version, 8),
+    Check(
+        "triton.fast_launch",
+        "GRETA's fast launch supports this Triton",
+        triton_checks.check_fast_launch,
+    ),
     Check("jax.import", "jax imports", jax_checks.check_import),
     Check(
         "jax.versions", "jax, jaxlib, plugin and pjrt versions agree", jax_checks.check_versions, 11

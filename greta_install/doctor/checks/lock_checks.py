@@ -206,7 +206,22 @@ def check_kernels(facts: Facts) -> Finding:
             "\n".join(dict.fromkeys(p.fix for p in problems)),
             wheel=name,
         )
-    return ok(f"{name} {dist.version} is installed", wheel=name)
+    return ok(_wheel_line(facts, str(arch)) or f"{name} {dist.version} is installed", wheel=name)
+
+
+def _wheel_line(facts: Facts, arch: str) -> str | None:
+    """The installed wheel named with its arch, Triton fingerprint and whether its code is in
+    use (greta_core.kernel_wheels.installed.describe), or None when it cannot be read."""
+    probe = facts.torch_probe
+    data = probe.data if probe is not None else {}
+    triton_version = (data.get("triton") or {}).get("version")
+    try:
+        from greta_core.kernel_wheels.installed import describe, installed_kernel_wheels
+
+        match = next((w for w in installed_kernel_wheels() if w.arch == arch), None)
+        return describe(match, triton_version) if match is not None else None
+    except Exception:  # the doctor never crashes on a broken wheel
+        return None
 
 
 def _wheel_problems(facts: Facts, arch: str) -> list[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from greta_install import triton_range
 from greta_install.doctor.facts import Facts, InstalledDist
 from greta_install.doctor.model import Finding, fail, ok, skip, warn
 
@@ -147,3 +148,27 @@ def check_version(facts: Facts) -> Finding:
         )
         return fail(f"torch {torch.version} requires {req}; installed {name} {dist.version}", fix)
     return ok(f"{name} {dist.version} satisfies torch's {req}", requirement=str(req))
+
+
+def check_fast_launch(facts: Facts) -> Finding:
+    """GRETA's eager fast launch path serves the Triton versions of greta_install.triton_range;
+    any other Triton still runs every kernel, through Triton's own (slower) launch path."""
+    if not facts.live:
+        return skip(SNAPSHOT_SKIP)
+    if facts.target == "cpu":
+        return skip("CPU target: kernels run in Triton's interpreter, no launch path to speed up")
+    version = section_of(facts.torch_probe, "triton").get("version")
+    if not version:
+        return skip("triton is not importable (see triton.version)")
+    reason = triton_range.fast_launch_off_reason(str(version))
+    if reason is not None:
+        return warn(
+            f"{reason}: GRETA's kernels launch through Triton's own path (tens of "
+            "microseconds more host time per call), and kernel wheels built for it are unused",
+            install_fix(facts),
+            triton=version,
+        )
+    return ok(
+        f"fast launch on: Triton {version} (GRETA supports {triton_range.supported_text()})",
+        triton=version,
+    )
