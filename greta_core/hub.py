@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
+from greta_core.errors import GretaInputError
 from greta_core.transformers.mlp import glu_mlp_forward
 from greta_core.transformers.rms_norm import rms_norm_forward
 from greta_core.transformers.rope import make_apply_rotary_pos_emb
@@ -110,7 +111,7 @@ def mark_layers(model: torch.nn.Module) -> None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     family = FAMILIES.get(str(model_type))
     if family is None:
-        raise ValueError(
+        raise GretaInputError(
             f"kernelize_greta: model type {model_type!r} is not one GRETA's layers were "
             f"checked against ({', '.join(FAMILIES)})"
         )

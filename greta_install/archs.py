@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import cast
 
+from greta_install.errors import UnknownTorchBuildError
 from greta_install.model import Target
 
 # --- torch builds: which gfx/sm code each vendor build carries ---------------------------
@@ -154,11 +155,11 @@ TORCH_BUILDS: dict[str, TorchBuild] = {
 
 
 def torch_build(build_id: str) -> TorchBuild:
-    """The build a matrix row names; KeyError with the known ids otherwise."""
+    """The build a matrix row names; UnknownTorchBuildError (a KeyError) otherwise."""
     try:
         return TORCH_BUILDS[build_id]
     except KeyError:
-        raise KeyError(
+        raise UnknownTorchBuildError(
             f"unknown torch build {build_id!r} (greta_install/archs.py knows: "
             f"{', '.join(TORCH_BUILDS)})"
         ) from None

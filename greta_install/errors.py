@@ -22,3 +22,7 @@ class SnapshotNotFoundError(GretaError, FileNotFoundError):
 
 class SnapshotExistsError(GretaError, FileExistsError):
     """A snapshot target directory that already exists and is not empty."""
+
+
+class UnknownTorchBuildError(GretaError, KeyError):
+    """A matrix row names a torch build the arch table does not know."""

@@ -90,6 +90,10 @@ def test_command_as_typed(where: str, argv: list[str]) -> None:
         assert argv[1] == ".venv/bin/activate", where
     elif program == "uv":
         assert argv[1] in ("venv", "pip"), where
+    elif program == "torchrun":
+        # torchrun's own options, then the program it starts on every rank.
+        assert argv[argv.index("-m") + 1] == "greta", where
+        _check_greta(where, argv[argv.index("-m") + 2 :])
     elif program == "export":
         assert re.fullmatch(r"[A-Z_]+=\S+", argv[1]), where
     else:

@@ -64,8 +64,8 @@ def _greta(*argv: str) -> subprocess.CompletedProcess[str]:
 def test_row_previous_on_a_target_without_one_says_so() -> None:
     proc = _greta("install", "--target", "cpu", "--row", "previous", "--dry-run")
     assert proc.returncode == 2
-    assert "target 'cpu' has no previous row" in proc.stderr
-    assert "previous rows exist for: cuda" in proc.stderr
+    assert "target cpu has no 'previous' row on Python" in proc.stderr
+    assert "(it has: current)" in proc.stderr
 
 
 def _plan(*argv: str) -> tuple[int, dict]:

@@ -4,6 +4,8 @@ repository, no hub access), and patched forwards free of transformers' deprecati
 from __future__ import annotations
 
 import copy
+import importlib
+import os
 import warnings
 
 import pytest
@@ -53,6 +55,9 @@ def test_kernelize_inference_matches_the_unpatched_model(family: str) -> None:
     model = _tiny(family).eval()
     plain = copy.deepcopy(model)
     kernelize_greta(model, mode=Mode.INFERENCE, device="cpu")
+    # `kernels` registers the repository's module under its metadata id: it must never
+    # take the name of GRETA's own `greta` package.
+    assert importlib.import_module("greta").__file__.endswith(os.path.join("greta", "__init__.py"))
     norm, mlp = model.model.norm, model.model.layers[0].mlp
     assert type(norm.forward.__self__) is type(plain.model.norm)
     assert norm.forward.__func__.__qualname__ == "RMSNorm.forward"
