@@ -132,6 +132,9 @@ def jax_on_triton(monkeypatch: pytest.MonkeyPatch):
 
     fake = types.ModuleType("jax_triton")
     fake.triton_call = _fake_triton_call
+    # The stand-in binds outputs as jax-triton 0.3 does ("appended"); 0.4's operand form
+    # has its own test (tests/test_jax_triton_convention.py).
+    fake.__version__ = "0.3.1"
     monkeypatch.setitem(sys.modules, "jax_triton", fake)
     for module in (_runtime, _attention, _matmul, _vec_add):
         monkeypatch.setattr(module, "use_triton", lambda: True, raising=False)
