@@ -49,6 +49,16 @@ else
     note "$(printf '%-13s %-14s %s' wheels none "no .whl/ carried: jax-triton may be missing")"
 fi
 
+# GRETA itself, installed as a user's would be (editable, no index, no build isolation): the
+# children GRETA starts run isolated (`python -I`, which drops PYTHONPATH) and must find the
+# installed GRETA, and `greta smoke` checks the GRETA bindings only where GRETA is installed.
+if python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . \
+    >"$WORK/logs/greta.log" 2>&1; then
+    note "$(printf '%-13s %-14s %s' greta ok "installed editable from $REPO")"
+else
+    note "$(printf '%-13s %-14s %s' greta FAILED "see logs/greta.log")"
+fi
+
 # step NAME CAP_S [tee] -- COMMAND...: run COMMAND with a timeout of min(CAP, time left).
 step() {
     local name=$1 cap=$2 mode=$3
