@@ -158,7 +158,7 @@ def test_collective_across_nodes_names_the_stalled_rank(tmp_path: Path) -> None:
     node_env = [{}, {"GRETA_COLLECTIVE_PLANT_STALL": "1:1"}]
     results = _two_nodes(args, node_env, tmp_path)
     assert [r[0] for r in results] == [1, 1], results
-    (report,) = out.glob("collective_job_cpu_x2_*.json")
+    (report,) = out.glob("collective_job_*_x2_*.json")  # names the device kind
     run = json.loads(report.read_text())["result"]
     assert run["status"] == "hang" and run["backend"] == "gloo" and run["link"] == "gloo"
     # The first size ran and was right before the stall.
@@ -168,7 +168,7 @@ def test_collective_across_nodes_names_the_stalled_rank(tmp_path: Path) -> None:
     assert "Suspect rank 1 (node 1, host " in run["message"]
     assert [s["rank"] for s in run["result"]["suspects"]] == [1]
     assert "alive but never entered the collective" in run["result"]["suspects"][0]["why"]
-    (csv_path,) = out.glob("collective_job_cpu_x2_*.csv")
+    (csv_path,) = out.glob("collective_job_*_x2_*.csv")
     assert csv_path.read_text().splitlines()[1].split(",")[6] == str(2**16)
     # The stalled rank ended with the same verdict instead of waiting out the timeout.
     assert "Suspect rank 1" in results[1][2]

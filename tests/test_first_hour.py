@@ -39,7 +39,7 @@ def test_a_venv_without_pip_or_uv_fails_before_downloading_with_the_fix(tmp_path
     }
     for argv in (["--dry-run"], []):
         proc = subprocess.run(
-            [python, "-m", "greta", "install", "--target", "cpu", *argv],
+            [python, "-m", "greta", "install", "--target", "cpu", "--force-target", *argv],
             capture_output=True,
             text=True,
             env=env,
