@@ -199,7 +199,9 @@ def test_python_children_ignore_the_current_directory(
     assert tools.python_version_of(sys.executable) == f"{sys.version_info[0]}.{sys.version_info[1]}"
     tools.site_packages_of(sys.executable)
     tools.scheme_of(sys.executable, "3.11")
-    proc = greta("install", "--target", "cpu", "--installer", "pip", "--dry-run", "--json")
+    proc = greta(
+        "install", "--target", "cpu", "--force-target", "--installer", "pip", "--dry-run", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     shown = json.loads(proc.stdout)
     assert all(argv[1] == "-I" for argv in shown["commands"]["stage"])

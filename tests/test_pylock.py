@@ -78,7 +78,7 @@ def test_export_names_follow_pep751() -> None:
 def test_export_lock_rejects_a_name_pep751_does_not_allow(tmp_path: Path) -> None:
     out = tmp_path / "cpu.toml"
     proc = subprocess.run(
-        [sys.executable, "-m", "greta", "install", "--target", "cpu", "--export-lock", str(out)],
+        [sys.executable, "-m", "greta", "install", "--target", "cpu", "--force-target", "--export-lock", str(out)],
         capture_output=True, text=True, cwd=REPO, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
