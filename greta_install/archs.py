@@ -109,7 +109,7 @@ TORCH_BUILDS: dict[str, TorchBuild] = {
             "therock-rocm10.0",
             "AMD TheRock torch 2.13.0+rocm10.0.0 (ROCm 10.0) with amd-torch-device-<gfx> packages",
             "AMD TheRock",
-            "https://stable.repo.amd.com/rocm/whl-next",
+            "https://stable.repo.amd.com/rocm/core/whl-next",
             ("gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
             (
                 "https://github.com/ultralytics/ultralytics/pull/24137",

@@ -74,7 +74,7 @@ def test_torch_local_version_matches_its_index(matrix) -> None:
             assert local and re.fullmatch(r"rocm\d+\.\d+\.\d+", local), torch
             assert torch.index in (
                 "https://repo.amd.com/rocm/whl-multi-arch",
-                "https://stable.repo.amd.com/rocm/whl-next",
+                "https://stable.repo.amd.com/rocm/core/whl-next",
             ), torch
             continue
         if row.target in expected_local:
