@@ -190,17 +190,8 @@ def available_rows() -> list[tuple[str, str, str]]:
 
 
 def available_locks() -> list[tuple[str, str]]:
-    try:
-        folder = lock_resource_dir() / "targets"
-        names = sorted(entry.name for entry in folder.iterdir())
-    except (OSError, LockError):
-        return []
-    found = []
-    for name in names:
-        match = re.match(r"^([a-z0-9]+)-py3(\d+)\.txt$", name)
-        if match:
-            found.append((match.group(1), f"3.{match.group(2)}"))
-    return found
+    """(target, python) of every packaged current-row lock file."""
+    return [(t, p) for t, p, row in available_rows() if row == "current"]
 
 
 class _Header:

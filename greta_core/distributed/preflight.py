@@ -22,7 +22,13 @@ from greta_install.doctor.cluster import cluster_findings
 from greta_install.doctor.cluster_facts import collect_record
 from greta_install.doctor.cluster_worker import gather_records
 from greta_install.doctor.collective import JobRun, judge_job, link_facts
-from greta_install.doctor.collective_worker import JOB_SIZES_MIB, Heartbeat, NoWatch, sweep
+from greta_install.doctor.collective_worker import (
+    JOB_SIZES_MIB,
+    Heartbeat,
+    NoWatch,
+    device_and_sync,
+    sweep,
+)
 from greta_install.doctor.model import CheckResult
 
 
@@ -53,18 +59,7 @@ def collective_check(
 
     backend = str(dist.get_backend(group))
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    if backend == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-        name = torch.cuda.get_device_name(device)
-
-        def sync() -> None:
-            torch.cuda.synchronize(device)
-
-    else:
-        device, name = torch.device("cpu"), "cpu"
-
-        def sync() -> None:
-            return None
+    device, name, sync = device_and_sync(torch, backend, None)
 
     out: dict[str, Any] = {
         "rank": rank,

@@ -80,6 +80,17 @@ def _capture(dist: Any, buf: Any, group: Any = None) -> str:
         return f"refused: {type(exc).__name__}: {str(exc)[:300]}"
 
 
+def device_and_sync(torch: Any, backend: str, local: int | None) -> tuple[Any, str, Any]:
+    """(device, its name, a synchronise function) for a rank: the rank's GPU under NCCL
+    (``local`` None: the current one), the CPU otherwise."""
+    if backend != "nccl":
+        return torch.device("cpu"), "cpu", lambda: None
+    if local is not None:
+        torch.cuda.set_device(local)
+    device = torch.device("cuda", torch.cuda.current_device())
+    return device, torch.cuda.get_device_name(device), lambda: torch.cuda.synchronize(device)
+
+
 def _write(path: str, result: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(result, fh)
@@ -97,19 +108,7 @@ def run_rank(result_path: str) -> dict[str, Any]:
     timeout = float(os.environ["GRETA_COLLECTIVE_TIMEOUT"])
     # all_gather_single replaces all_gather_into_tensor (deprecated in torch 2.13).
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    if backend == "nccl":
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        name = torch.cuda.get_device_name(local)
-
-        def sync() -> None:
-            torch.cuda.synchronize(device)
-
-    else:
-        device, name = torch.device("cpu"), "cpu"
-
-        def sync() -> None:
-            return None
+    device, name, sync = device_and_sync(torch, backend, local)
 
     dist.init_process_group(
         backend,
@@ -381,18 +380,7 @@ def run_sweep(result_path: str) -> dict[str, Any]:
     if backend == "nccl":
         # srun --gpus-per-task leaves each task one visible GPU whatever its local rank.
         local %= max(1, torch.cuda.device_count())
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        name = torch.cuda.get_device_name(local)
-
-        def sync() -> None:
-            torch.cuda.synchronize(device)
-
-    else:
-        device, name = torch.device("cpu"), "cpu"
-
-        def sync() -> None:
-            return None
+    device, name, sync = device_and_sync(torch, backend, local)
 
     out: dict[str, Any] = {
         "rank": rank,
