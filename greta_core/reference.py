@@ -273,6 +273,12 @@ def matmul(a: Any, b: Any, bias: Any | None = None) -> Any:
     return xp.astype(out, a.dtype)
 
 
+def bias_grad(g: Any) -> Any:
+    """The gradient of matmul's bias: g's column sums, accumulated as the GEMM does."""
+    xp = _xp(g)
+    return xp.astype(xp.sum(xp.astype(g, acc_dtype(g.dtype)), axis=0), g.dtype)
+
+
 # --- attention ----------------------------------------------------------------------------
 
 

@@ -6,15 +6,24 @@ ran is recorded (``greta_core.observe.last_implementation``).
 
 from greta_core.jax._add_rms_norm import add_rms_norm
 from greta_core.jax._attention import attention, attention_with_lse
-from greta_core.jax._kv_cache import kv_cache_append
 from greta_core.jax._layer_norm import layer_norm
 from greta_core.jax._linear_cross_entropy import linear_cross_entropy
-from greta_core.jax._matmul import matmul
 from greta_core.jax._rms_norm import rms_norm
+from greta_core.jax._declared import bind
 from greta_core.jax._rope import rope, rope_positions
-from greta_core.jax._softmax import softmax
-from greta_core.jax._swiglu import geglu, swiglu
-from greta_core.jax._vec_add import vec_add
+from greta_core.ops.kv_cache import KV_CACHE_APPEND
+from greta_core.ops.matmul import MATMUL
+from greta_core.ops.softmax import SOFTMAX
+from greta_core.ops.swiglu import GEGLU, SWIGLU
+from greta_core.ops.vec_add import VEC_ADD
+
+# Derived from their declarations (greta_core/ops/<op>.py).
+geglu = bind(GEGLU)
+kv_cache_append = bind(KV_CACHE_APPEND)
+matmul = bind(MATMUL)
+softmax = bind(SOFTMAX)
+swiglu = bind(SWIGLU)
+vec_add = bind(VEC_ADD)
 
 __all__ = [
     "add_rms_norm",

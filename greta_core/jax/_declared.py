@@ -16,8 +16,11 @@ from greta_core.ops.declare import Caller, Meta, OpDecl
 def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
     from greta_core.jax._runtime import use_triton
 
-    floats = [t for t in tensors if t is not None and "float" in str(t.dtype)]
-    return all(str(t.dtype) in op.kernel_dtypes for t in floats) and use_triton()
+    given = [t for t in tensors if t is not None]
+    floats = [t for t in given if "float" in str(t.dtype)]
+    # An empty input takes the reference: no zero-size buffers through jax-triton.
+    ok = all(str(t.dtype) in op.kernel_dtypes for t in floats) and all(t.size for t in given)
+    return ok and use_triton()
 
 
 def implementation(op: OpDecl, *args: Any) -> Any:
@@ -29,9 +32,15 @@ def implementation(op: OpDecl, *args: Any) -> Any:
         from greta_core.jax._runtime import jax_arch
 
         metas = [None if t is None else Meta.contiguous(t.shape, t.dtype) for t in tensors]
-        return op.unpack(run(op.plan(jax_arch(), *metas, *args[n:]), tensors))
+        return _outputs(op, run(op.plan(jax_arch(), *metas, *args[n:]), tensors))
     record(op.name, "reference-jnp")
     return op.reference(*args)
+
+
+def _outputs(op: OpDecl, results: tuple[Any, ...]) -> Any:
+    """What the JAX function returns: the schema's outputs, or for an op that writes into
+    its arguments every result (the updated arrays first: JAX arrays are immutable)."""
+    return results if op.mutates else op.unpack(results)
 
 
 _call = Caller(implementation, lambda a: a)
@@ -58,17 +67,28 @@ def _vjp(op: OpDecl) -> Callable[..., Any]:
         return out, tensors
 
     scalars = {op.args[i].name for i in nondiff}
+    # Under JAX every input's gradient is asked for; nothing is ever consumed.
+    extra = {"needs_grad": (True,) * len(op.args)}
+    if backward.may_consume:
+        extra["consume"] = False
 
     def bwd(*rest: Any) -> tuple[Any, ...]:
         *fixed, residual, grad = rest
         saved = types.SimpleNamespace(
-            **residual, **{op.args[i].name: v for i, v in zip(nondiff, fixed, strict=True)}
-        )
+            **residual, **{op.args[i].name: v for i, v in zip(nondiff, fixed, strict=True)},
+            **extra,
+        )  # fmt: skip
         grads = backward.grads(_call, grad if op.n_outputs > 1 else (grad,), saved)
         return tuple(g for i, g in enumerate(grads) if i not in nondiff)
 
     f.defvjp(fwd, bwd)
     return f
+
+
+def _traced(args: tuple[Any, ...]) -> bool:
+    import jax
+
+    return any(isinstance(a, jax.core.Tracer) for a in args)
 
 
 def bind(op: OpDecl) -> Callable[..., Any]:
@@ -78,6 +98,8 @@ def bind(op: OpDecl) -> Callable[..., Any]:
         full = op.bind(args, kwargs)
         if op.check_arrays is not None:
             op.check_arrays(*full)
+        if op.check_values is not None and not _traced(full):
+            op.check_values(*full)
         return _vjp(op)(*full)
 
     call.__name__ = call.__qualname__ = op.name

@@ -14,7 +14,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-DTYPES = ("fp32", "fp16", "bf16")
 
 
 @triton.jit
@@ -52,39 +51,3 @@ def kv_cache_append_kernel(
     tl.store(vc, v, mask=mask)
     if (h == 0) & (t_block == 0):
         tl.store(new_lens_ptr + b, length + n_new)
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core import configs
-    from greta_core.configs.blocks import kv_cache_blocks
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    for head_dim, n_new in ((64, 1), (128, 1), (128, 512)):
-        config = configs.lookup("kv_cache_append", arch, {"new_tokens": n_new})
-        block_t, block_d = kv_cache_blocks(config, n_new, head_dim)
-        options = configs.launch_options(config, arch)
-        for dtype in DTYPES:
-            signature = {
-                "k_ptr": f"*{dtype}",
-                "v_ptr": f"*{dtype}",
-                "lens_ptr": "*i32",
-                "k_cache_in": f"*{dtype}",
-                "v_cache_in": f"*{dtype}",
-                **{n: "i32" for n in ("n_heads", "n_new", "max_seq", "head_dim")},
-                **{f"stride_{a}{k}": "i32" for a in ("k", "v") for k in "bht"},
-                **{f"stride_{a}{k}": "i32" for a in ("kc", "vc") for k in "bhs"},
-                "k_cache_ptr": f"*{dtype}",
-                "v_cache_ptr": f"*{dtype}",
-                "new_lens_ptr": "*i32",
-            }
-            specs.append(
-                AotSpec(
-                    name=f"kv_cache_append[{dtype},d={head_dim},BLOCK_T={block_t}]",
-                    kernel=kv_cache_append_kernel,
-                    signature=signature,
-                    constexprs={"BLOCK_T": block_t, "BLOCK_D": block_d},
-                    options=options,
-                )
-            )
-    return specs

@@ -10,7 +10,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-DTYPES = ("fp32", "fp16", "bf16")
 
 
 @triton.jit
@@ -94,44 +93,3 @@ def softmax_bwd_kernel(
             dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
             y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core.configs.blocks import aot_variants
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    for dtype in DTYPES:
-        for block, one_pass, options in aot_variants("softmax", arch):
-            specs.append(
-                AotSpec(
-                    name=f"softmax_fwd[{dtype},BLOCK_N={block},one_pass={one_pass}]",
-                    kernel=softmax_fwd_kernel,
-                    signature={
-                        "x_ptr": f"*{dtype}",
-                        "n_cols": "i32",
-                        "stride_x": "i32",
-                        "y_ptr": f"*{dtype}",
-                    },
-                    constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                    options=options,
-                )
-            )
-        for block, one_pass, options in aot_variants("softmax_bwd", arch):
-            specs.append(
-                AotSpec(
-                    name=f"softmax_bwd[{dtype},BLOCK_N={block},one_pass={one_pass}]",
-                    kernel=softmax_bwd_kernel,
-                    signature={
-                        "dy_ptr": f"*{dtype}",
-                        "y_ptr": f"*{dtype}",
-                        "n_cols": "i32",
-                        "stride_dy": "i32",
-                        "stride_y": "i32",
-                        "dx_ptr": f"*{dtype}",
-                    },
-                    constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                    options=options,
-                )
-            )
-    return specs

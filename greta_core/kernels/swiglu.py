@@ -11,7 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-DTYPES = ("fp32", "fp16", "bf16")
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
@@ -69,49 +68,3 @@ def glu_bwd_kernel(
     act, dact = _act_and_grad(g, ACT)
     tl.store(dgate_ptr + offs, (dy * u * dact).to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(dup_ptr + offs, (dy * act).to(dup_ptr.dtype.element_ty), mask=mask)
-
-
-def grid(n_elements: int, block: int) -> tuple[int]:
-    return (triton.cdiv(n_elements, block),)
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core import configs
-    from greta_core.kernels._aot import AotSpec
-
-    config = configs.lookup("swiglu", arch, {})
-    options = configs.launch_options(config, arch)
-    specs = []
-    for dtype in DTYPES:
-        for code, act in enumerate(ACTIVATIONS):
-            specs.append(
-                AotSpec(
-                    name=f"glu_fwd[{dtype},{act},BLOCK={config['BLOCK']}]",
-                    kernel=glu_fwd_kernel,
-                    signature={
-                        "gate_ptr": f"*{dtype}",
-                        "up_ptr": f"*{dtype}",
-                        "n_elements": "i64",
-                        "y_ptr": f"*{dtype}",
-                    },
-                    constexprs={"ACT": code, "BLOCK": config["BLOCK"]},
-                    options=options,
-                )
-            )
-            specs.append(
-                AotSpec(
-                    name=f"glu_bwd[{dtype},{act},BLOCK={config['BLOCK']}]",
-                    kernel=glu_bwd_kernel,
-                    signature={
-                        "dy_ptr": f"*{dtype}",
-                        "gate_ptr": f"*{dtype}",
-                        "up_ptr": f"*{dtype}",
-                        "n_elements": "i64",
-                        "dgate_ptr": f"*{dtype}",
-                        "dup_ptr": f"*{dtype}",
-                    },
-                    constexprs={"ACT": code, "BLOCK": config["BLOCK"]},
-                    options=options,
-                )
-            )
-    return specs

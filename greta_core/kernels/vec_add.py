@@ -22,26 +22,3 @@ def vec_add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
     tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core import configs
-    from greta_core.kernels._aot import AotSpec
-
-    config = configs.lookup("vec_add", arch, {})
-    options = configs.launch_options(config, arch)
-    return [
-        AotSpec(
-            name=f"vec_add[{dtype}]",
-            kernel=vec_add_kernel,
-            signature={
-                "x_ptr": f"*{dtype}",
-                "y_ptr": f"*{dtype}",
-                "n_elements": "i32",
-                "out_ptr": f"*{dtype}",
-            },
-            constexprs={"BLOCK": config["BLOCK"]},
-            options=options,
-        )
-        for dtype in ("fp32", "fp16", "bf16")
-    ]

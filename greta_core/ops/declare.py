@@ -57,6 +57,18 @@ class Meta:
             step *= max(n, 1)
         return cls(shape, tuple(reversed(strides)), dtype_name(dtype))
 
+    @property
+    def is_contiguous(self) -> bool:
+        """Row-major, as torch's ``is_contiguous`` (dims of size 1 have any stride)."""
+        if 0 in self.shape:
+            return True
+        step = 1
+        for n, stride in zip(reversed(self.shape), reversed(self.strides), strict=True):
+            if n != 1 and stride != step:
+                return False
+            step *= n
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class Arg:
@@ -64,6 +76,7 @@ class Arg:
     type: str  # the torch schema type: "Tensor", "bool", "float", "int", "float?" ...
     default: Any = None
     has_default: bool = False
+    mutable: bool = False  # "Tensor(a!)": the op writes into it (see OpDecl.mutates)
 
     @property
     def is_tensor(self) -> bool:
@@ -74,7 +87,9 @@ _LITERALS = {"True": True, "False": False, "None": None}
 
 
 def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
-    """``"Tensor x, Tensor cos, bool inverse=False -> Tensor"`` -> (args, output count)."""
+    """``"Tensor x, Tensor cos, bool inverse=False -> Tensor"`` -> (args, output count).
+
+    ``Tensor(a!) cache`` marks an argument the op writes into; ``-> ()`` returns nothing."""
     inputs, _, outputs = schema.partition("->")
     args = []
     for part in filter(None, (p.strip() for p in inputs.split(","))):
@@ -83,10 +98,10 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
         value = _LITERALS.get(default.strip()) if eq else None
         if eq and default.strip() not in _LITERALS:
             value = ast.literal_eval(default.strip())
-        args.append(Arg(name, type_, value, bool(eq)))
-    outputs = outputs.strip()
-    n_out = len(outputs.strip("()").split(",")) if outputs.startswith("(") else 1
-    return tuple(args), n_out
+        mutable = type_.startswith("Tensor(") and type_.endswith("!)")
+        args.append(Arg(name, "Tensor" if mutable else type_, value, bool(eq), mutable))
+    outputs = outputs.strip().strip("()").strip()
+    return tuple(args), len(outputs.split(",")) if outputs else 0
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int}
@@ -114,14 +129,19 @@ class Backward:
     `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument.
     `call` (a :class:`Caller`) runs declared ops in the binding that is differentiating (the
     torch op, the raw launch, the JAX implementation), so the backward is written once. `saved`
-    has the tensors named in `saves`, every non-tensor argument, and the forward's outputs
-    listed in `saves_outputs` as ``out0``, ``out1``...
+    has the tensors named in `saves`, every non-tensor argument, the forward's outputs
+    listed in `saves_outputs` as ``out0``, ``out1``..., ``needs_grad`` (one bool per forward
+    argument: torch's ``ctx.needs_input_grad``, all True under JAX) and, with
+    `may_consume`, ``consume``.
     """
 
     grads: Callable[[Caller, tuple[Any, ...], Any], tuple[Any, ...]]
     saves: tuple[str, ...] = ()
     saves_outputs: tuple[int, ...] = ()
     nondiff_outputs: tuple[int, ...] = ()  # e.g. saved statistics returned beside y
+    # ``saved.consume``: the torch forward ran inside ``greta_core.torch.consume_inputs()``,
+    # so the backward may write its gradients over the saved inputs (never under JAX).
+    may_consume: bool = False
 
 
 @dataclass(eq=False)
@@ -144,28 +164,79 @@ class OpDecl:
     kernel_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     uses_matrix_units: bool = False
     describe: str = ""  # one line for GretaCompute and reports
+    # (*tensor Metas) -> the indices of the tensor arguments the kernels cannot take as
+    # given (rows that do not flatten to one stride, say): the call passes a contiguous
+    # copy of each and the plan sees the copy's layout; such a signature gets no ready
+    # launch. None: the plan takes every tensor as given (validation rejects the rest).
+    copies: Callable[..., tuple[int, ...]] | None = None
+    # (*args) -> None, raises GretaInputError: checks that read values, not the signature
+    # (a capacity, lengths). They cost a device sync on a GPU, so they run where values are
+    # on the host: the torch CPU kernel, JAX's concrete arrays, the raw op when asked.
+    check_values: Callable[..., None] | None = None
+    # False: ``torch.ops.greta.<name>`` is the triton_op itself, with no eager front and no
+    # ``<name>_fwd`` (a backward's kernel op, an op that writes into its arguments).
+    front: bool = True
+    # AOT: an int argument equal to 1 is the constexpr 1, as Triton's JIT specialises it
+    # at run time (the cases name the unit strides the launches have).
+    aot_unit_ints: bool = False
     args: tuple[Arg, ...] = field(init=False)
     n_outputs: int = field(init=False)
     n_tensors: int = field(init=False)
+    # The arguments the op writes into ("Tensor(a!)"). Its plan's results are these, in
+    # order, then the schema's outputs; torch and raw return the outputs (the writes are
+    # in place), JAX returns all (its arrays are immutable: the updated ones come first).
+    mutates: tuple[str, ...] = field(init=False)
     call: ForwardCall = field(init=False)
 
     def __post_init__(self) -> None:
         self.args, self.n_outputs = parse_schema(self.schema)
         self.n_tensors = sum(a.is_tensor for a in self.args)
+        self.mutates = tuple(a.name for a in self.args if a.mutable)
         if any(a.is_tensor for a in self.args[self.n_tensors :]):
             raise GretaConfigError(f"{self.name}: tensor arguments come first in the schema")
+        if self.mutates and (self.front or self.backward is not None):
+            raise GretaConfigError(
+                f"{self.name}: an op that writes into its arguments has no eager front and "
+                "no autograd (front=False, backward=None)"
+            )
         self.plan = memo(self.plan)
         # Validation and planning once per call signature (ops/_calls.py): the plan takes
-        # the call's tensors as given, so every signature may get a ready launch.
-        self.call = ForwardCall(self._resolve, self.n_tensors, *tensors_as_given(self.n_tensors))
+        # the call's tensors as given, so every signature may get a ready launch; with
+        # `copies`, a signature whose tensors are copied takes the ordinary path.
+        given = tensors_as_given(self.n_tensors) if self.copies is None else self._copied()
+        self.call = ForwardCall(self._resolve, self.n_tensors, *given)
 
     # --- the raw launch ---------------------------------------------------------------
 
-    def _resolve(self, *args: Any) -> Plan:
+    def _resolve(self, *args: Any) -> Any:
+        """The plan; with `copies`, (plan, the indices of the tensors to copy)."""
         arch = self.validate(*args)
         n = self.n_tensors
         metas = [None if t is None else Meta.of(t) for t in args[:n]]
-        return self.plan(arch, *metas, *args[n:])
+        if self.copies is None:
+            return self.plan(arch, *metas, *args[n:])
+        copied = tuple(self.copies(*metas))
+        for i in copied:
+            metas[i] = Meta.contiguous(metas[i].shape, args[i].dtype)
+        return self.plan(arch, *metas, *args[n:]), copied
+
+    def _copied(self) -> tuple[Any, Any]:
+        """(plan_inputs, inputs) of the ForwardCall when `copies` is declared."""
+        n = self.n_tensors
+        positions = tuple(range(n))
+
+        def plan_inputs(resolved: Any) -> Any:
+            plan, copied = resolved
+            return None if copied else (plan, positions)
+
+        def inputs(resolved: Any, args: tuple[Any, ...]) -> Any:
+            plan, copied = resolved
+            tensors = list(args[:n])
+            for i in copied:
+                tensors[i] = tensors[i].contiguous()
+            return plan, tuple(tensors)
+
+        return plan_inputs, inputs
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The full positional argument tuple: defaults filled, scalars converted."""
@@ -192,8 +263,21 @@ class OpDecl:
         autograd. Raises GretaInputError for a wrong shape, dtype, device or layout."""
         return self.unpack(self.call.run(wrap, *self.bind(args, kwargs)))
 
+    def if_eager(self, *args: Any) -> Any | None:
+        """:meth:`raw` (positional, complete arguments) for a call
+        :func:`~greta_core.ops._calls.eager_raw` allows (a torch.ops front's hot path), else
+        None: the caller then takes its torch op."""
+        done = self.call.if_eager(*args)
+        return None if done is None else self.unpack(done)
+
     def unpack(self, outs: tuple[Any, ...]) -> Any:
-        return outs[0] if self.n_outputs == 1 else outs
+        """The schema's outputs of a plan's results (a mutating op's updated arguments
+        dropped): one tensor, a tuple, or None for ``-> ()``."""
+        if self.mutates:
+            outs = outs[len(self.mutates) :]
+        if self.n_outputs == 1:
+            return outs[0]
+        return outs if self.n_outputs else None
 
     def saved(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> types.SimpleNamespace:
         """What the backward reads (see :class:`Backward`), by name."""
@@ -257,6 +341,12 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
         for launch in plan.launches:
             signature = launch_signature(plan, launch, metas)
             constexprs, options = dict(launch.constexprs), dict(launch.options)
+            if op.aot_unit_ints:
+                names = launch.kernel.arg_names
+                for name, arg in zip(names, launch.args, strict=False):
+                    if type(arg) is int and arg == 1:
+                        del signature[name]
+                        constexprs[name] = 1
             key = (
                 launch.kernel,
                 *(tuple(sorted(d.items())) for d in (signature, constexprs, options)),

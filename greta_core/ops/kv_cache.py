@@ -1,15 +1,18 @@
+"""kv_cache_append: the declaration of greta::kv_cache_append, which writes new k/v
+tokens into the decode caches in place (``Tensor(a!)``: no eager front, no autograd)."""
+
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
-from greta_core import configs
+from greta_core import configs, reference
 from greta_core.configs.blocks import kv_cache_blocks
-from greta_core.kernels.kv_cache import kv_cache_append_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
-from greta_core.ops._plan import _identity as _no_wrap
-from greta_core.ops._rows import arch_for, float_dtypes
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, memo
+from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for, float_dtypes
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor
+from greta_core.ops.declare import Meta, OpDecl, declare
 
 OP = "kv_cache_append"
 _interp_compat.apply()
@@ -61,8 +64,9 @@ def validate(
 
 
 def check_capacity(cache_lens: Any, new_tokens: int, max_seq: int) -> None:
-    """Host-side overflow check; reads cache_lens (a device sync when it lives on a GPU)."""
-    if cache_lens.numel():
+    """Host-side overflow check; reads cache_lens (a device sync when it lives on a GPU).
+    Torch tensors and concrete JAX arrays alike."""
+    if cache_lens.shape[0]:
         check_lengths(int(cache_lens.min()), int(cache_lens.max()), new_tokens, max_seq)
 
 
@@ -88,6 +92,8 @@ def plan(
 ) -> Plan:  # fmt: skip
     """`strides`: the [:3] strides of k, v, k_cache, v_cache. Buffers: the caches (updated in
     place) and new_lens int32 [batch]."""
+    from greta_core.kernels.kv_cache import kv_cache_append_kernel  # plans import no Triton
+
     batch, heads, max_seq, head_dim = cache_shape
     config = configs.lookup(OP, arch, {"new_tokens": n_new})
     block_t, block_d = kv_cache_blocks(config, n_new, head_dim)
@@ -106,19 +112,87 @@ def plan(
     return Plan(OP, arch, buffers, (launch,) if batch * heads else (), (0, 1, 2))
 
 
-def launch(
-    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any, new_lens: Any, arch: str,
-    wrap: Wrap = _no_wrap,
-) -> None:  # fmt: skip
-    """Append in place; writes the new lengths into the preallocated `new_lens`."""
-    strides = tuple(tuple(t.stride()[:3]) for t in (k, v, k_cache, v_cache))
-    p = plan(tuple(k_cache.shape), k.shape[2], strides, dtype_name(k_cache.dtype), arch)
-    run(p, (k_cache, v_cache, k, v, cache_lens), out=(k_cache, v_cache, new_lens), wrap=wrap)
+def plan_metas(arch: str, k_cache: Meta, v_cache: Meta, k: Meta, v: Meta, lens: Meta) -> Plan:
+    strides = tuple(t.strides[:3] for t in (k, v, k_cache, v_cache))
+    return plan(k_cache.shape, k.shape[2], strides, k_cache.dtype, arch)
+
+
+def _reference(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> Any:
+    """Torch tensors: written in place, the new lengths returned. JAX arrays (immutable):
+    (k_cache, v_cache, new_lens) with ``.at[].set``, whose ``mode="drop"`` is the kernel's
+    bound guard."""
+    if hasattr(k_cache, "scatter_"):
+        return reference.kv_cache_append(k_cache, v_cache, k, v, cache_lens)
+    import jax.numpy as jnp
+
+    batch, heads, n_new = k.shape[0], k.shape[1], k.shape[2]
+    pos = cache_lens[:, None] + jnp.arange(n_new, dtype=cache_lens.dtype)  # [B, T]
+    index = (jnp.arange(batch)[:, None, None], jnp.arange(heads)[None, :, None], pos[:, None, :])
+    k_cache = k_cache.at[index].set(k, mode="drop")
+    v_cache = v_cache.at[index].set(v, mode="drop")
+    return k_cache, v_cache, cache_lens + n_new
+
+
+def check_arrays(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> None:
+    from greta_core.jax._rows_common import check_float
+
+    for name, a in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        check_float(OP, name, a)
+        if a.ndim != 4:
+            raise GretaInputError(f"{OP}: argument '{name}' has shape {a.shape}; expected 4 dims")
+        if a.dtype != k_cache.dtype:
+            raise GretaInputError(
+                f"{OP}: argument '{name}' has dtype {a.dtype}; expected {k_cache.dtype}"
+            )
+    batch, heads, _, d = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise GretaInputError(
+            f"{OP}: argument 'v_cache' has shape {v_cache.shape}; expected {k_cache.shape}"
+        )
+    for name, a in (("k", k), ("v", v)):
+        if (a.shape[0], a.shape[1], a.shape[3]) != (batch, heads, d) or a.shape != k.shape:
+            raise GretaInputError(
+                f"{OP}: argument '{name}' has shape {a.shape}; expected ({batch}, {heads}, "
+                f"new_tokens, {d})"
+            )
+    if str(getattr(cache_lens, "dtype", "")) != "int32" or cache_lens.shape != (batch,):
+        raise GretaInputError(
+            f"{OP}: argument 'cache_lens' must be int32 [{batch}], got "
+            f"{getattr(cache_lens, 'dtype', None)} {getattr(cache_lens, 'shape', None)}"
+        )
+
+
+def _aot(arch: str) -> list[tuple[Meta, ...]]:
+    cases = []
+    for (head_dim, n_new), dtype in itertools.product(
+        ((64, 1), (128, 1), (128, 512)), TRITON_DTYPE_NAMES
+    ):
+        cache = Meta.contiguous((2, 8, 4096, head_dim), dtype)
+        new = Meta.contiguous((2, 8, n_new, head_dim), dtype)
+        cases.append((cache, cache, new, new, Meta.contiguous((2,), "int32")))
+    return cases
+
+
+KV_CACHE_APPEND = declare(OpDecl(
+    name=OP,
+    schema="Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_lens "
+    "-> Tensor",
+    describe="write new K/V at each sequence's cache length",
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan_metas,
+    reference=_reference,
+    check_arrays=check_arrays,
+    check_values=lambda k_cache, v_cache, k, v, lens: check_capacity(
+        lens, k.shape[2], k_cache.shape[2]
+    ),
+    front=False,
+    aot_cases=_aot,
+))  # fmt: skip
 
 
 def kv_cache_append(
     k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any, *, check: bool | None = None,
-    wrap: Wrap = _no_wrap,
+    wrap: Wrap = _identity,
 ) -> Any:  # fmt: skip
     """Write k/v [batch, heads_kv, new_tokens, head_dim] into k_cache/v_cache [batch, heads_kv,
     max_seq, head_dim] at cache_lens[b] + t, in place; returns the new lengths (int32 [batch]).
@@ -130,9 +204,8 @@ def kv_cache_append(
     Raises GretaInputError for a wrong shape, dtype, device or layout, a broadcast cache, or
     (when checked) a negative length or an overflow.
     """
-    arch = validate(k_cache, v_cache, k, v, cache_lens)
+    args = (k_cache, v_cache, k, v, cache_lens)
     if check or (check is None and cache_lens.device.type == "cpu"):
+        KV_CACHE_APPEND.call(*args)  # validation first (cached per signature)
         check_capacity(cache_lens, k.shape[2], k_cache.shape[2])
-    strides = tuple(tuple(t.stride()[:3]) for t in (k, v, k_cache, v_cache))
-    p = plan(tuple(k_cache.shape), k.shape[2], strides, dtype_name(k_cache.dtype), arch)
-    return run(p, (k_cache, v_cache, k, v, cache_lens), wrap=wrap)[2]
+    return KV_CACHE_APPEND.raw(*args, wrap=wrap)

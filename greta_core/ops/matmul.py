@@ -1,16 +1,19 @@
+"""matmul (C = a @ b + bias): the declaration of greta::matmul; every binding derives
+from it. Both gradients are GEMMs through the same op."""
+
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
-from greta_core import configs
-from greta_core.kernels.matmul import features, matmul_kernel
+from greta_core import configs, reference
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall, positions_as_given
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
-from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, memo, run
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
+from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
 OP = "matmul"
+_interp_compat.apply()
 
 
 def _dtypes() -> tuple[Any, ...]:
@@ -42,8 +45,11 @@ def check_shapes(a: Any, b: Any, bias: Any | None) -> None:
     check_same_device("matmul", a=a, b=b, bias=bias)
 
 
-def validate(a: Any, b: Any, bias: Any | None = None) -> str:
+def validate(a: Any, b: Any, bias: Any | None = None, reference: bool = False) -> str:
     """Check the inputs and return the arch to launch on. Raises GretaInputError."""
+    if reference:
+        check_shapes(a, b, bias)
+        return "reference"
     check_tensor("matmul", "a", a, dtypes=_dtypes())
     check_shapes(a, b, bias)
     if bias is not None and bias.stride(0) != 1:
@@ -68,6 +74,8 @@ def plan(
 ) -> Plan:  # fmt: skip
     """Inputs (a, b[, bias]); buffer: c [m, n] in a's dtype. K = 0 runs the kernel too: an
     empty sum, so C is the bias (or zeros)."""
+    from greta_core.kernels.matmul import features, matmul_kernel  # plans import no Triton
+
     config = configs.lookup(OP, arch, features(m, n, k))
     meta = configs.meta_params(config)
     int64 = needs_int64(
@@ -91,46 +99,112 @@ def plan(
     return Plan(OP, arch, (Buffer((m, n), dtype),), (launch,) if m and n else (), (0,))
 
 
-def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
+def plan_metas(arch: str, a: Meta, b: Meta, bias: Meta | None) -> Plan:
+    """The declaration's plan: a and b as given (any strides), c row-major."""
+    (m, k), n = a.shape, b.shape[1]
+    return plan(m, n, k, a.strides, b.strides, (n, 1), a.dtype, bias is not None, arch)
+
+
+def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _identity) -> None:
     """Launch into a preallocated `out` [m, n] (any strides); `wrap` is
     `torch.library.wrap_triton` inside a triton_op."""
-    if arch == "cpu":
-        _interp_compat.apply()
     p = plan(
         a.shape[0], b.shape[1], a.shape[1], tuple(a.stride()), tuple(b.stride()),
-        tuple(out.stride()), dtype_name(a.dtype), bias is not None, arch,
+        tuple(out.stride()), str(a.dtype).removeprefix("torch."), bias is not None, arch,
     )  # fmt: skip
     run(p, (a, b) if bias is None else (a, b, bias), out=(out,), wrap=wrap)
 
 
-def _resolve(a: Any, b: Any, bias: Any | None) -> tuple[Plan, tuple[int, ...]]:
-    """(plan, positions in the call's (a, b, bias) of the plan's inputs): the bias only
-    where one is given."""
-    arch = validate(a, b, bias)
-    if arch == "cpu":
-        _interp_compat.apply()
-    m, n = a.shape[0], b.shape[1]
-    p = plan(
-        m, n, a.shape[1], tuple(a.stride()), tuple(b.stride()), (n, 1), dtype_name(a.dtype),
-        bias is not None, arch,
-    )  # fmt: skip
-    return p, (0, 1) if bias is None else (0, 1, 2)
+def check_arrays(a: Any, b: Any, bias: Any | None) -> None:
+    """Raises GretaInputError unless a [M, K] @ b [K, N] (+ bias [N]) share a float dtype."""
+    from greta_core.jax._rows_common import check_float
+
+    check_float("matmul", "a", a)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise GretaInputError(
+            f"matmul: arguments 'a' {a.shape} and 'b' {b.shape} must be 2-D with "
+            "a.shape[1] == b.shape[0]"
+        )
+    if a.dtype != b.dtype:
+        raise GretaInputError(f"matmul: argument 'b' has dtype {b.dtype}; expected a's {a.dtype}")
+    if bias is not None and (bias.shape != (b.shape[1],) or bias.dtype != a.dtype):
+        raise GretaInputError(
+            f"matmul: arguments 'bias' {bias.shape} {bias.dtype} must be ({b.shape[1]},) {a.dtype}"
+        )
 
 
-# Call signature (a, b, bias): bias may be None (a slot of the key like any tensor). The
-# plan takes a, b (any strides) and bias as given: every signature may launch ready.
-_call = ForwardCall(_resolve, 3, *positions_as_given())
+# --- what the kernel wheels precompile ------------------------------------------------------
+
+# Shapes whose configs the kernel wheels precompile: one per rule of the tables (decode-
+# sized M, mid-sized M, the large default), so each config a call can pick is covered.
+AOT_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (64, 4096, 4096),
+    (1024, 4096, 4096),
+    (4096, 4096, 4096),
+)
+# The two layouts GRETA sees most: row-major A, B and C, and B given as w.t() (nn.Linear
+# weights). Triton turns an int argument equal to 1 into a constant, so the specs name the
+# unit strides these layouts have (the declaration's aot_unit_ints).
+AOT_LAYOUTS = ("rowmajor", "b_transposed")
+
+
+def _aot(arch: str) -> list[tuple[Any, ...]]:
+    cases = []
+    for (m, n, k), layout, dtype, has_bias in itertools.product(
+        AOT_SHAPES, AOT_LAYOUTS, ("float16", "bfloat16"), (False, True)
+    ):
+        b = Meta.contiguous((k, n), dtype)
+        if layout == "b_transposed":
+            b = Meta((k, n), (1, k), dtype)
+        bias = Meta.contiguous((n,), dtype) if has_bias else None
+        cases.append((Meta.contiguous((m, k), dtype), b, bias))
+    return cases
+
+
+# --- the declaration ----------------------------------------------------------------------
+
+
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    # Both gradients are GEMMs through the same op, so compiled graphs keep the kernel.
+    (g,) = grads
+    a, b, needs = saved.a, saved.b, saved.needs_grad
+    grad_a = call(MATMUL, g, b.T, None) if needs[0] else None
+    grad_b = call(MATMUL, a.T, g, None) if needs[1] else None
+    grad_bias = None
+    if saved.bias is not None and needs[2]:
+        grad_bias = reference.bias_grad(g)
+    return grad_a, grad_b, grad_bias
+
+
+MATMUL = declare(OpDecl(
+    name=OP,
+    schema="Tensor a, Tensor b, Tensor? bias=None -> Tensor",
+    describe="GEMM a @ b (+ bias)",
+    # A lambda: the module's validate as it is at call time (tests count its calls).
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan_metas,
+    reference=reference.matmul,
+    backward=Backward(_grads, saves=("a", "b", "bias")),
+    check_arrays=check_arrays,
+    aot_cases=_aot,
+    kernel_dtypes=("float16", "bfloat16"),
+    uses_matrix_units=True,
+    aot_unit_ints=True,
+))  # fmt: skip
+
+# The call cache the torch front and tests reach; the hot path of the front.
+_call = MATMUL.call
 
 
 def matmul(
-    a: Any, b: Any, bias: Any | None = None, out: Any | None = None, wrap: Wrap = _no_wrap
+    a: Any, b: Any, bias: Any | None = None, out: Any | None = None, wrap: Wrap = _identity
 ) -> Any:
     """C = a @ b (+ bias) for 2-D fp16/bf16 tensors; any strides (e.g. ``w.t()``).
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     if out is None:
-        return _call.run(wrap, a, b, bias)[0]
+        return MATMUL.raw(a, b, bias, wrap=wrap)
     arch = validate(a, b, bias)
     check_tensor(OP, "out", out, dtypes=(a.dtype,), ndim=2)
     if tuple(out.shape) != (a.shape[0], b.shape[1]):
@@ -145,5 +219,4 @@ def matmul(
 def matmul_if_eager(a: Any, b: Any, bias: Any | None = None) -> Any | None:
     """:func:`matmul` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
     torch.ops front's hot path), else None: the caller then takes its torch op."""
-    done = _call.if_eager(a, b, bias)
-    return None if done is None else done[0]
+    return MATMUL.if_eager(a, b, bias)

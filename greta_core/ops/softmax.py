@@ -1,17 +1,24 @@
-"""softmax: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+"""softmax over the last dim: the declarations of greta::softmax and of its backward's
+kernel op greta::softmax_bwd (dx = y * (dy - sum(y * dy, -1))); every binding derives
+from them."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from greta_core.kernels.softmax import softmax_bwd_kernel, softmax_fwd_kernel
+from greta_core import reference
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
-from greta_core.ops._plan import _identity as _no_wrap
-from greta_core.ops._rows import arch_for, check_rows_input, row_layout, row_plan, rows_view
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, run
+from greta_core.ops._rows import (
+    TRITON_DTYPE_NAMES,
+    arch_for,
+    check_rows_input,
+    row_plan,
+    row_stride,
+)
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
+from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
 OP = "softmax"
 _interp_compat.apply()
@@ -33,90 +40,124 @@ def validate_bwd(dy: Any, y: Any, reference: bool = False) -> str:
     return arch_for(OP, y, reference)
 
 
-# --- launch plans: inputs (x2 [rows, N]) and (dy2, y2) ---------------------------------
+def _uneven(*rows: Meta) -> tuple[int, ...]:
+    """The inputs whose leading dims do not flatten to one row stride: copied."""
+    return tuple(i for i, t in enumerate(rows) if row_stride(t.shape, t.strides) is None)
 
 
-@memo
-def plan_fwd(shape: tuple[int, ...], stride_x: int, dtype: str, arch: str) -> Plan:
+# --- launch plans: x [..., N] and (dy, y), rows read through one row stride --------------
+
+
+def plan_fwd(arch: str, x: Meta) -> Plan:
     """Buffers: y (x's shape and dtype)."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    from greta_core.kernels.softmax import softmax_fwd_kernel  # the plans import no Triton
+
+    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
     rp = row_plan(OP, arch, n_cols)
     launch = Launch(
-        softmax_fwd_kernel, (n_rows,), (In(0), n_cols, stride_x, Out(0)),
+        softmax_fwd_kernel, (n_rows,), (In(0), n_cols, row_stride(x.shape, x.strides), Out(0)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
     )  # fmt: skip
-    return Plan(OP, arch, (Buffer(shape, dtype),), (launch,) if n_rows else (), (0,))
+    return Plan(OP, arch, (Buffer(x.shape, x.dtype),), (launch,) if n_rows else (), (0,))
 
 
-@memo
-def plan_bwd(shape: tuple[int, ...], stride_dy: int, stride_y: int, dtype: str, arch: str) -> Plan:
+def plan_bwd(arch: str, dy: Meta, y: Meta) -> Plan:
     """Buffers: dx (y's shape and dtype)."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    from greta_core.kernels.softmax import softmax_bwd_kernel
+
+    n_rows, n_cols = math.prod(y.shape[:-1]), y.shape[-1]
     rp = row_plan("softmax_bwd", arch, n_cols)
+    strides = (row_stride(dy.shape, dy.strides), row_stride(y.shape, y.strides))
     launch = Launch(
-        softmax_bwd_kernel, (n_rows,), (In(0), In(1), n_cols, stride_dy, stride_y, Out(0)),
+        softmax_bwd_kernel, (n_rows,), (In(0), In(1), n_cols, *strides, Out(0)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
     )  # fmt: skip
-    return Plan("softmax_bwd", arch, (Buffer(shape, dtype),), (launch,) if n_rows else (), (0,))
+    return Plan("softmax_bwd", arch, (Buffer(y.shape, y.dtype),), (launch,) if n_rows else (), (0,))
 
 
-# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+# --- JAX arrays' checks, AOT cases ---------------------------------------------------------
 
 
-def launch_fwd(x2: Any, y2: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
-    """Run the forward into a preallocated y2 [rows, N]."""
-    plan = plan_fwd(tuple(x2.shape), x2.stride(0), dtype_name(x2.dtype), arch)
-    run(plan, (x2,), out=(y2,), wrap=wrap)
+def check_arrays(x: Any) -> None:
+    from greta_core.jax._rows_common import check_rows
+
+    check_rows(OP, "x", x)
 
 
-def _resolve_fwd(x: Any) -> tuple[Plan, bool]:
-    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
-    arch = validate(x)
-    shape, stride, copies = row_layout(x)
-    return plan_fwd(shape, stride, dtype_name(x.dtype), arch), copies
+def _aot(op: str, n_inputs: int) -> Any:
+    """One row of every width whose block the table can pick (configs.blocks.aot_widths)."""
+    from greta_core.configs.blocks import aot_widths
+
+    def cases(arch: str) -> list[tuple[Meta, ...]]:
+        return [
+            (Meta.contiguous((1, n), dtype),) * n_inputs
+            for dtype in TRITON_DTYPE_NAMES
+            for n in aot_widths(op, arch)
+        ]
+
+    return cases
 
 
-def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] | None:
-    plan, copies = resolved
-    return None if copies else (plan, (0,))
+# --- the declarations -------------------------------------------------------------------
 
 
-def _inputs(resolved: tuple[Plan, bool], args: tuple[Any, ...]) -> tuple[Plan, tuple[Any, ...]]:
-    (plan, copies), (x,) = resolved, args
-    return plan, (rows_view(x) if copies else x,)
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    (dy,) = grads
+    return (call(SOFTMAX_BWD, call.contiguous(dy), saved.out0),)
 
 
-# Call signature (x,): see ops/_calls.py. Rows copied to flatten get no ready launch.
-_fwd_call = ForwardCall(_resolve_fwd, 1, _given_inputs, _inputs)
+SOFTMAX_BWD = declare(OpDecl(
+    name="softmax_bwd",
+    schema="Tensor dy, Tensor y -> Tensor",
+    describe="softmax's backward: y * (dy - sum(y * dy, -1))",
+    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
+    plan=plan_bwd,
+    reference=reference.softmax_bwd,
+    copies=_uneven,
+    front=False,
+    aot_cases=_aot("softmax_bwd", 2),
+))  # fmt: skip
+
+SOFTMAX = declare(OpDecl(
+    name=OP,
+    schema="Tensor x -> Tensor",
+    describe="softmax over the last dim",
+    # A lambda: the module's validate as it is at call time (tests count its calls).
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan_fwd,
+    reference=reference.softmax,
+    backward=Backward(_grads, saves_outputs=(0,)),
+    check_arrays=check_arrays,
+    copies=_uneven,
+    aot_cases=_aot(OP, 1),
+))  # fmt: skip
+
+# The raw API (greta_core.raw) and the call cache the torch front and tests reach.
+_fwd_call = SOFTMAX.call
+softmax_if_eager = SOFTMAX.if_eager
 
 
-def softmax(x: Any, wrap: Wrap = _no_wrap) -> Any:
+def softmax(x: Any, wrap: Wrap = _identity) -> Any:
     """Softmax over the last dim of x ([..., N]), fp32 math, output in x's dtype.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    return _fwd_call.run(wrap, x)[0]
+    return SOFTMAX.raw(x, wrap=wrap)
 
 
-def softmax_if_eager(x: Any) -> Any | None:
-    """:func:`softmax` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
-    torch.ops front's hot path), else None: the caller then takes its torch op."""
-    done = _fwd_call.if_eager(x)
-    return None if done is None else done[0]
-
-
-def softmax_bwd(dy: Any, y: Any, wrap: Wrap = _no_wrap) -> Any:
+def softmax_bwd(dy: Any, y: Any, wrap: Wrap = _identity) -> Any:
     """dx = y * (dy - sum(y * dy, -1)) for y = softmax(x).
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate_bwd(dy, y)
-    y2, dy2 = rows_view(y), rows_view(dy)
-    plan = plan_bwd(tuple(y.shape), dy2.stride(0), y2.stride(0), dtype_name(y.dtype), arch)
-    return run(plan, (dy2, y2), wrap=wrap)[0]
+    return SOFTMAX_BWD.raw(dy, y, wrap=wrap)
 
 
-def launch_bwd(dy2: Any, y2: Any, dx2: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
+def launch_fwd(x2: Any, y2: Any, arch: str, wrap: Wrap = _identity) -> None:
+    """Run the forward into a preallocated y2 [rows, N]."""
+    run(SOFTMAX.plan(arch, Meta.of(x2)), (x2,), out=(y2,), wrap=wrap)
+
+
+def launch_bwd(dy2: Any, y2: Any, dx2: Any, arch: str, wrap: Wrap = _identity) -> None:
     """Run the backward into a preallocated dx2 [rows, N]."""
-    plan = plan_bwd(tuple(y2.shape), dy2.stride(0), y2.stride(0), dtype_name(y2.dtype), arch)
-    run(plan, (dy2, y2), out=(dx2,), wrap=wrap)
+    run(SOFTMAX_BWD.plan(arch, Meta.of(dy2), Meta.of(y2)), (dy2, y2), out=(dx2,), wrap=wrap)

@@ -1,20 +1,15 @@
-"""vec_add: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+"""vec_add (x + y): the declaration of greta::vec_add; every binding derives from it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from greta_core import configs
-from greta_core.kernels.vec_add import vec_add_kernel
-from greta_core.ops._calls import ForwardCall, tensors_as_given
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
-from greta_core.ops._plan import _identity as _no_wrap
-from greta_core.ops._validate import (
-    check_same_device,
-    check_same_shape,
-    check_tensor,
-    launch_arch,
-)
+from greta_core import configs, reference
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, run
+from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for
+from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
+from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
 OP = "vec_add"
 
@@ -26,61 +21,73 @@ def check_inputs(x: Any, y: Any) -> None:
     check_same_shape(OP, x=x, y=y)
 
 
-def validate(x: Any, y: Any) -> str:
+def validate(x: Any, y: Any, reference: bool = False) -> str:
     """Check the inputs and return the arch to launch on. Raises GretaInputError."""
     check_inputs(x, y)
+    if reference:
+        return "reference"
     check_tensor(OP, "x", x, contiguous=True)
     check_tensor(OP, "y", y, contiguous=True)
     check_same_device(OP, x=x, y=y)
-    return launch_arch(OP, x)
+    return arch_for(OP, x, reference)
 
 
-@memo
-def plan(shape: tuple[int, ...], dtype: str, arch: str) -> Plan:
+def plan(arch: str, x: Meta, y: Meta) -> Plan:
     """Inputs (x, y) contiguous; buffer: out (x's shape and dtype)."""
-    n = 1
-    for d in shape:
-        n *= d
+    from greta_core.kernels.vec_add import vec_add_kernel  # the declaration imports no Triton
+
+    n = math.prod(x.shape)
     config = configs.lookup(OP, arch, {"n": n})
     block = config["BLOCK"]
     launch = Launch(
         vec_add_kernel, ((n + block - 1) // block,), (In(0), In(1), n, Out(0)),
         {"BLOCK": block}, configs.launch_options(config, arch),
     )  # fmt: skip
-    return Plan(OP, arch, (Buffer(shape, dtype),), (launch,) if n else (), (0,))
+    return Plan(OP, arch, (Buffer(x.shape, x.dtype),), (launch,) if n else (), (0,))
 
 
-def launch(x: Any, y: Any, out: Any, arch: str, wrap: Wrap = _no_wrap) -> None:
-    """Launch into a preallocated `out`; `wrap` is `torch.library.wrap_triton` in a triton_op."""
-    run(plan(tuple(x.shape), dtype_name(x.dtype), arch), (x, y), out=(out,), wrap=wrap)
+def check_arrays(x: Any, y: Any) -> None:
+    from greta_core.errors import GretaInputError
+
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise GretaInputError(
+            f"vec_add: arguments 'x' {x.shape} {x.dtype} and 'y' {y.shape} {y.dtype} "
+            "must have one shape and dtype"
+        )
 
 
-def _resolve(x: Any, y: Any) -> Plan:
-    arch = validate(x, y)
-    return plan(tuple(x.shape), dtype_name(x.dtype), arch)
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    (dy,) = grads
+    return dy, dy
 
 
-# Validation and planning once per call signature (see ops/_calls.py); the plan takes x
-# and y as given (validation rejects other strides): every signature may launch ready.
-_call = ForwardCall(_resolve, 2, *tensors_as_given(2))
+VEC_ADD = declare(OpDecl(
+    name=OP,
+    schema="Tensor x, Tensor y -> Tensor",
+    describe="element-wise x + y",
+    # A lambda: the module's validate as it is at call time (tests count its calls).
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan,
+    reference=reference.vec_add,
+    backward=Backward(_grads),
+    check_arrays=check_arrays,
+    aot_cases=lambda arch: [(Meta.contiguous((4096,), d),) * 2 for d in TRITON_DTYPE_NAMES],
+))  # fmt: skip
+
+# The call cache the torch front and tests reach; the hot path of the front.
+_call = VEC_ADD.call
+vec_add_if_eager = VEC_ADD.if_eager
 
 
-def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _no_wrap) -> Any:
+def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _identity) -> Any:
     """out = x + y for contiguous tensors of one shape, dtype and device.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     if out is None:
-        return _call.run(wrap, x, y)[0]
+        return VEC_ADD.raw(x, y, wrap=wrap)
     p = _call(x, y)
     check_tensor(OP, "out", out, dtypes=(x.dtype,), contiguous=True)
     check_same_shape(OP, x=x, out=out)
     run(p, (x, y), out=(out,), wrap=wrap)
     return out
-
-
-def vec_add_if_eager(x: Any, y: Any) -> Any | None:
-    """:func:`vec_add` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
-    torch.ops front's hot path), else None: the caller then takes its torch op."""
-    done = _call.if_eager(x, y)
-    return None if done is None else done[0]

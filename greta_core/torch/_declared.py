@@ -26,7 +26,7 @@ from torch.library import triton_op, wrap_triton
 from greta_core.ops import _calls
 from greta_core.ops._plan import _identity
 from greta_core.ops.declare import Caller, OpDecl
-from greta_core.torch._common import record_reference
+from greta_core.torch._common import consuming, record_reference
 from greta_core.torch._norms_common import run_triton_on_cpu
 
 _lib = torch.library.Library("greta", "FRAGMENT")
@@ -55,11 +55,28 @@ def _signature(op: OpDecl) -> inspect.Signature:
         params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         default=default, annotation=annotation))  # fmt: skip
     out = torch.Tensor if op.n_outputs == 1 else tuple[(torch.Tensor,) * op.n_outputs]
+    if op.n_outputs == 0:
+        out = None
     return inspect.Signature(params, return_annotation=out)
 
 
+_REGISTERED: dict[str, Any] = {}
+
+
+def register_declared() -> None:
+    """Register every declared op not registered yet (``greta_core.torch``'s import)."""
+    from greta_core.ops.declare import DECLARED
+
+    for op in list(DECLARED.values()):
+        if op.name not in _REGISTERED:
+            register(op)
+
+
 def register(op: OpDecl) -> Any:
-    """Define greta::<name>_fwd and greta::<name> for `op`; returns the triton_op."""
+    """Define greta::<name>_fwd and greta::<name> for `op` (without a front: greta::<name>
+    is the triton_op); returns the triton_op."""
+    if op.name in _REGISTERED:
+        return _REGISTERED[op.name]
     n = op.n_tensors
     kernel_dtypes = tuple(getattr(torch, d) for d in op.kernel_dtypes)
     out_schema = op.schema.partition("->")[2].strip()
@@ -84,13 +101,18 @@ def register(op: OpDecl) -> Any:
 
     def fwd_cpu(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
+        if op.check_values is not None:  # the values are on the host here: free
+            op.validate(*args, reference=True)
+            op.check_values(*args)
         if run_triton_on_cpu(*args[:n]) and args[0].dtype in kernel_dtypes:
             return op.unpack(op.call.run(_identity, *args))
         return reference(*args)
 
     fwd.__signature__ = _signature(op)  # type: ignore[attr-defined]
-    fwd_op = triton_op(f"greta::{op.name}_fwd", fwd, mutates_args=())
+    name = f"greta::{op.name}_fwd" if op.front else f"greta::{op.name}"
+    fwd_op = triton_op(name, fwd, mutates_args=op.mutates)
     fwd_op.register_kernel("cpu")(fwd_cpu)
+    _REGISTERED[op.name] = fwd_op
 
     backward = op.backward
     if backward is not None:
@@ -103,6 +125,8 @@ def register(op: OpDecl) -> Any:
 
         fwd_op.register_autograd(grads, setup_context=setup_context)
         eager = _eager_function(op)
+    if not op.front:
+        return fwd_op
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
@@ -129,12 +153,17 @@ def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
     ctx.save_for_backward(*tensors.values())
     ctx.names = tuple(tensors)
     ctx.rest = {k: v for k, v in saved.items() if k not in tensors}
+    if op.backward.may_consume:  # type: ignore[union-attr]
+        ctx.rest["consume"] = consuming()
     for i in op.backward.nondiff_outputs:  # type: ignore[union-attr]
         ctx.mark_non_differentiable(outs[i])
 
 
 def _saved(ctx: Any) -> types.SimpleNamespace:
-    return types.SimpleNamespace(**dict(zip(ctx.names, ctx.saved_tensors, strict=True)), **ctx.rest)
+    return types.SimpleNamespace(
+        **dict(zip(ctx.names, ctx.saved_tensors, strict=True)), **ctx.rest,
+        needs_grad=ctx.needs_input_grad,
+    )  # fmt: skip
 
 
 def _eager_function(op: OpDecl) -> type:
