@@ -132,7 +132,10 @@ class BuiltWheel:
 # Everything in greta_core that decides what a kernel wheel compiles, beside the tables:
 # the kernels, the block choices of each table entry, and the AOT compiler (variants,
 # stand-in values, specialisation).
-SOURCE_FILES: tuple[str, ...] = ("kernels/*.py", "configs/blocks.py", "kernel_wheels/aot.py")
+# ops/*.py: the declarations whose plans the AOT specs are derived from (ops/declare.py).
+SOURCE_FILES: tuple[str, ...] = (
+    "kernels/*.py", "ops/*.py", "configs/blocks.py", "kernel_wheels/aot.py",
+)  # fmt: skip
 
 
 def greta_source_hash(table_text: str | None = None) -> str:

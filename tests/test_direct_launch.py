@@ -683,7 +683,7 @@ def _front(op: str) -> _Front:
         )  # fmt: skip
     activation = swiglu.OPS[op]
     return _Front(
-        swiglu._fwd_call, (x, r), lambda *t: swiglu.glu(op, *t), getattr(ops, op),
+        swiglu.DECLS[op][0].call, (x, r), lambda *t: swiglu.glu(op, *t), getattr(ops, op),
         lambda *t: swiglu.glu_if_eager(op, *t), lambda *t: reference.glu(*t, activation),
         None, 1,
     )  # fmt: skip

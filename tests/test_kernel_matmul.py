@@ -194,15 +194,24 @@ def test_jax_matmul_and_grad(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100", "gfx1201", "default"])
 def test_matmul_aot_specs_cover_the_kernel_signature(arch: str) -> None:
     from greta_core.kernels import matmul as kernel
+    from greta_core.ops.declare import aot_specs
+    from greta_core.ops.matmul import MATMUL
 
-    specs = kernel.aot_specs(arch)
+    specs = aot_specs(MATMUL, arch)
     names = {s.name for s in specs}
     assert len(names) == len(specs)
-    # Both dtypes, with and without bias, both layouts, for every distinct table config.
-    for dtype in ("fp16", "bf16"):
-        for layout in kernel.AOT_LAYOUTS:
-            assert any(n.startswith(f"matmul[{dtype},{layout}") for n in names)
-            assert any(n.startswith(f"matmul[{dtype},bias,{layout}") for n in names)
+    # Both dtypes, with and without bias, both layouts (the unit strides Triton turns into
+    # constants), for every distinct table config.
+    units = {"rowmajor": {"stride_ak", "stride_bn", "stride_cn"},
+             "b_transposed": {"stride_ak", "stride_bk", "stride_cn"}}  # fmt: skip
+    covered = {
+        (s.signature["a_ptr"], s.constexprs["HAS_BIAS"], layout)
+        for s in specs
+        for layout, unit in units.items()
+        if {k for k, v in s.constexprs.items() if k.startswith("stride") and v == 1} == unit
+    }
+    assert covered == {(f"*{d}", b, lay) for d in ("fp16", "bf16") for b in (False, True)
+                       for lay in units}  # fmt: skip
     for spec in specs:
         assert spec.uses_matrix_units
         assert set(spec.signature) | set(spec.constexprs) == set(kernel.matmul_kernel.arg_names)

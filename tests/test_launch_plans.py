@@ -128,7 +128,7 @@ def jax_on_triton(monkeypatch: pytest.MonkeyPatch):
     need_triton()
     if ON_GPU:
         pytest.skip("interpreter stand-in: CPU only")
-    from greta_core.jax import _attention, _matmul, _runtime, _vec_add
+    from greta_core.jax import _attention, _runtime
 
     fake = types.ModuleType("jax_triton")
     fake.triton_call = _fake_triton_call
@@ -136,7 +136,7 @@ def jax_on_triton(monkeypatch: pytest.MonkeyPatch):
     # has its own test (tests/test_jax_triton_convention.py).
     fake.__version__ = "0.3.1"
     monkeypatch.setitem(sys.modules, "jax_triton", fake)
-    for module in (_runtime, _attention, _matmul, _vec_add):
+    for module in (_runtime, _attention):  # declared ops import both from _runtime
         monkeypatch.setattr(module, "use_triton", lambda: True, raising=False)
         monkeypatch.setattr(module, "jax_arch", lambda: "cpu", raising=False)
     calls.clear()
