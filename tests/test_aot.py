@@ -37,7 +37,9 @@ def test_wheel_build_reports_each_compiled_spec(gfx942_wheel: dict) -> None:
     bad = [(r["spec"], r["error"]) for r in gfx942_wheel["results"] if not r["ok"]]
     assert not bad, bad
     # Derived specs are named kernel[pointer dtypes;constexprs] (ops/declare.py).
-    ragged = {r["spec"].partition(";")[0] for r in gfx942_wheel["results"] if r["variant"] == "ragged"}
+    ragged = {
+        r["spec"].partition(";")[0] for r in gfx942_wheel["results"] if r["variant"] == "ragged"
+    }
     assert {f"vec_add_kernel[{d},{d},{d}" for d in ("fp32", "fp16", "bf16")} <= ragged
     for r in gfx942_wheel["results"]:
         assert r["arch"] == "gfx942"

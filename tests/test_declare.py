@@ -70,6 +70,44 @@ def grads(call, grad_outputs, saved):
     return dy, call(TOY, dy, dy, saved.alpha - 1.0), None
 
 
+@triton.jit
+def toy_scale_kernel(x_ptr, n, alpha, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (alpha * x).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def validate_scale(x, alpha, reference=False):
+    check_tensor("toy_scale_", "x", x, dtypes=float_dtypes(reference), contiguous=True)
+    return arch_for("toy_scale_", x, reference)
+
+
+def plan_scale(arch, x, alpha):
+    n = math.prod(x.shape)
+    launch = Launch(toy_scale_kernel, (triton.cdiv(n, 64),), (In(0), n, alpha, Out(0)),
+                    {"BLOCK": 64}, {"num_warps": 2})
+    # The buffer is x itself: written in place.
+    return Plan("toy_scale_", arch, (Buffer(x.shape, x.dtype, alias=0),), (launch,) if n else (), (0,))
+
+
+def scale_reference(x, alpha):
+    if hasattr(x, "mul_"):  # torch: in place, no output
+        x.mul_(alpha)
+        return None
+    return (alpha * x,)  # JAX: the updated array
+
+
+TOY_SCALE = declare(OpDecl(
+    name="toy_scale_",
+    schema="Tensor(a!) x, float alpha -> ()",
+    validate=validate_scale,
+    plan=plan_scale,
+    reference=scale_reference,
+    front=False,
+))
+
+
 TOY = declare(OpDecl(
     name="toy_scaled_add",
     schema="Tensor x, Tensor y, float alpha=1.0 -> Tensor",
@@ -107,6 +145,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     yield op, jax_declared.bind(op), compute, folder
     REGISTRY.pop(op.name, None)
     declare.DECLARED.pop(op.name, None)
+    declare.DECLARED.pop("toy_scale_", None)
     sys.modules.pop("greta_toy_op", None)
 
 
@@ -125,6 +164,30 @@ def test_the_schema_gives_the_arguments() -> None:
         ("eps", "float", 1e-6, True), ("f", "bool", False, True),
     ]  # fmt: skip
     assert n_out == 2
+    args, n_out = declare.parse_schema("Tensor dy, Tensor(a!) gate, Tensor(b!) up -> ()")
+    assert [(a.name, a.type, a.mutable) for a in args] == [
+        ("dy", "Tensor", False), ("gate", "Tensor", True), ("up", "Tensor", True),
+    ]  # fmt: skip
+    assert n_out == 0
+
+
+@pytest.mark.parametrize(
+    "shape, strides", [((3, 4), (4, 1)), ((3, 4), (1, 3)), ((3, 1, 4), (4, 9, 1)),
+                       ((2, 3, 4), (12, 1, 3)), ((0, 4), (1, 7)), ((1, 5), (99, 1))],
+)  # fmt: skip
+def test_meta_is_contiguous_as_torch_says(shape: tuple, strides: tuple) -> None:
+    t = torch.empty_strided(shape, strides)
+    assert declare.Meta.of(t).is_contiguous == t.is_contiguous()
+
+
+def test_an_op_that_writes_into_its_arguments_has_no_front_and_no_autograd() -> None:
+    stub = {"validate": lambda *a, **k: "cpu", "plan": None, "reference": None}
+    with pytest.raises(declare.GretaConfigError, match="no eager front and no autograd"):
+        declare.OpDecl(name="toy_bad_", schema="Tensor(a!) x -> ()", **stub)
+    backward = declare.Backward(lambda *a: (None,))
+    with pytest.raises(declare.GretaConfigError, match="no eager front and no autograd"):
+        declare.OpDecl(name="toy_bad_", schema="Tensor(a!) x -> ()", front=False,
+                       backward=backward, **stub)  # fmt: skip
 
 
 def test_raw_launch_runs_the_kernel(toy: Any) -> None:
@@ -285,3 +348,96 @@ def test_kernel_wheels_find_the_declared_rope_specs(arch: str) -> None:
         assert [*spec.signature, *spec.constexprs] == spec.kernel.arg_names, spec.name
     kernels = {s.kernel.__name__ for s in found.specs}
     assert kernels == {"rope_kernel", "rope_positions_kernel"}
+
+
+@pytest.fixture(scope="module")
+def toy_scale(toy: Any) -> Any:
+    """The toy module's op that writes into its argument: (declaration, JAX function)."""
+    from greta_core.jax import _declared as jax_declared
+    from greta_core.torch import _declared as torch_declared
+
+    op = sys.modules["greta_toy_op"].TOY_SCALE
+    torch_declared.register(op)
+    return op, jax_declared.bind(op)
+
+
+def test_a_mutating_op_writes_in_place_in_every_binding(
+    toy_scale: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    op, jax_fn = toy_scale
+    schema = str(torch.ops.greta.toy_scale_.default._schema)
+    assert schema == "greta::toy_scale_(Tensor(a0!) x, float alpha) -> ()"
+    assert not hasattr(torch.ops.greta, "toy_scale__fwd")  # no front: the triton_op itself
+    x0 = torch.arange(70, dtype=torch.float32).to(DEVICE)
+    x = x0.clone()
+    # Exact: products by a power of two.
+    assert torch.ops.greta.toy_scale_(x, 2.0) is None
+    torch.testing.assert_close(x, 2.0 * x0, rtol=0, atol=0)
+    if need_triton_here():
+        assert op.raw(x, 0.5) is None
+        torch.testing.assert_close(x, x0, rtol=0, atol=0)
+        assert observe.last_implementation("toy_scale_") == expected_impl()
+    monkeypatch.setenv("GRETA_TRITON_ON_CPU", "0")
+    xc = x0.cpu().clone()
+    torch.ops.greta.toy_scale_(xc, 4.0)
+    assert observe.last_implementation("toy_scale_") == "reference-torch"
+    torch.testing.assert_close(xc, 4.0 * x0.cpu(), rtol=0, atol=0)
+    torch.library.opcheck(torch.ops.greta.toy_scale_.default, (x0.clone(), 0.25))
+    jax = pytest.importorskip("jax")
+    a = jax.numpy.arange(6, dtype=jax.numpy.float32)
+    (updated,) = jax_fn(a, 2.0)  # JAX arrays are immutable: the updated one comes back
+    assert updated.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def need_triton_here() -> bool:
+    """The raw launch runs here: a GPU, or the interpreter on the CPU."""
+    from greta_core.arch import interpreter_active
+
+    return ON_GPU or interpreter_active()
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm_90"])
+@pytest.mark.parametrize(
+    "module, kernels, count",
+    [("vec_add", {"vec_add_kernel"}, 3), ("swiglu", {"glu_fwd_kernel", "glu_bwd_kernel"}, 12),
+     ("kv_cache", {"kv_cache_append_kernel"}, 9), ("matmul", {"matmul_kernel"}, 24),
+     ("softmax", {"softmax_fwd_kernel", "softmax_bwd_kernel"}, 75)],
+)  # fmt: skip
+def test_kernel_wheels_find_every_declared_ops_specs(
+    arch: str, module: str, kernels: set, count: int
+) -> None:
+    # The counts the hand-written aot_specs had (its in-place backward adds none: its
+    # launches are the out-of-place one's).
+    from greta_core.kernel_wheels.aot import discover
+
+    [found] = discover(arch, [module])
+    assert found.error == ""
+    names = [s.name for s in found.specs]
+    assert len(names) == len(set(names)) == count
+    for spec in found.specs:
+        # Every parameter typed or a constexpr, once (matmul's unit strides are constexprs).
+        assert sorted([*spec.signature, *spec.constexprs]) == sorted(spec.kernel.arg_names)
+    assert {s.kernel.__name__ for s in found.specs} == kernels
+
+
+def test_a_backward_skips_the_gradients_nobody_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # matmul's declared backward reads saved.needs_grad: a frozen weight costs no GEMM.
+    from greta_core.ops import matmul
+    from greta_core.torch import _declared as torch_declared
+
+    calls = []
+    real = torch_declared._torch_call
+    counting = declare.Caller(lambda op, *a: calls.append(op.name) or real(op, *a), real.contiguous)
+    monkeypatch.setattr(torch_declared, "_torch_call", counting)
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(8, 3, generator=g, dtype=torch.float64)  # frozen
+    bias = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    out = torch.ops.greta.matmul(a, b, bias)
+    dy = torch.randn_like(out)
+    ga, gbias = torch.autograd.grad(out, (a, bias), dy)
+    assert calls == ["matmul"]  # grad_a only
+    torch.testing.assert_close(ga, dy @ b.t())
+    torch.testing.assert_close(gbias, dy.sum(0))
+    assert matmul.MATMUL.backward.saves == ("a", "b", "bias")

@@ -12,8 +12,12 @@ from greta_core.compute.registry import Impl, Op, add, define
 from greta_core.ops.declare import OpDecl
 
 
-def entry(op: OpDecl, reference_label: str = "plain torch math") -> Op:
-    """Define GretaCompute's `op.name` with its GRETA and reference implementations."""
+def entry(
+    op: OpDecl, reference_label: str = "plain torch math", *, greta_label: str | None = None,
+    vendor: Impl | None = None,
+) -> Op:  # fmt: skip
+    """Define GretaCompute's `op.name` with its GRETA implementation, `vendor` (a vendor
+    library or the framework's own kernel) where there is one, and the reference."""
     n = op.n_tensors
 
     def greta(*args: Any) -> Any:
@@ -34,8 +38,10 @@ def entry(op: OpDecl, reference_label: str = "plain torch math") -> Op:
     add(compute, Impl(
         "greta", "greta", greta,
         lambda i: p.first_reason(p.greta_op(op.name), p.dtype_in(i, op.kernel_dtypes, kernel)),
-        {"any": f"GRETA Triton {op.name}"},
+        {"any": greta_label or f"GRETA Triton {op.name}"},
     ))  # fmt: skip
+    if vendor is not None:
+        add(compute, vendor)
     add(compute, Impl(
         "reference", "reference", reference,
         lambda i: p.dtype_in(i, p.FLOATS, "the reference"), {"any": reference_label},

@@ -1,25 +1,14 @@
-"""matmul: a[..., K] @ b[K, N] (+ bias[N])."""
+"""matmul: a[..., K] @ b[K, N] (+ bias[N]); GRETA's and the reference derived from the
+declaration (greta_core/ops/matmul.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from greta_core.compute import _probes as p
-from greta_core.compute.registry import Impl, add, define
-
-
-def _info(a: Any, b: Any, bias: Any = None) -> p.CallInfo:
-    return p.info_of(a, b, bias)
-
-
-def _greta(a: Any, b: Any, bias: Any = None) -> Any:
-    import torch
-
-    if p.eager_raw(a, b, bias):
-        from greta_core.ops.matmul import matmul
-
-        return matmul(a, b, bias)
-    return p.unwrap(torch.ops.greta.matmul(a, b, bias))
+from greta_core.compute._declared import entry
+from greta_core.compute.registry import Impl
+from greta_core.ops.matmul import MATMUL
 
 
 def _vendor(a: Any, b: Any, bias: Any = None) -> Any:
@@ -32,29 +21,11 @@ def _vendor(a: Any, b: Any, bias: Any = None) -> Any:
     return F.linear(a, b.t(), bias)
 
 
-def _reference(a: Any, b: Any, bias: Any = None) -> Any:
-    from greta_core import reference
-
-    return reference.matmul(a, b, bias)
-
-
-OP = define("matmul", "GEMM a @ b (+ bias)", _info)
-add(
-    OP,
-    Impl(
-        "greta",
-        "greta",
-        _greta,
-        lambda i: p.first_reason(
-            p.greta_op("matmul"),
-            p.dtype_in(i, ("float16", "bfloat16"), "the GRETA matmul kernel"),
-        ),
-        {"any": "GRETA Triton GEMM (torch.ops.greta.matmul)"},
-    ),
-)
-add(
-    OP,
-    Impl(
+OP = entry(
+    MATMUL,
+    "plain torch, float32/float64 accumulation",
+    greta_label="GRETA Triton GEMM (torch.ops.greta.matmul)",
+    vendor=Impl(
         "vendor",
         "vendor",
         _vendor,
@@ -66,13 +37,4 @@ add(
         },
     ),
 )
-add(
-    OP,
-    Impl(
-        "reference",
-        "reference",
-        _reference,
-        lambda i: p.dtype_in(i, p.FLOATS, "the reference"),
-        {"any": "plain torch, float32/float64 accumulation"},
-    ),
-)
+_info = OP.info

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core.compute import _probes as p
+from greta_core.compute._declared import entry
 from greta_core.compute.registry import Impl, add, define
+from greta_core.ops.softmax import SOFTMAX as DECL_SOFTMAX
 
 
 def _vendor_label(fn: str) -> dict[str, str]:
@@ -102,21 +104,7 @@ def _ln_reference(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
 LN = define("layer_norm", "LayerNorm over the last dim", _ln_info)
 _add_three(LN, _ln_greta, _ln_vendor, _ln_reference, _vendor_label("F.layer_norm"))
 
-# --- softmax --------------------------------------------------------------------------
-
-
-def _sm_info(x: Any) -> p.CallInfo:
-    return p.info_of(x)
-
-
-def _sm_greta(x: Any) -> Any:
-    import torch
-
-    if p.eager_raw(x):
-        from greta_core.ops.softmax import softmax
-
-        return softmax(x)
-    return p.unwrap(torch.ops.greta.softmax(x))
+# --- softmax: GRETA's and the reference derived from the declaration (ops/softmax.py) --
 
 
 def _sm_vendor(x: Any) -> Any:
@@ -125,11 +113,8 @@ def _sm_vendor(x: Any) -> Any:
     return torch.softmax(x, dim=-1)
 
 
-def _sm_reference(x: Any) -> Any:
-    from greta_core import reference
-
-    return reference.softmax(x)
-
-
-SOFTMAX = define("softmax", "softmax over the last dim", _sm_info)
-_add_three(SOFTMAX, _sm_greta, _sm_vendor, _sm_reference, _vendor_label("torch.softmax"))
+SOFTMAX = entry(
+    DECL_SOFTMAX,
+    vendor=Impl("vendor", "vendor", _sm_vendor, _vendor_probe, _vendor_label("torch.softmax")),
+)
+_sm_info = SOFTMAX.info

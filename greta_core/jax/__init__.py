@@ -6,10 +6,10 @@ ran is recorded (``greta_core.observe.last_implementation``).
 
 from greta_core.jax._add_rms_norm import add_rms_norm
 from greta_core.jax._attention import attention, attention_with_lse
+from greta_core.jax._declared import bind
 from greta_core.jax._layer_norm import layer_norm
 from greta_core.jax._linear_cross_entropy import linear_cross_entropy
 from greta_core.jax._rms_norm import rms_norm
-from greta_core.jax._declared import bind
 from greta_core.jax._rope import rope, rope_positions
 from greta_core.ops.kv_cache import KV_CACHE_APPEND
 from greta_core.ops.matmul import MATMUL

@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def kv_cache_append_kernel(
     k_ptr, v_ptr, lens_ptr, k_cache_in, v_cache_in,

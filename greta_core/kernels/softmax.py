@@ -11,7 +11,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def softmax_fwd_kernel(
     x_ptr,

@@ -19,9 +19,7 @@ OPS = {"swiglu": "silu", "geglu": "gelu_tanh"}
 _interp_compat.apply()
 
 
-def validate(
-    op: str, gate: Any, up: Any, reference: bool = False, contiguous: bool = False
-) -> str:
+def validate(op: str, gate: Any, up: Any, reference: bool = False, contiguous: bool = False) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError.
 
     Any strides: the kernels read contiguous copies of strided tensors (see `_strided`);
@@ -204,7 +202,9 @@ def glu_bwd(op: str, dy: Any, gate: Any, up: Any, wrap: Wrap = _identity) -> tup
     return DECLS[op][1].raw(dy, gate, up, wrap=wrap)
 
 
-def glu_bwd_inplace(op: str, dy: Any, gate: Any, up: Any, wrap: Wrap = _identity) -> tuple[Any, Any]:
+def glu_bwd_inplace(
+    op: str, dy: Any, gate: Any, up: Any, wrap: Wrap = _identity
+) -> tuple[Any, Any]:
     """:func:`glu_bwd` into gate's and up's own memory; returns (gate, up), now (dgate, dup).
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
