@@ -10,9 +10,9 @@ from greta_core.jax._declared import bind
 from greta_core.jax._layer_norm import layer_norm
 from greta_core.jax._linear_cross_entropy import linear_cross_entropy
 from greta_core.jax._rms_norm import rms_norm
-from greta_core.jax._rope import rope, rope_positions
 from greta_core.ops.kv_cache import KV_CACHE_APPEND
 from greta_core.ops.matmul import MATMUL
+from greta_core.ops.rope import ROPE, ROPE_POSITIONS
 from greta_core.ops.softmax import SOFTMAX
 from greta_core.ops.swiglu import GEGLU, SWIGLU
 from greta_core.ops.vec_add import VEC_ADD
@@ -21,6 +21,8 @@ from greta_core.ops.vec_add import VEC_ADD
 geglu = bind(GEGLU)
 kv_cache_append = bind(KV_CACHE_APPEND)
 matmul = bind(MATMUL)
+rope = bind(ROPE)
+rope_positions = bind(ROPE_POSITIONS)
 softmax = bind(SOFTMAX)
 swiglu = bind(SWIGLU)
 vec_add = bind(VEC_ADD)

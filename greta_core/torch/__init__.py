@@ -13,6 +13,7 @@ with deferred_kernel_scan():  # no torch._dynamo at import time: see _deferred_s
     from greta_core.ops import (  # declared ops (ops/declare.py), registered below
         kv_cache,  # noqa: F401  (greta::kv_cache_append)
         matmul,  # noqa: F401  (greta::matmul[_fwd])
+        rope,  # noqa: F401  (greta::rope[_fwd], greta::rope_positions[_fwd])
         softmax,  # noqa: F401  (greta::softmax[_fwd], greta::softmax_bwd)
         swiglu,  # noqa: F401  (greta::swiglu[_fwd|_bwd|_bwd_], greta::geglu[...])
         vec_add,  # noqa: F401  (greta::vec_add[_fwd])
@@ -23,7 +24,6 @@ with deferred_kernel_scan():  # no torch._dynamo at import time: see _deferred_s
         layer_norm,  # noqa: F401  (greta::layer_norm[_fwd|_bwd])
         linear_cross_entropy,  # noqa: F401  (greta::linear_cross_entropy[_fwd|_bwd])
         rms_norm,  # noqa: F401  (greta::rms_norm[_fwd|_bwd])
-        rope,  # noqa: F401  (greta::rope, greta::rope_positions)
     )
     from greta_core.torch._declared import register_declared
 
