@@ -5,24 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core.errors import GretaInputError
+from greta_core.ops._rows import TRITON_DTYPE_NAMES, check_float, check_rows  # noqa: F401
 
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def check_float(op: str, name: str, a: Any, reference_ok: bool = True) -> None:
-    allowed = (*FLOAT_DTYPES, "float64") if reference_ok else FLOAT_DTYPES
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise GretaInputError(f"{op}: argument '{name}' must be an array, got {type(a).__name__}")
-    if str(a.dtype) not in allowed:
-        raise GretaInputError(
-            f"{op}: argument '{name}' has dtype {a.dtype}; expected one of: {', '.join(allowed)}"
-        )
-
-
-def check_rows(op: str, name: str, x: Any) -> None:
-    check_float(op, name, x)
-    if x.ndim < 1 or x.shape[-1] == 0:
-        raise GretaInputError(f"{op}: argument '{name}' needs a non-empty last dim, got {x.shape}")
+# The array checks live with the declarations, which use them too (ops import no binding).
+FLOAT_DTYPES = TRITON_DTYPE_NAMES
 
 
 def check_param(op: str, name: str, w: Any, x: Any) -> None:

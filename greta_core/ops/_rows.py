@@ -71,6 +71,25 @@ def check_rows_input(op: str, name: str, x: Any, reference: bool = False) -> Non
         )
 
 
+def check_float(op: str, name: str, a: Any, reference_ok: bool = True) -> None:
+    """A JAX array (or anything with shape and dtype) of a kernel float dtype, or float64
+    where the reference may run. Raises GretaInputError."""
+    allowed = (*TRITON_DTYPE_NAMES, "float64") if reference_ok else TRITON_DTYPE_NAMES
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise GretaInputError(f"{op}: argument '{name}' must be an array, got {type(a).__name__}")
+    if str(a.dtype) not in allowed:
+        raise GretaInputError(
+            f"{op}: argument '{name}' has dtype {a.dtype}; expected one of: {', '.join(allowed)}"
+        )
+
+
+def check_rows(op: str, name: str, x: Any) -> None:
+    """A JAX array [..., N] with N >= 1 (torch tensors: :func:`check_rows_input`)."""
+    check_float(op, name, x)
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise GretaInputError(f"{op}: argument '{name}' needs a non-empty last dim, got {x.shape}")
+
+
 def check_vector(op: str, name: str, w: Any, n: int, dtypes: tuple[Any, ...]) -> None:
     check_tensor(op, name, w, dtypes=dtypes, ndim=1, contiguous=True)
     if w.shape[0] != n:

@@ -134,7 +134,7 @@ def _reference(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> A
 
 
 def check_arrays(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> None:
-    from greta_core.jax._rows_common import check_float
+    from greta_core.ops._rows import check_float
 
     for name, a in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         check_float(OP, name, a)

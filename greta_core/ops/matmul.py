@@ -117,7 +117,7 @@ def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _
 
 def check_arrays(a: Any, b: Any, bias: Any | None) -> None:
     """Raises GretaInputError unless a [M, K] @ b [K, N] (+ bias [N]) share a float dtype."""
-    from greta_core.jax._rows_common import check_float
+    from greta_core.ops._rows import check_float
 
     check_float("matmul", "a", a)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:

@@ -13,6 +13,7 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity,
 from greta_core.ops._rows import (
     TRITON_DTYPE_NAMES,
     arch_for,
+    check_rows,
     check_rows_input,
     row_plan,
     row_stride,
@@ -79,8 +80,6 @@ def plan_bwd(arch: str, dy: Meta, y: Meta) -> Plan:
 
 
 def check_arrays(x: Any) -> None:
-    from greta_core.jax._rows_common import check_rows
-
     check_rows(OP, "x", x)
 
 

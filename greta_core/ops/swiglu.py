@@ -77,7 +77,7 @@ def _plan(op: str, arch: str, n_inputs: int, shape: tuple[int, ...], dtype: str,
 def _check_arrays(op: str) -> Any:
     def check(gate: Any, up: Any) -> None:
         from greta_core.errors import GretaInputError
-        from greta_core.jax._rows_common import check_float
+        from greta_core.ops._rows import check_float
 
         check_float(op, "gate", gate)
         check_float(op, "up", up)
