@@ -187,11 +187,14 @@ class OpDecl:
     # in place), JAX returns all (its arrays are immutable: the updated ones come first).
     mutates: tuple[str, ...] = field(init=False)
     call: ForwardCall = field(init=False)
+    _converts: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.args, self.n_outputs = parse_schema(self.schema)
         self.n_tensors = sum(a.is_tensor for a in self.args)
         self.mutates = tuple(a.name for a in self.args if a.mutable)
+        # Scalars to convert (bind): a call of tensors alone skips binding (the hot path).
+        self._converts = any(a.type in _CONVERT for a in self.args)
         if any(a.is_tensor for a in self.args[self.n_tensors :]):
             raise GretaConfigError(f"{self.name}: tensor arguments come first in the schema")
         if self.mutates and (self.front or self.backward is not None):
@@ -261,7 +264,9 @@ class OpDecl:
     def raw(self, *args: Any, wrap: Wrap = _identity, **kwargs: Any) -> Any:
         """Launch the kernels on torch tensors (GPU, or CPU under TRITON_INTERPRET=1); no
         autograd. Raises GretaInputError for a wrong shape, dtype, device or layout."""
-        return self.unpack(self.call.run(wrap, *self.bind(args, kwargs)))
+        if kwargs or len(args) != len(self.args) or self._converts:
+            args = self.bind(args, kwargs)
+        return self.unpack(self.call.run(wrap, *args))
 
     def if_eager(self, *args: Any) -> Any | None:
         """:meth:`raw` (positional, complete arguments) for a call
