@@ -204,7 +204,7 @@ def matmul(
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     if out is None:
-        return MATMUL.raw(a, b, bias, wrap=wrap)
+        return _call.run(wrap, a, b, bias)[0]
     arch = validate(a, b, bias)
     check_tensor(OP, "out", out, dtypes=(a.dtype,), ndim=2)
     if tuple(out.shape) != (a.shape[0], b.shape[1]):

@@ -85,7 +85,7 @@ def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _identity) -> A
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     if out is None:
-        return VEC_ADD.raw(x, y, wrap=wrap)
+        return _call.run(wrap, x, y)[0]
     p = _call(x, y)
     check_tensor(OP, "out", out, dtypes=(x.dtype,), contiguous=True)
     check_same_shape(OP, x=x, out=out)
