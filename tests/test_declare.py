@@ -441,3 +441,46 @@ def test_a_backward_skips_the_gradients_nobody_asked_for(monkeypatch: pytest.Mon
     torch.testing.assert_close(ga, dy @ b.t())
     torch.testing.assert_close(gbias, dy.sum(0))
     assert matmul.MATMUL.backward.saves == ("a", "b", "bias")
+
+
+@pytest.mark.parametrize("op", ["vec_add", "softmax", "swiglu", "geglu", "matmul"])
+def test_declared_ops_train_through_the_eager_function(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Plain GPU tensors with grad take a plain autograd.Function over the ready launches
+    # (forward and backward); here the predicate is forced so the interpreter runs it.
+    need_triton()
+    import greta_core.torch  # noqa: F401  (registers torch.ops.greta)
+    from greta_core import reference
+    from greta_core.ops import _calls
+
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.float16 if op == "matmul" else torch.float32
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+
+    args = {
+        "vec_add": lambda: (rand(4, 24), rand(4, 24)),
+        "softmax": lambda: (rand(4, 24),),
+        "swiglu": lambda: (rand(4, 24), rand(4, 24)),
+        "geglu": lambda: (rand(4, 24), rand(4, 24)),
+        "matmul": lambda: (rand(4, 16), rand(24, 16).detach().t().requires_grad_(), rand(24)),
+    }[op]()
+    want_fn = {
+        "vec_add": reference.vec_add, "softmax": reference.softmax, "matmul": reference.matmul,
+        "swiglu": lambda a, b: reference.glu(a, b, "silu"),
+        "geglu": lambda a, b: reference.glu(a, b, "gelu_tanh"),
+    }[op]  # fmt: skip
+    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    out = getattr(torch.ops.greta, op)(*args)
+    assert out.grad_fn.name() == f"greta_{op}_fwd_eagerBackward"
+    dy = torch.randn(out.shape, generator=g, dtype=dtype).to(DEVICE)
+    got = torch.autograd.grad(out, args, dy)
+    # The float64 reference's gradients; tolerances of the dtype (fp32 maths inside).
+    ref_args = [a.detach().double().requires_grad_() for a in args]
+    want = torch.autograd.grad(want_fn(*ref_args), ref_args, dy.double())
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.float16 else {}
+    torch.testing.assert_close(out, want_fn(*ref_args).detach().to(dtype), **tol)
+    for have, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(have, expected.to(dtype), **tol)
