@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core.errors import GretaInputError
-from greta_core.ops._rows import TRITON_DTYPE_NAMES, check_float, check_rows  # noqa: F401
+from greta_core.ops._rows import TRITON_DTYPE_NAMES as FLOAT_DTYPES
+from greta_core.ops._rows import check_array_float as check_float
+from greta_core.ops._rows import check_array_rows as check_rows
 
 # The array checks live with the declarations, which use them too (ops import no binding).
-FLOAT_DTYPES = TRITON_DTYPE_NAMES
+__all__ = ["FLOAT_DTYPES", "check_float", "check_param", "check_rows", "triton_ok"]
 
 
 def check_param(op: str, name: str, w: Any, x: Any) -> None:

@@ -71,25 +71,6 @@ def check_rows_input(op: str, name: str, x: Any, reference: bool = False) -> Non
         )
 
 
-def check_float(op: str, name: str, a: Any, reference_ok: bool = True) -> None:
-    """A JAX array (or anything with shape and dtype) of a kernel float dtype, or float64
-    where the reference may run. Raises GretaInputError."""
-    allowed = (*TRITON_DTYPE_NAMES, "float64") if reference_ok else TRITON_DTYPE_NAMES
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise GretaInputError(f"{op}: argument '{name}' must be an array, got {type(a).__name__}")
-    if str(a.dtype) not in allowed:
-        raise GretaInputError(
-            f"{op}: argument '{name}' has dtype {a.dtype}; expected one of: {', '.join(allowed)}"
-        )
-
-
-def check_rows(op: str, name: str, x: Any) -> None:
-    """A JAX array [..., N] with N >= 1 (torch tensors: :func:`check_rows_input`)."""
-    check_float(op, name, x)
-    if x.ndim < 1 or x.shape[-1] == 0:
-        raise GretaInputError(f"{op}: argument '{name}' needs a non-empty last dim, got {x.shape}")
-
-
 def check_vector(op: str, name: str, w: Any, n: int, dtypes: tuple[Any, ...]) -> None:
     check_tensor(op, name, w, dtypes=dtypes, ndim=1, contiguous=True)
     if w.shape[0] != n:
@@ -187,3 +168,31 @@ def norm_bwd_plan(
         *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
     )
     return Plan(op, arch, buffers, (bwd, *sums) if n_rows else (), (0, *(g.index for g in grads)))
+
+
+# --- what the declared row ops share (greta_core.ops.declare) ------------------------------
+
+
+def unflattened(*metas: Any) -> tuple[int, ...]:
+    """Positions among `metas` (:class:`~greta_core.ops.declare.Meta`) of the [..., N]
+    tensors that cannot be seen as [rows, N] without a copy: a declaration's ``copies``."""
+    return tuple(i for i, m in enumerate(metas) if row_stride(m.shape, m.strides) is None)
+
+
+# --- JAX arrays' checks of the row ops (torch tensors: the validate functions) -------------
+
+
+def check_array_float(op: str, name: str, a: Any, reference_ok: bool = True) -> None:
+    allowed = (*TRITON_DTYPE_NAMES, "float64") if reference_ok else TRITON_DTYPE_NAMES
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise GretaInputError(f"{op}: argument '{name}' must be an array, got {type(a).__name__}")
+    if str(a.dtype) not in allowed:
+        raise GretaInputError(
+            f"{op}: argument '{name}' has dtype {a.dtype}; expected one of: {', '.join(allowed)}"
+        )
+
+
+def check_array_rows(op: str, name: str, x: Any) -> None:
+    check_array_float(op, name, x)
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise GretaInputError(f"{op}: argument '{name}' needs a non-empty last dim, got {x.shape}")

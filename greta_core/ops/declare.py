@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from greta_core.errors import GretaConfigError, GretaInputError
-from greta_core.ops._calls import ForwardCall, tensors_as_given
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import In, Out, Plan, Wrap, _identity, dtype_name, memo
 
 
@@ -168,7 +168,7 @@ class OpDecl:
     # given (rows that do not flatten to one stride, say): the call passes a contiguous
     # copy of each and the plan sees the copy's layout; such a signature gets no ready
     # launch. None: the plan takes every tensor as given (validation rejects the rest).
-    copies: Callable[..., tuple[int, ...]] | None = None
+    copies: Callable[..., Iterable[int]] | None = None
     # (*args) -> None, raises GretaInputError: checks that read values, not the signature
     # (a capacity, lengths). They cost a device sync on a GPU, so they run where values are
     # on the host: the torch CPU kernel, JAX's concrete arrays, the raw op when asked.
@@ -204,42 +204,34 @@ class OpDecl:
             )
         self.plan = memo(self.plan)
         # Validation and planning once per call signature (ops/_calls.py): the plan takes
-        # the call's tensors as given, so every signature may get a ready launch; with
-        # `copies`, a signature whose tensors are copied takes the ordinary path.
-        given = tensors_as_given(self.n_tensors) if self.copies is None else self._copied()
-        self.call = ForwardCall(self._resolve, self.n_tensors, *given)
+        # the call's tensors as given (unless `copies` says otherwise for one signature),
+        # so every such signature may get a ready launch.
+        positions = tuple(range(self.n_tensors))
 
-    # --- the raw launch ---------------------------------------------------------------
-
-    def _resolve(self, *args: Any) -> Any:
-        """The plan; with `copies`, (plan, the indices of the tensors to copy)."""
-        arch = self.validate(*args)
-        n = self.n_tensors
-        metas = [None if t is None else Meta.of(t) for t in args[:n]]
-        if self.copies is None:
-            return self.plan(arch, *metas, *args[n:])
-        copied = tuple(self.copies(*metas))
-        for i in copied:
-            metas[i] = Meta.contiguous(metas[i].shape, args[i].dtype)
-        return self.plan(arch, *metas, *args[n:]), copied
-
-    def _copied(self) -> tuple[Any, Any]:
-        """(plan_inputs, inputs) of the ForwardCall when `copies` is declared."""
-        n = self.n_tensors
-        positions = tuple(range(n))
-
-        def plan_inputs(resolved: Any) -> Any:
+        def plan_inputs(resolved: tuple[Plan, tuple[int, ...]]) -> Any:
             plan, copied = resolved
             return None if copied else (plan, positions)
 
-        def inputs(resolved: Any, args: tuple[Any, ...]) -> Any:
+        def inputs(resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]) -> Any:
             plan, copied = resolved
-            tensors = list(args[:n])
+            tensors = list(args[: self.n_tensors])
             for i in copied:
                 tensors[i] = tensors[i].contiguous()
             return plan, tuple(tensors)
 
-        return plan_inputs, inputs
+        self.call = ForwardCall(self._resolve, self.n_tensors, plan_inputs, inputs)
+
+    # --- the raw launch ---------------------------------------------------------------
+
+    def _resolve(self, *args: Any) -> tuple[Plan, tuple[int, ...]]:
+        """(the plan, the positions of the tensors passed as contiguous copies)."""
+        arch = self.validate(*args)
+        n = self.n_tensors
+        metas = [None if t is None else Meta.of(t) for t in args[:n]]
+        copied = tuple(self.copies(*metas)) if self.copies is not None else ()
+        for i in copied:
+            metas[i] = Meta.contiguous(metas[i].shape, metas[i].dtype)  # type: ignore[union-attr]
+        return self.plan(arch, *metas, *args[n:]), copied
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The full positional argument tuple: defaults filled, scalars converted."""

@@ -10,7 +10,7 @@ from greta_core import configs, reference
 from greta_core.configs.blocks import kv_cache_blocks
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, memo
-from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for, float_dtypes
+from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for, check_array_float, float_dtypes
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor
 from greta_core.ops.declare import Meta, OpDecl, declare
 
@@ -134,10 +134,9 @@ def _reference(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> A
 
 
 def check_arrays(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_lens: Any) -> None:
-    from greta_core.ops._rows import check_float
 
     for name, a in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        check_float(OP, name, a)
+        check_array_float(OP, name, a)
         if a.ndim != 4:
             raise GretaInputError(f"{OP}: argument '{name}' has shape {a.shape}; expected 4 dims")
         if a.dtype != k_cache.dtype:

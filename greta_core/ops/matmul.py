@@ -9,6 +9,7 @@ from typing import Any
 from greta_core import configs, reference
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, memo, run
+from greta_core.ops._rows import check_array_float
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
 from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
@@ -117,9 +118,8 @@ def launch(a: Any, b: Any, bias: Any | None, out: Any, arch: str, wrap: Wrap = _
 
 def check_arrays(a: Any, b: Any, bias: Any | None) -> None:
     """Raises GretaInputError unless a [M, K] @ b [K, N] (+ bias [N]) share a float dtype."""
-    from greta_core.ops._rows import check_float
 
-    check_float("matmul", "a", a)
+    check_array_float("matmul", "a", a)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise GretaInputError(
             f"matmul: arguments 'a' {a.shape} and 'b' {b.shape} must be 2-D with "

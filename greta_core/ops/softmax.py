@@ -13,10 +13,11 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity,
 from greta_core.ops._rows import (
     TRITON_DTYPE_NAMES,
     arch_for,
-    check_rows,
+    check_array_rows,
     check_rows_input,
     row_plan,
     row_stride,
+    unflattened,
 )
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
 from greta_core.ops.declare import Backward, Meta, OpDecl, declare
@@ -39,11 +40,6 @@ def validate_bwd(dy: Any, y: Any, reference: bool = False) -> str:
     check_same_shape(OP, dy=dy, y=y)
     check_same_device(OP, dy=dy, y=y)
     return arch_for(OP, y, reference)
-
-
-def _uneven(*rows: Meta) -> tuple[int, ...]:
-    """The inputs whose leading dims do not flatten to one row stride: copied."""
-    return tuple(i for i, t in enumerate(rows) if row_stride(t.shape, t.strides) is None)
 
 
 # --- launch plans: x [..., N] and (dy, y), rows read through one row stride --------------
@@ -80,7 +76,7 @@ def plan_bwd(arch: str, dy: Meta, y: Meta) -> Plan:
 
 
 def check_arrays(x: Any) -> None:
-    check_rows(OP, "x", x)
+    check_array_rows(OP, "x", x)
 
 
 def _aot(op: str, n_inputs: int) -> Any:
@@ -112,7 +108,7 @@ SOFTMAX_BWD = declare(OpDecl(
     validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
     plan=plan_bwd,
     reference=reference.softmax_bwd,
-    copies=_uneven,
+    copies=unflattened,
     front=False,
     aot_cases=_aot("softmax_bwd", 2),
 ))  # fmt: skip
@@ -127,7 +123,7 @@ SOFTMAX = declare(OpDecl(
     reference=reference.softmax,
     backward=Backward(_grads, saves_outputs=(0,)),
     check_arrays=check_arrays,
-    copies=_uneven,
+    copies=unflattened,
     aot_cases=_aot(OP, 1),
 ))  # fmt: skip
 

@@ -86,8 +86,8 @@ def vec_add(x: Any, y: Any, out: Any | None = None, wrap: Wrap = _identity) -> A
     """
     if out is None:
         return _call.run(wrap, x, y)[0]
-    p = _call(x, y)
+    plan, _ = _call(x, y)  # no copies: validation takes contiguous x and y only
     check_tensor(OP, "out", out, dtypes=(x.dtype,), contiguous=True)
     check_same_shape(OP, x=x, out=out)
-    run(p, (x, y), out=(out,), wrap=wrap)
+    run(plan, (x, y), out=(out,), wrap=wrap)
     return out
