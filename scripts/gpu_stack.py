@@ -265,6 +265,32 @@ def differs(pins: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
+def pinned_to_another_torch(lock_pins: dict[str, str]) -> dict[str, str]:
+    """{name: its torch requirement} for each installed distribution the lock does not pin
+    whose requirement the installed torch does not meet (the image's torchvision and
+    torchaudio are built for its own torch: under the lock's, importing them fails, and
+    transformers imports them)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    torch = Version(md.version("torch"))
+    out = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if not name or canonicalize_name(name) in lock_pins or canonicalize_name(name) == "torch":
+            continue
+        for line in dist.requires or ():
+            req = Requirement(line)
+            applies = req.marker is None or req.marker.evaluate()
+            met = req.specifier.contains(torch, prereleases=True)
+            if req.name == "torch" and applies and req.specifier and not met:
+                out[name] = str(req)
+    return out
+
+
 def install(args: argparse.Namespace) -> None:
     stack = Path(args.stack)
     manifest = json.loads((stack / MANIFEST).read_text())
@@ -275,6 +301,11 @@ def install(args: argparse.Namespace) -> None:
     if args.target:
         cmd += ["--target", args.target]
     subprocess.run([*cmd, *map(str, wheels)], check=True)
+    removed = {} if args.target else pinned_to_another_torch(manifest.get("lock_pins", {}))
+    if removed:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "uninstall", "--quiet", "-y", *removed], check=True
+        )
     report = {
         "lock": manifest["lock"],
         "lock_input": manifest["lock_input"],
@@ -283,12 +314,15 @@ def install(args: argparse.Namespace) -> None:
         "not_in_lock": [w["name"] for w in manifest["wheels"] if not w["in_lock"]],
         "already_at_lock_version": present,
         "differs_from_lock": differs(manifest.get("lock_pins", {})),
+        "removed_for_another_torch": removed,
     }
     (stack / "installed.json").write_text(json.dumps(report, indent=1) + "\n")
     for name, version in present.items():
         print(f"kept {name}=={version} (the machine's, the lock's version)")
     for w in manifest["wheels"]:
         print(f"installed {w['name']}=={w['version']} (sha256 {w['sha256'][:16]}...)")
+    for name, req in removed.items():
+        print(f"removed {name}: it requires {req}, not the lock's torch")
     for name, (have, want) in report["differs_from_lock"].items():
         print(f"differs from the lock: {name} {have} (locked {want})")
 
