@@ -19,6 +19,7 @@ from typing import cast
 
 from greta_install.errors import UnknownTorchBuildError
 from greta_install.model import Target
+from greta_install.triton_range import parse
 
 # --- torch builds: which gfx/sm code each vendor build carries ---------------------------
 # Every torch source a matrix row installs from is one `TorchBuild`; matrix.toml names it by
@@ -197,6 +198,9 @@ class ArchFacts:
     # precompiled kernel set; None: the arch uses the default table.
     tuned_table: str | None = None
     matrix_unit: str | None = None  # "mfma" (CDNA), "wmma" (RDNA3+), "tensor" (NVIDIA)
+    # The newest Triton (major, minor) whose compiler still targets the arch; None: every
+    # Triton GRETA supports does.
+    newest_triton: tuple[int, int] | None = None
 
     @property
     def arch(self) -> str:
@@ -239,6 +243,11 @@ def _amd(
     return ArchFacts(
         gfx, override, auto_override, warning, family, wave, target, integrated, known_bad,
         evidence, gfx if tuned else None, unit,
+        # Triton 3.9's AMD backend refuses RDNA1/RDNA2 ("unsupported target: 'gfx1030'",
+        # from the pass pipeline; triton==3.9.0 from the default index, checked for
+        # gfx1010/1030/1036, and every gfx10 wheel build in the GPU suite on the locked
+        # CUDA row). The AMD rows that carry these archs pin Triton 3.6-3.8.
+        (3, 8) if family in ("RDNA1", "RDNA2") else None,
     )  # fmt: skip
 
 
@@ -529,6 +538,22 @@ def sm_number(sm: str | None) -> int | None:
 # The oldest compute capability the cuda target's torch wheels carry code for (the
 # `archs` of the cuda row in lock/matrix.toml; a test holds the two together).
 CUDA_MIN_SM = 75
+
+
+def triton_cannot_target(gfx: str | None, triton_version: str | None) -> str | None:
+    """Why Triton `triton_version` cannot compile for `gfx`; None when it can."""
+    facts = ARCHS.get(gfx or "")
+    have = parse(triton_version)
+    if facts is None or facts.newest_triton is None or have is None:
+        return None
+    if have <= facts.newest_triton:
+        return None
+    newest = ".".join(map(str, facts.newest_triton))
+    return (
+        f"Triton {triton_version} cannot compile for {gfx} ({facts.family}: its AMD backend "
+        f"dropped the target after Triton {newest}); build with the Triton of a row that "
+        f"carries {gfx} (the radeon rows pin Triton {newest} or older)"
+    )
 
 
 def locked_build_supports(vendor: str, arch: str | None, *, soc: bool = False) -> bool:
