@@ -499,8 +499,15 @@ _NVIDIA_NAMES: tuple[tuple[str, str], ...] = (
     (r"\bA10G?\b|\bA40\b|\bA16\b|\bA2\b|GeForce RTX 30\d0|RTX A\d{4}|\bA\d{4}\b", "sm_86"),
     (r"\bT4\b|GeForce RTX 20\d0|TITAN RTX|Quadro RTX|GTX 16\d0|\bT\d{3,4}\b", "sm_75"),
     (r"\bV100\b|TITAN V\b", "sm_70"),
-    (r"\bP100\b", "sm_60"),
-    (r"\bP40\b|\bP4\b|GTX 10\d0|TITAN Xp?\b", "sm_61"),
+    (r"\bP100\b|\bGP100", "sm_60"),
+    (r"\bP40\b|\bP4\b|GTX 10\d0|TITAN Xp?\b|\bGP10[2-8]", "sm_61"),
+    # Chip codes lspci names ("GM204 [GeForce GTX 970]", "GK208B [GeForce GT 710]"): older
+    # cards no locked build runs, named so the reason a user reads carries their arch.
+    (r"\bGM20[0-8]|GTX 9[5-8]0\b", "sm_52"),
+    (r"\bGM10[78]|GTX 750\b", "sm_50"),
+    (r"\bGK210", "sm_37"),
+    (r"\bGK110|\bGK208", "sm_35"),
+    (r"\bGK10[4-7]", "sm_30"),
 )
 # Only architectures with a single compute capability can be mapped by name.
 _NVIDIA_ARCHS: dict[str, str] = {

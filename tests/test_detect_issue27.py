@@ -91,6 +91,55 @@ def test_primary_is_never_chosen_by_vendor_or_order() -> None:
     assert _pick_primary([_gpu("amd", "gfx942", usable=False), small]) == 1
 
 
+MIXED = "rx6700xt-gtx970-lspci-iommu"
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_real_mixed_box_old_nvidia_beside_a_radeon(reverse: bool, tmp_path: Path) -> None:
+    # A real paste: the IOMMU-group listing of one box with a GTX 970 (Maxwell, sm_52)
+    # beside an RX 6700 XT. Listed in either order, the Radeon is the primary and the
+    # NVIDIA card is kept in the list with why it is not.
+    root = tmp_path / MIXED
+    shutil.copytree(SNAPSHOTS / MIXED, root)
+    if reverse:
+        text = (root / "lspci.txt").read_text()
+        amd, nvidia = text.split("\n\n", 1)
+        (root / "lspci.txt").write_text(nvidia + "\n" + amd + "\n")
+    det = detect(SnapshotSystem(root))
+    assert (det.target, det.arch, det.state) == ("radeon", "gfx1031", "usable")
+    assert [(g.vendor, g.arch) for g in det.gpus] == (
+        [("nvidia", "sm_52"), ("amd", "gfx1031")]
+        if reverse
+        else [("amd", "gfx1031"), ("nvidia", "sm_52")]
+    )
+    assert det.primary_gpu is not None and det.primary_gpu.pci_bus == "0d:00.0"
+    skipped = [w for w in det.warnings if w.startswith("skipped GPU")]
+    assert len(skipped) == 1
+    assert "GeForce GTX 970" in skipped[0]
+    assert "carry code for sm_75 and newer only" in skipped[0]
+
+
+def test_nvidia_chip_codes_name_the_older_archs() -> None:
+    # lspci names old cards by chip ("GM204 [GeForce GTX 970]"); each maps to its arch,
+    # and none of them is one a locked build runs.
+    cases = {
+        "GM204 [GeForce GTX 970]": "sm_52",
+        "GK208B [GeForce GT 710]": "sm_35",
+        "GM107 [GeForce GTX 750 Ti]": "sm_50",
+        "GM107M [GeForce GTX 960M]": "sm_50",
+        "GK106GL [Quadro K4000]": "sm_30",
+        "GK210GL [Tesla K80]": "sm_37",
+        "GP104 [GeForce GTX 1080]": "sm_61",
+        "GP100GL [Tesla P100 PCIe 16GB]": "sm_60",
+    }
+    for name, sm in cases.items():
+        assert archs.sm_from_name(name) == sm, name
+        assert not archs.locked_build_supports("nvidia", sm), name
+    # newer chips keep the names they had
+    assert archs.sm_from_name("GA107M [GeForce RTX 3050 Ti Mobile]") == "sm_86"
+    assert archs.sm_from_name("NVIDIA GeForce RTX 4090") == "sm_89"
+
+
 def test_cuda_min_sm_matches_the_cuda_row_of_the_matrix() -> None:
     spec = load_matrix().target("cuda")
     assert min(archs.sm_number(a) or 0 for a in spec.archs) == archs.CUDA_MIN_SM
