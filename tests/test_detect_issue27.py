@@ -7,6 +7,7 @@ test_detect_snapshots.py); these tests pin the rules those snapshots exercise.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,43 @@ def test_nvidia_chip_codes_name_the_older_archs() -> None:
 def test_cuda_min_sm_matches_the_cuda_row_of_the_matrix() -> None:
     spec = load_matrix().target("cuda")
     assert min(archs.sm_number(a) or 0 for a in spec.archs) == archs.CUDA_MIN_SM
+
+
+def test_every_matrix_arch_is_supported_by_a_locked_build() -> None:
+    matrix = load_matrix()
+    for name in ("mi300x", "instinct", "radeon", "cuda"):
+        for arch in matrix.target(name).archs:
+            vendor = "nvidia" if arch.startswith("sm_") else "amd"
+            assert archs.locked_build_supports(vendor, arch), arch
+    # newer NVIDIA archs run the builds' older code; a Jetson (no PCI bus) runs no lock
+    assert archs.locked_build_supports("nvidia", "sm_87")
+    assert archs.locked_build_supports("nvidia", "sm_103")
+    assert not archs.locked_build_supports("nvidia", "sm_87", soc=True)
+    # carried by the ROCm 7.2 wheels but known bad without a target; carried by no build
+    assert not archs.locked_build_supports("amd", "gfx906")
+    assert not archs.locked_build_supports("amd", "gfx940")
+    assert "carried by no torch build" in archs.unsupported_reason("gfx940")
+
+
+def test_locked_build_support_is_read_from_the_torch_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The primary-GPU rule and the plan read one fact: drop an arch from every build's
+    # list and it stops being supported.
+    def drop(*gone: str) -> None:
+        for key, build in list(archs.TORCH_BUILDS.items()):
+            kept = tuple(a for a in build.archs if a not in gone)
+            monkeypatch.setitem(archs.TORCH_BUILDS, key, replace(build, archs=kept))
+
+    assert archs.locked_build_supports("amd", "gfx1031")
+    drop("gfx1031")  # still runs as gfx1030 through its known override
+    assert archs.locked_build_supports("amd", "gfx1031")
+    drop("gfx1030")
+    assert not archs.locked_build_supports("amd", "gfx1031")
+    assert archs.locked_build_supports("nvidia", "sm_75")
+    drop("sm_75")
+    assert not archs.locked_build_supports("nvidia", "sm_75")
+    assert archs.locked_build_supports("nvidia", "sm_80")
 
 
 def test_present_but_unusable_gets_a_plan_blocker_with_the_fix() -> None:
