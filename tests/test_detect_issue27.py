@@ -345,3 +345,11 @@ def test_install_plan_blocks_the_gpu_install_but_not_an_explicit_cpu_one() -> No
     assert any("usermod -aG render,video" in b for b in detected["blockers"])
     asked = plan("--target", "cpu")
     assert asked["ready"] and asked["blockers"] == []
+
+
+def test_min_python_of_the_doctor_is_the_oldest_locked_python() -> None:
+    from greta_install.doctor.checks.python import MIN_PYTHON
+
+    # the fix a too-old Python is given names a Python every lock row installs on
+    oldest = min(tuple(int(p) for p in py.split(".")) for py in load_matrix().pythons)
+    assert oldest == MIN_PYTHON
