@@ -153,3 +153,5 @@ def _check_install(where: str, argv: list[str]) -> None:
     if "-r" in argv:
         name = argv[argv.index("-r") + 1]
         assert name.endswith((".txt", ".toml")), where
+        if name.startswith("lock/"):  # a committed file: it must be there
+            assert (ROOT / name).is_file(), f"{where}: {name} is not in the repository"
