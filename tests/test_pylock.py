@@ -194,6 +194,9 @@ def test_committed_pylocks_are_fresh_and_the_check_sees_each_fault(tmp_path: Pat
         "(run `greta lock --pylock`)"
     ]
     cpu.write_text(good.replace('version = "4.3.1"', 'version = "4.3.2"'), encoding="utf-8")
+    (problem,) = pylock.stale_committed(tmp_path, rows, load)  # packaging.pylock's own check
+    assert "Version in 'filelock-4.3.1-py3-none-any.whl' is not consistent" in problem
+    cpu.write_text(good.replace('requires-python = "==3.11.*"\n', ""), encoding="utf-8")
     assert pylock.stale_committed(tmp_path, rows, load) == [
         "pylock.cpu-py311.toml: differs from its lock (run `greta lock --pylock`)"
     ]
