@@ -9,10 +9,11 @@ loss is the fused linear cross-entropy; `kernelize_greta` marks those classes fi
 Attention and the loss use the extension points transformers has for them:
 - attention is a function, not a module `kernels` can map: transformers looks it up by
   name in its `AttentionInterface`. `kernelize_greta(..., attention=True)` registers
-  GRETA's as "greta" (with SDPA's mask function) and sets the model to it. The repository
-  also exports it as `attention`, for transformers' hub-kernel route
-  (`attn_implementation="<repo id>:attention"`, the repo id mapped to this folder with
-  `kernels`' LOCAL_KERNELS variable).
+  GRETA's as "greta" (with SDPA's mask function) and sets the model to it. transformers'
+  other route, a hub kernel named as `attn_implementation="<repo id>:<function>"`, needs a
+  `kernels` in transformers' own range (0.18.2 <= v < 0.19 for transformers 5.24; below it,
+  an ImportError) and registers flash-attention's 2-D padding mask for the function, which
+  GRETA's causal kernel does not take: not offered.
 - the loss: transformers' loss mapping (`LOSS_MAPPING`, `model.loss_function`) receives the
   logits, so a fused loss that never builds them cannot go there; it replaces the
   `*ForCausalLM` forward instead, as the "ForCausalLM" layer.
@@ -43,7 +44,6 @@ import torch
 
 import greta_core.torch  # noqa: F401  (registers torch.ops.greta.*)
 from greta_core.errors import GretaInputError
-from greta_core.transformers.attention import greta_attention_forward as attention
 from greta_core.transformers.causal_lm import causal_lm_forward
 from greta_core.transformers.mlp import glu_mlp_forward
 from greta_core.transformers.rms_norm import rms_norm_forward
@@ -166,7 +166,11 @@ def mark_layers(model: torch.nn.Module) -> None:
             f"kernelize_greta: model type {model_type!r} is not one GRETA's layers were "
             f"checked against ({', '.join(FAMILIES)})"
         )
-    for suffix, name in (("RMSNorm", "RMSNorm"), ("MLP", "GatedMLP"), ("ForCausalLM", "ForCausalLM")):
+    for suffix, name in (
+        ("RMSNorm", "RMSNorm"),
+        ("MLP", "GatedMLP"),
+        ("ForCausalLM", "ForCausalLM"),
+    ):
         cls = family.cls(suffix)
         if cls is not None and getattr(cls, "kernel_layer_name", None) is None:
             replace_kernel_forward_from_hub(cls, name)

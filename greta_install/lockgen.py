@@ -626,6 +626,10 @@ def load_filled_files(path: Path) -> list[tuple[str, str, KnownFile]]:
             name = canonicalize_name(str(entry.get("name", "")))
             filename = str(entry.get("filename") or url.rsplit("/", 1)[-1])
             out.append(
-                (name, str(entry.get("version")), KnownFile(sha.removeprefix("sha256:"), filename, url))
+                (
+                    name,
+                    str(entry.get("version")),
+                    KnownFile(sha.removeprefix("sha256:"), filename, url),
+                )
             )
     return out

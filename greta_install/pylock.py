@@ -129,9 +129,7 @@ def _uv_platform(lock: Lock) -> str:
     return lock.meta.get("platform", "")
 
 
-def render(
-    lock: Lock, resolved: Mapping[str, Any], row: str = "current", made_by: str = ""
-) -> str:
+def render(lock: Lock, resolved: Mapping[str, Any], row: str = "current", made_by: str = "") -> str:
     """The pylock.toml text: the lock's pins with the resolved files whose hash it holds."""
     offered: dict[tuple[str, str], Mapping[str, Any]] = {}
     for pkg in resolved.get("packages", []):

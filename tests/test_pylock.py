@@ -180,7 +180,10 @@ def test_committed_pylocks_are_fresh_and_the_check_sees_each_fault(tmp_path: Pat
     for target, python, row in rows:
         from greta_install.lockfile import lock_filename
 
-        for name in (lock_filename(target, python, row), pylock.committed_name(target, python, row)):
+        for name in (
+            lock_filename(target, python, row),
+            pylock.committed_name(target, python, row),
+        ):
             if (TARGETS / name).exists():
                 (tmp_path / name).write_bytes((TARGETS / name).read_bytes())
     assert pylock.stale_committed(tmp_path, rows, load) == []
@@ -251,7 +254,10 @@ def test_vendor_urls_in_the_matrix_are_checked() -> None:
     with pytest.raises(MatrixError, match="`urls` needs `url_source`"):
         _load_text(broken, path)
     with pytest.raises(MatrixError, match="must map 'sha256:<64 hex>' to an https URL"):
-        _load_text(text.replace('= "https://download.pytorch.org/whl/cpu/torch-', '= "http://x/torch-', 1), path)
+        _load_text(
+            text.replace('= "https://download.pytorch.org/whl/cpu/torch-', '= "http://x/torch-', 1),
+            path,
+        )
 
 
 def _load_text(text: str, like: Path):

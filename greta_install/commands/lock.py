@@ -190,7 +190,7 @@ def _write_pylocks(out: Path, targets, pythons, matrix, hashes_path: Path) -> in
     import urllib.request
 
     from greta_install import lockgen, pylock
-    from greta_install.lockfile import LockError, load_lock
+    from greta_install.lockfile import LockError, lock_filename, parse_lock
 
     def fetch_json(name: str) -> dict:
         url = pylock.PUBLIC_JSON.format(name=name)
@@ -199,30 +199,34 @@ def _write_pylocks(out: Path, targets, pythons, matrix, hashes_path: Path) -> in
 
     recorded = [*_matrix_urls(matrix), *lockgen.load_filled_files(hashes_path)]
     json_cache: dict[str, dict] = {}
+    said: set[str] = set()
+
+    def cached(pkg: str) -> dict:
+        if pkg not in json_cache:
+            json_cache[pkg] = fetch_json(pkg)
+        return json_cache[pkg]
+
+    def vendor(index: str, pkg: str, version: str) -> list[pylock.KnownFile]:
+        found = [f for (n, v, f) in recorded if n == pkg and v == version]
+        try:
+            found += lockgen.vendor_page_files(index, pkg, version, _fetch_text)
+        except OSError as exc:
+            if index not in said:  # the matrix's URLs stand in for its page
+                said.add(index)
+                print(f"{index}: unreachable ({exc.__class__.__name__})")
+        return found
+
     failed = 0
     for name, py, row in _rows(matrix, targets, pythons):
         path = out / pylock.committed_name(name, py, row)
         try:
-            lock = load_lock(name, py, row).for_python(py)
+            txt = out / lock_filename(name, py, row)
+            lock = parse_lock(txt.read_text(encoding="utf-8"), name, py, txt.name).for_python(py)
             unverified = [p.name for p in lock.packages if not p.hashes]
             if unverified:
                 path.unlink(missing_ok=True)
                 print(f"{path.name}: not written: no hash locked for {', '.join(unverified)}")
                 continue
-
-            def cached(pkg: str) -> dict:
-                if pkg not in json_cache:
-                    json_cache[pkg] = fetch_json(pkg)
-                return json_cache[pkg]
-
-            def vendor(index: str, pkg: str, version: str) -> list[pylock.KnownFile]:
-                found = [f for (n, v, f) in recorded if n == pkg and v == version]
-                try:
-                    found += lockgen.vendor_page_files(index, pkg, version, _fetch_text)
-                except OSError as exc:
-                    print(f"{name}/py{py}: {index}: unreachable ({exc.__class__.__name__})")
-                return found
-
             files = pylock.gather_files(lock, cached, vendor)
             text = pylock.render_committed(lock, files, row)
         except (LockError, pylock.PylockError, OSError, ValueError) as exc:

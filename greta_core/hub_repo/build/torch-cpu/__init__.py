@@ -1,4 +1,3 @@
 """GRETA's layers as a kernels build variant (see greta_core/hub.py)."""
 
 from greta_core import hub as layers  # noqa: F401
-from greta_core.hub import attention  # noqa: F401  (transformers' hub route: "<repo>:attention")
