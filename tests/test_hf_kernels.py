@@ -125,3 +125,14 @@ def test_apply_greta_models_raise_no_future_warning(family: str) -> None:
                 model.generate(ids, max_new_tokens=3, do_sample=False)
     finally:
         revert_greta(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+def test_every_family_takes_the_causal_lm_layer(family: str) -> None:
+    """`kernels` checks a layer's forward against the class's (argument count and kinds):
+    the ForCausalLM layer must pass for every family GRETA supports."""
+    model = kernelize_greta(_tiny(family).train(), mode=Mode.TRAINING, device="cpu")
+    assert model.forward.__func__.__qualname__ == "ForCausalLM.forward"
+    ids = _ids()
+    out = model(ids, labels=ids)
+    assert out.logits is None and torch.isfinite(out.loss)
