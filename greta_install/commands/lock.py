@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pylock",
         action="store_true",
-        help="(network) also write each lock whose pins all carry hashes as "
-        "lock/targets/pylock.<target>-py<ver>.toml (PEP 751): default-index files at their "
-        "public URLs (PyPI's JSON API), vendor files from the vendor's index or the matrix's "
-        "`urls`; nothing is re-resolved",
+        help="(network) only write each lock whose pins all carry hashes as "
+        "lock/targets/pylock.<target>-py<ver>.toml (PEP 751), as `greta lock` does after "
+        "resolving: default-index files at their public URLs (PyPI's JSON API), vendor files "
+        "from the vendor's index or the matrix's `urls`; nothing is re-resolved",
     )
     parser.add_argument(
         "--find-links",
@@ -178,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(docsgen.render(matrix, lang), encoding="utf-8")
         print(f"{path.relative_to(repo)}: written")
+    # Each lock also as PEP 751, from the locks just written (their files looked up).
+    failed += _write_pylocks(out_dir, targets, pythons, matrix, hashes_path)
     return 1 if failed else 0
 
 
