@@ -292,3 +292,32 @@ def test_uv_accepts_the_committed_pylock_for_this_python(tmp_path: Path, target:
     lock = load_lock(target, py).for_python(py)
     assert f"Would install {len(lock.packages)} packages" in proc.stderr + proc.stdout
     assert "+ torch==" in proc.stderr + proc.stdout
+
+
+def test_regenerating_from_the_public_api_gives_the_committed_file() -> None:
+    """`greta lock --pylock`'s path offline: PyPI JSON documents (rebuilt from the committed
+    file, as the API lays them out) and the matrix's vendor URLs give back the same text."""
+    from greta_install.matrix import load_matrix
+
+    committed = (TARGETS / "pylock.cpu-py311.toml").read_text(encoding="utf-8")
+    documents: dict[str, dict] = {}
+    for pkg in tomllib.loads(committed)["packages"]:
+        if pkg["index"] != pylock.PUBLIC_INDEX:
+            continue
+        files = pkg["wheels"] + ([pkg["sdist"]] if "sdist" in pkg else [])
+        entries = []
+        for f in files:
+            a, b, rest = f["url"].removeprefix(pylock.PUBLIC_FILES + "/").split("/")[:3]
+            entries.append({"filename": f["name"], "size": f["size"], "url": "../elsewhere",
+                            "digests": {"sha256": f["hashes"]["sha256"], "blake2b_256": a + b + rest}})  # fmt: skip
+        documents[pkg["name"]] = {"releases": {pkg["version"]: entries, "0.0.1": []}}
+    matrix = load_matrix(REPO / "lock" / "matrix.toml")
+    urls = [p.urls for p in matrix.row("cpu", "3.11", "current").pins if p.urls]
+
+    def vendor(index: str, name: str, version: str) -> list[pylock.KnownFile]:
+        assert index == VENDOR and name == "torch"
+        return [f for u in urls for f in pylock.url_files(u)]
+
+    lock = load_lock("cpu", "3.11").for_python("3.11")
+    files = pylock.gather_files(lock, documents.__getitem__, vendor)
+    assert pylock.render_committed(lock, files) == committed
