@@ -9,6 +9,12 @@ wheel), and `render` (pure) keeps, per locked package, only the files whose sha2
 lock holds, adds the vendor index and GRETA's facts, and writes the file. A file the
 index offers under a hash the lock does not hold is left out; a locked package with no
 file left is an error, never a silent substitute.
+
+The committed files (lock/targets/pylock.*.toml, `greta lock`) are stricter: one file per
+locked hash, each at a public URL (`gather_files`: PyPI's JSON API for default-index pins,
+the vendor's page or the matrix's recorded URLs for vendor pins), so each says exactly
+what its .txt lock says. They are their own record of those URLs: `stale_committed`
+re-renders each from its lock and its own file list, offline.
 """
 
 from __future__ import annotations
