@@ -69,19 +69,19 @@ SUMMARY_FIELDS = (
 # Timing noise of a median of do_bench on one GPU: a GRETA time within 3% of core's counts
 # as "at core's time".
 TIME_TOL = 0.03
-# Memory "at Liger's": within 10%, the ratio issue 26 itself reports as at Liger's memory
-# (GRETA 0.64 / Liger 0.58 GiB and 1.57 / 1.43 GiB, both 1.10).
-MEM_TOL = 0.10
+# Memory "at Liger's": within 12%. Issue 26 calls GRETA's 0.64 / 0.58 GiB (1.10x) and
+# 1.57 / 1.43 GiB (1.10x) at Liger's memory; 2% more for the caching allocator's rounding.
+MEM_TOL = 0.12
 IGNORE = -100
 
 
-def _inputs(n: int, h: int, v: int, seed: int = 0) -> tuple[Any, Any, Any]:
+def _inputs(n: int, h: int, v: int, device: str = "cuda", seed: int = 0) -> tuple[Any, Any, Any]:
     import torch
 
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    hidden = torch.randn(n, h, generator=gen, device="cuda", dtype=torch.bfloat16)
-    weight = torch.randn(v, h, generator=gen, device="cuda", dtype=torch.float32) * h**-0.5
-    target = torch.randint(0, v, (n,), generator=gen, device="cuda")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(n, h, generator=gen, device=device, dtype=torch.bfloat16)
+    weight = torch.randn(v, h, generator=gen, device=device, dtype=torch.float32) * h**-0.5
+    target = torch.randint(0, v, (n,), generator=gen, device=device)
     target[::7] = IGNORE
     return hidden, weight.to(torch.bfloat16), target
 
@@ -175,13 +175,27 @@ def _rel(got: Any, want: Any) -> float:
     return float((got.float() - want).norm() / want.norm().clamp(min=1e-30))
 
 
-def run_cell(n: int, h: int, v: int, variants: list[str]) -> list[dict[str, Any]]:
+def _median_ms(fn: Callable[[], Any], runs: int = 3) -> float:
+    """CPU stand-in for do_bench (the CPU test of this script): median of a few calls."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_cell(
+    n: int, h: int, v: int, variants: list[str], device: str = "cuda"
+) -> list[dict[str, Any]]:
     import torch
-    from triton.testing import do_bench
 
     from greta_core import observe
 
-    hidden, weight, target = _inputs(n, h, v)
+    on_gpu = device != "cpu"
+    if on_gpu:
+        from triton.testing import do_bench
+    hidden, weight, target = _inputs(n, h, v, device)
     ref_loss, ref_dh, ref_dw = reference(hidden, weight, target)
     rows = []
     for variant in variants:
@@ -200,17 +214,20 @@ def run_cell(n: int, h: int, v: int, variants: list[str]) -> list[dict[str, Any]
             observe.reset()
             loss, dh, dw = step()
             row["impl"] = observe.last_implementation("linear_cross_entropy") or variant
-            row["loss_rel_err"] = abs(float(loss) - ref_loss) / abs(ref_loss)
+            row["loss_rel_err"] = abs(float(loss.detach()) - ref_loss) / abs(ref_loss)
             row["dh_rel_err"], row["dw_rel_err"] = _rel(dh, ref_dh), _rel(dw, ref_dw)
             del loss, dh, dw
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            step()
-            torch.cuda.synchronize()
-            row["extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-            row["ms"] = do_bench(step, warmup=5, rep=40, return_mode="median")
+            if on_gpu:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                row["extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                row["ms"] = do_bench(step, warmup=5, rep=40, return_mode="median")
+            else:
+                row["ms"] = _median_ms(step)
             row["status"] = "ok"
         except torch.cuda.OutOfMemoryError as exc:
             row.update(status="oom", reason=str(exc).splitlines()[0][:200])
@@ -218,7 +235,8 @@ def run_cell(n: int, h: int, v: int, variants: list[str]) -> list[dict[str, Any]
             traceback.print_exc(file=sys.stderr)
             row.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}"[:300])
         del hg, wg
-        torch.cuda.empty_cache()
+        if on_gpu:
+            torch.cuda.empty_cache()
         rows.append(row)
     return rows
 
@@ -237,15 +255,16 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best = min(cores, key=lambda r: r["ms"]) if cores else None
         s: dict[str, Any] = {"tokens": n, "vocab": v, "hidden": h, "n_per_h": n / h}
         if greta:
-            s.update(greta_impl=greta.get("impl"), greta_ms=greta["ms"], greta_gib=greta["extra_gib"])
+            s.update(greta_impl=greta.get("impl"), greta_ms=greta["ms"])
+            s["greta_gib"] = greta.get("extra_gib")
         if best:
             s.update(best_core=best["variant"], best_core_ms=best["ms"])
         if liger:
-            s["liger_gib"] = liger["extra_gib"]
+            s["liger_gib"] = liger.get("extra_gib")
         if greta and best:
             s["greta_vs_core"] = greta["ms"] / best["ms"]
-        if greta and liger:
-            s["greta_vs_liger_mem"] = greta["extra_gib"] / liger["extra_gib"]
+        if s.get("greta_gib") is not None and s.get("liger_gib"):
+            s["greta_vs_liger_mem"] = s["greta_gib"] / s["liger_gib"]
         s["verdict"] = verdict(s)
         out.append(s)
     return out
@@ -276,7 +295,10 @@ def suggested_threshold(rows: list[dict[str, Any]]) -> float | None:
     wins: dict[float, bool] = {}
     for (n, _v, h), by in cells.items():
         core, kernel, liger = by.get("core"), by.get("greta-kernel"), by.get("liger")
-        if not (core and kernel and liger):
+        if not (core and kernel and liger) or None in (
+            core.get("extra_gib"),
+            liger.get("extra_gib"),
+        ):
             continue
         win = core["ms"] < kernel["ms"] and core["extra_gib"] <= liger["extra_gib"] * (1 + MEM_TOL)
         ratio = n / h
@@ -338,14 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        parser.error(f"unknown variant(s): {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
+        parser.error(
+            f"unknown variant(s): {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}"
+        )
 
     import torch
 
     if not torch.cuda.is_available():
         print("lce_grid: needs a CUDA/ROCm GPU", file=sys.stderr)
         return 2
-    from greta_core.bench.metadata import command_line, collect
+    from greta_core.bench.metadata import collect, command_line
     from greta_core.bench.report import write_csv, write_json
     from greta_core.torch.linear_cross_entropy import core_api
 
@@ -362,7 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     previous = out / "lce_grid.json"
     cells = sorted(
-        ((n, h, v) for n in _ints(args.tokens) for h in _ints(args.hiddens) for v in _ints(args.vocabs)),
+        (
+            (n, h, v)
+            for n in _ints(args.tokens)
+            for h in _ints(args.hiddens)
+            for v in _ints(args.vocabs)
+        ),
         key=lambda c: c[0] * c[1] * c[2],
     )
     if args.append and previous.is_file():
@@ -392,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not run (--budget-s {args.budget_s:.0f}): {', '.join(skipped_cells)}")
     summary = summarize(rows)
     try:
-        plot(out / "lce_grid.png", summary, f"linear cross-entropy fwd+bwd ({meta.get('gpu_name')})")
+        plot(
+            out / "lce_grid.png", summary, f"linear cross-entropy fwd+bwd ({meta.get('gpu_name')})"
+        )
     except Exception as exc:  # matplotlib missing: the numbers are written already
         print(f"no PNG: {exc.__class__.__name__}: {exc}", file=sys.stderr)
     print(f"\n{'tokens':>6} {'hidden':>6} {'vocab':>6} {'variant':22s} {'status':7s} "
@@ -404,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.get('loss_rel_err', math.nan):8.1e} {r.get('dw_rel_err', math.nan):8.1e} "
             f"{r.get('impl', r.get('reason', ''))}"
         )
-    print(f"\n{'tokens':>6} {'hidden':>6} {'vocab':>6} {'impl':18s} {'t/core':>7} {'mem/liger':>9} verdict")
+    print(
+        f"\n{'tokens':>6} {'hidden':>6} {'vocab':>6} {'impl':18s} {'t/core':>7} {'mem/liger':>9} verdict"
+    )
     for s in summary:
         print(
             f"{s['tokens']:6d} {s['hidden']:6d} {s['vocab']:6d} {s.get('greta_impl') or '-':18s} "

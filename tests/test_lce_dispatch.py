@@ -71,9 +71,9 @@ def test_chunked_torch_backend_needs_its_options(core_api, reduction, want) -> N
 
 
 def test_unknown_backend_and_core_api_are_refused() -> None:
-    with configs.Override({DISPATCH: {"backend": "cudnn"}}):
-        with pytest.raises(ConfigError, match="backend 'cudnn'"):
-            lce.choose("sm_90", 8, 128, 64, "mean", "options")
+    override = configs.Override({DISPATCH: {"backend": "cudnn"}})
+    with override, pytest.raises(ConfigError, match="backend 'cudnn'"):
+        lce.choose("sm_90", 8, 128, 64, "mean", "options")
     with pytest.raises(ValueError, match="core_api"):
         lce.choose("sm_90", 8, 128, 64, "mean", "2.13")
 
@@ -231,11 +231,11 @@ def test_all_ignored_mean_is_zero_on_every_backend() -> None:
 def test_bad_target_gets_the_kernels_error_on_the_delegated_path() -> None:
     hidden, weight, target = _case()
     target[0] = 40  # == vocab
-    with configs.Override({DISPATCH: {"backend": "torch"}}):
-        with pytest.raises(GretaInputError, match="holds 40"):
-            torch.ops.greta.linear_cross_entropy(
-                hidden.to(DEVICE, torch.float32), weight.to(DEVICE, torch.float32), target
-            )
+    override = configs.Override({DISPATCH: {"backend": "torch"}})
+    with override, pytest.raises(GretaInputError, match="holds 40"):
+        torch.ops.greta.linear_cross_entropy(
+            hidden.to(DEVICE, torch.float32), weight.to(DEVICE, torch.float32), target
+        )
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU: the torch reference path")

@@ -143,9 +143,7 @@ def dispatch_config(arch: str, n_rows: int, vocab: int, hidden: int) -> dict[str
     return configs.lookup(DISPATCH, arch, dispatch_features(n_rows, vocab, hidden))
 
 
-def choose(
-    arch: str, n_rows: int, vocab: int, hidden: int, reduction: str, core_api: str
-) -> str:
+def choose(arch: str, n_rows: int, vocab: int, hidden: int, reduction: str, core_api: str) -> str:
     """What runs this call: "greta" (the chunked kernel), CORE, CORE_CHUNKED or LINEAR_CE.
     A pure function of the call's shape, the arch's table and what torch offers: where the
     table asks for something this torch lacks, the nearest thing it has runs (torch's
