@@ -164,6 +164,8 @@ TINY_REGIMES = {
     )
 }
 PROBE_SEQ, PROBE_KEEP = 64, 16  # probe batch length; logits kept for its last positions
+# --tiny: the probe as long as the tiny train-b1s256 batch, so a compiled model traces once.
+TINY_PROBE_SEQ = 16
 PROBE_GRAD_ROWS = 256  # rows of layer 0's q_proj gradient kept for the comparison
 
 
@@ -230,11 +232,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _probe(model: Any, trainer: Any, vocab: int, device: str) -> dict[str, Any]:
+def _probe(model: Any, trainer: Any, vocab: int, device: str, seq: int) -> dict[str, Any]:
     """Logits of one eval batch, loss and selected gradients of one training step."""
     import torch
 
-    ids = _tokens(vocab, 1, PROBE_SEQ, 1, device)
+    ids = _tokens(vocab, 1, seq, 1, device)
     model.eval()
     with torch.no_grad():
         logits = model(ids).logits[:, -PROBE_KEEP:].float().cpu()
@@ -382,7 +384,8 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     probe_file = job.probe_dir / f"{job.family}.pt"
     agree: dict[str, float] = {}
     try:
-        probe = _probe(model, trainer, vocab, job.device)
+        probe_seq = TINY_PROBE_SEQ if job.tiny else PROBE_SEQ
+        probe = _probe(model, trainer, vocab, job.device, probe_seq)
         if job.variant == "vanilla":
             torch.save(probe, probe_file)
         if probe_file.is_file():

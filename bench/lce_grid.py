@@ -21,7 +21,7 @@ torch on float32 copies of the same bf16 inputs). Variants:
 
 Each cell's ``verdict`` applies issue 26's criterion to ``greta``: at or below the fastest
 torch-core time (within TIME_TOL) at or below Liger's memory (within MEM_TOL), or delegating
-("delegates": the table sent the call to torch). At the end the script prints the N/H
+("delegates": the table sent the call to torch, "delegates-over-memory" where that took more than MEM_TOL over Liger's memory). At the end the script prints the N/H
 threshold below which torch's unchunked path won at a memory within MEM_TOL of Liger's: the
 ``N_per_H_max`` of the table rule these numbers support.
 
@@ -275,10 +275,10 @@ def verdict(s: dict[str, Any]) -> str:
     if "greta_ms" not in s:
         return "no-greta"
     impl = s.get("greta_impl") or ""
-    if impl.startswith("torch"):
-        return "delegates"
     fast = "greta_vs_core" not in s or s["greta_vs_core"] <= 1 + TIME_TOL
     lean = "greta_vs_liger_mem" not in s or s["greta_vs_liger_mem"] <= 1 + MEM_TOL
+    if impl.startswith("torch"):
+        return "delegates" if lean else "delegates-over-memory"
     if fast and lean:
         return "ahead" if "greta_vs_core" in s else "no-core"
     return "slower" if lean else ("over-memory" if fast else "slower+over-memory")
