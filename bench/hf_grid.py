@@ -20,7 +20,7 @@ training; eager decode is not its regime and is skipped), ``liger`` (Liger-Kerne
 Per (family, variant) one process builds the model once (same seed: same weights) and runs
 every requested regime: a crash or hang costs that process's rows only. Beside speed
 (median train step ms, decode tokens/s) and peak memory per regime, each row carries
-agreement with vanilla on one probe: the logits of a 64-token batch (eval), the loss and
+agreement with vanilla on one probe: the logits of a 256-token batch (eval), the loss and
 the gradients of one training step (relative L2 error of the first layer's q_proj gradient,
 largest relative error of any parameter's gradient norm). ``vanilla`` must have run for a
 family (this command or an earlier one with the same --out) for these columns.
@@ -163,9 +163,10 @@ TINY_REGIMES = {
         Regime("generate-static", "generate-static", 1, 4, new_tokens=3, steps=1),
     )
 }
-PROBE_SEQ, PROBE_KEEP = 64, 16  # probe batch length; logits kept for its last positions
-# --tiny: the probe as long as the tiny train-b1s256 batch, so a compiled model traces once.
-TINY_PROBE_SEQ = 16
+# The probe batch is train-b1s256's shape (1 x 256), so a compiled model's probe and that
+# regime share one graph; logits are kept for its last PROBE_KEEP positions.
+PROBE_SEQ, PROBE_KEEP = 256, 16
+TINY_PROBE_SEQ = 16  # --tiny: likewise the tiny train-b1s256 batch
 PROBE_GRAD_ROWS = 256  # rows of layer 0's q_proj gradient kept for the comparison
 
 
@@ -378,7 +379,9 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     vocab = model.config.vocab_size
     trainer = model
     if job.variant == "compile":
-        trainer = torch.compile(model, backend=job.compile_backend)
+        # dynamic=False: one static graph per shape, what a run at a fixed shape gets (an
+        # automatic dynamic-shape graph after the second shape would be another program).
+        trainer = torch.compile(model, backend=job.compile_backend, dynamic=False)
     params = sum(p.numel() for p in model.parameters())
     observe.reset()
     probe_file = job.probe_dir / f"{job.family}.pt"
