@@ -596,7 +596,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="compile for sm_90 only (CPU)")
     parser.add_argument("--rep", type=int, default=50, help="do_bench ms per timing")
     parser.add_argument("--timeout-s", type=float, default=75.0, help="per config (process)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="start no config after")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=380.0,
+        help="start no config after this (one started may run --timeout-s more)",
+    )
     parser.add_argument("--only", default="", help="e.g. fwd:0,bwd:1 (indices into the lists)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -612,10 +612,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--tiny", action="store_true", help="CPU format check (seconds)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if visible)")
-    parser.add_argument("--timeout", type=float, default=420.0, help="seconds per process")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per process")
     parser.add_argument(
-        "--budget-s", type=float, default=430.0,
-        help="start no new (family, variant) process after this many seconds",
+        "--budget-s", type=float, default=180.0,
+        help="start no new (family, variant) process after this many seconds (one started "
+        "before may run --timeout more: defaults 180 + 300 s fit an 8-minute call)",
     )  # fmt: skip
     parser.add_argument("--compile-backend", default=None, help="default inductor (--tiny: eager)")
     parser.add_argument("--append", action="store_true", help="keep earlier rows in --out")
