@@ -261,3 +261,30 @@ def test_compiled_call_follows_the_table() -> None:
     torch.testing.assert_close(got.detach().double().cpu(), ref, rtol=RTOL, atol=ATOL)
     for g, r in zip(got_grads, ref_grads, strict=True):
         torch.testing.assert_close(g.double().cpu(), r, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="GPU test: the arch's own table decides")
+@pytest.mark.parametrize("n", [64, 2048])
+def test_gpu_call_runs_what_the_arch_table_chose(n: int) -> None:
+    # hidden 1024: 64 tokens is N/H 1/16 (the H100 table delegates), 2048 is 2 (the kernel).
+    from greta_core.arch import device_arch
+
+    h, v = 1024, 8192
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(n, h, generator=gen).to(DEVICE, torch.bfloat16).requires_grad_()
+    weight = (torch.randn(v, h, generator=gen) / 32).to(DEVICE, torch.bfloat16).requires_grad_()
+    target = torch.randint(0, v, (n,), generator=gen).to(DEVICE)
+    observe.reset()
+    loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    chose = lce.choose(device_arch(), n, v, h, "mean", lce_torch.core_api())
+    assert observe.last_implementation("linear_cross_entropy") == (
+        "triton" if chose == "greta" else chose
+    )
+    ref, ref_grads = _reference(hidden, weight, target, "mean", torch.ones(()))
+    # bf16 logits and gradients (8-bit mantissa) against float64 of the same bf16 inputs.
+    eps = torch.finfo(torch.bfloat16).eps
+    assert abs(loss.item() - ref.item()) <= 4 * eps * abs(ref.item())
+    for got, want in zip(grads, ref_grads, strict=True):
+        err = (got.double().cpu() - want).norm() / want.norm()
+        assert err <= 8 * eps
