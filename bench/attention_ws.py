@@ -534,13 +534,13 @@ def classify(
         end = {"status": "hang", "detail": f"no result within the time limit ({where})"}
     else:
         lines = [ln for ln in stderr.splitlines() if "Assertion" in ln or "error:" in ln]
+        compiler = bool(lines)
         if not lines:
             lines = [ln for ln in stderr.splitlines() if ln.strip()][-1:]
         detail = lines[0].strip()[:240] if lines else f"exit code {returncode}"
-        end = {
-            "status": "compile-error" if "launching" not in stdout else "crash",
-            "detail": detail,
-        }
+        # An abort in the compiler's passes, a crash after a launch, or anything else.
+        status = "compile-error" if compiler else "crash" if "launching" in stdout else "failed"
+        end = {"status": status, "detail": detail}
     rows.append({"index": len(rows), **end})
     rows += [{"index": i, "status": "not-run"} for i in range(len(rows), n_shapes)]
     return rows

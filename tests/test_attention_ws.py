@@ -42,8 +42,10 @@ def test_classify_keeps_results_and_names_where_the_child_stopped(ws) -> None:
     assert [r["status"] for r in rows[2:]] == ["not-run", "not-run"]
     rows = ws.classify(-6, "", f"Traceback\n{ABORT}\n", 2)
     assert rows[0] == {"index": 0, "status": "compile-error", "detail": ABORT}
-    rows = ws.classify(-6, f"launching\n{ok}\nlaunching\n", f"{ABORT}\n", 2)
-    assert rows[1]["status"] == "crash"
+    rows = ws.classify(-11, f"launching\n{ok}\nlaunching\n", "Segmentation fault\n", 2)
+    assert rows[1] == {"index": 1, "status": "crash", "detail": "Segmentation fault"}
+    rows = ws.classify(1, "", "Traceback\nImportError: no module\n", 1)
+    assert rows[0]["status"] == "failed" and rows[0]["detail"] == "ImportError: no module"
     assert ws.classify(0, f"{ok}\n{ok}\n", "", 2) == [json.loads(ok[7:])] * 2
 
 
