@@ -427,7 +427,7 @@ def run_job(job: Job) -> list[dict[str, Any]]:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    job = Job(**json.loads(args.job))
+    job = Job(**json.loads(args.worker))
     job.probe_dir = Path(job.probe_dir)
     try:
         rows = run_job(job)
@@ -621,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-backend", default=None, help="default inductor (--tiny: eager)")
     parser.add_argument("--append", action="store_true", help="keep earlier rows in --out")
     parser.add_argument("--in-process", action="store_true", help="no subprocess per variant")
+    parser.add_argument(
+        "--subprocess", action="store_true", help="a process per variant with --tiny too"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -662,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         now = {(f, r, v) for f in families for r in regimes for v in variants}
         rows = [x for x in old["rows"] if (x["family"], x["regime"], x["variant"]) not in now]
     compile_backend = args.compile_backend or ("eager" if args.tiny else "inductor")
-    in_process = args.in_process or args.tiny
+    in_process = args.in_process or (args.tiny and not args.subprocess)
     t_start, not_run = time.time(), []
 
     def write() -> list[dict[str, Any]]:

@@ -146,3 +146,28 @@ def test_probe_dir_is_scratch_inside_out(grid, tmp_path: Path, monkeypatch):
             "--variants", "vanilla"]  # fmt: skip
     assert grid.main(args) == 0
     assert sorted(p.name for p in (tmp_path / ".probes").iterdir()) == ["mistral.pt"]
+
+
+def test_a_process_per_variant_hands_its_rows_back(grid, tmp_path, monkeypatch):
+    # The GPU path: the job goes to a child as JSON, its rows come back as ROW lines.
+    monkeypatch.setenv("GRETA_TRITON_ON_CPU", "0")
+    monkeypatch.setattr(grid, "plot", _no_matplotlib)
+    args = ["--tiny", "--subprocess", "--out", str(tmp_path), "--families", "llama",
+            "--regimes", "train-b1s256", "--variants", "vanilla,greta"]  # fmt: skip
+    assert grid.main(args) == 0
+    rows = json.loads((tmp_path / "hf_grid.json").read_text())["rows"]
+    assert [(r["variant"], r["regime"], r["status"]) for r in rows] == [
+        ("vanilla", "train-b1s256", "ok"), ("greta", "train-b1s256", "ok"),
+    ]  # fmt: skip
+    assert rows[1]["loss_rel_err"] < 1e-5  # the child found vanilla's probe
+
+
+def test_a_child_that_dies_leaves_failed_rows_naming_why(grid, tmp_path):
+    job = grid.Job(
+        "llama", "vanilla", ["train-b1s256", "decode-b1"], "cpu", True, tmp_path, "eager"
+    )
+    # Not a family the worker knows: it fails before any row, and says so.
+    job.family = "phi"
+    rows = grid._in_subprocess(job, timeout=120)
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert "KeyError" in rows[0]["reason"]
