@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         help="start no new cell after this many seconds (default 360)",
     )  # fmt: skip
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out")
+    parser.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"),
+        help="cpu: the format check on tiny shapes (no memory columns, plain timings)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -366,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("lce_grid: needs a CUDA/ROCm GPU", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("lce_grid: needs a CUDA/ROCm GPU (--device cpu: the format check)", file=sys.stderr)
         return 2
     from greta_core.bench.metadata import collect, command_line
     from greta_core.bench.report import write_csv, write_json
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    meta = collect("lce_grid", "cuda")
+    meta = collect("lce_grid", args.device)
     with contextlib.suppress(Exception):
         from importlib.metadata import version
 
@@ -407,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped_cells.append(f"{n}x{h}x{v}")
             continue
         t0 = time.time()
-        rows += run_cell(n, h, v, variants)
+        rows += run_cell(n, h, v, variants, args.device)
         summary = summarize(rows)
         doc = {"metadata": meta, "command": command, "rows": rows, "summary": summary,
                "not_run_budget": skipped_cells, "suggested_N_per_H_max": suggested_threshold(rows)}  # fmt: skip

@@ -3,6 +3,9 @@ asserts), the per-cell verdict and the threshold it suggests for the dispatch ta
 
 from __future__ import annotations
 
+import csv
+import json
+
 import pytest
 from _script_module import load_script
 
@@ -91,3 +94,29 @@ def test_unknown_variant_is_refused_in_one_line(grid, capsys) -> None:
         grid.main(["--out", "unused", "--variants", "greta,cudnn"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "unknown variant(s): cudnn" in err
+
+
+def test_main_on_cpu_writes_rows_summary_and_the_table(grid, tmp_path, capsys) -> None:
+    out = tmp_path / "lce"
+    args = ["--device", "cpu", "--out", str(out), "--tokens", "16,32", "--vocabs", "40",
+            "--hiddens", "16", "--variants", "core,naive,greta"]  # fmt: skip
+    assert grid.main(args) == 0
+    doc = json.loads((out / "lce_grid.json").read_text())
+    assert [(r["tokens"], r["variant"], r["status"]) for r in doc["rows"]] == [
+        (16, "core", "ok"), (16, "naive", "ok"), (16, "greta", "ok"),
+        (32, "core", "ok"), (32, "naive", "ok"), (32, "greta", "ok"),
+    ]  # fmt: skip
+    ms = {(r["tokens"], r["variant"]): r["ms"] for r in doc["rows"]}
+    for s in doc["summary"]:
+        n = s["tokens"]
+        assert s["greta_impl"] == "triton-interpret" and s["best_core"] == "core"
+        assert s["greta_vs_core"] == pytest.approx(ms[(n, "greta")] / ms[(n, "core")])
+        assert "greta_vs_liger_mem" not in s  # no Liger, no memory columns on CPU
+    assert {s["tokens"] for s in doc["summary"]} == {16, 32}
+    assert doc["metadata"]["device"] == "cpu" and doc["metadata"]["torch_core_api"]
+    assert doc["command"].startswith("python bench/lce_grid.py --device cpu --out <out> ")
+    with (out / "lce_grid.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 6
+    assert (out / "lce_grid_summary.csv").is_file()
+    printed = capsys.readouterr().out
+    assert "suggested N_per_H_max" in printed.splitlines()[-1]
