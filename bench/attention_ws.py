@@ -643,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
         common = ["--d", str(args.d), "--rep", str(args.rep)]
         code, out, err = run_child(["--child", "baseline", *common], args.timeout_s * 2)
         baseline = classify(code, out, err, n)
+        for i, r in enumerate(baseline):
+            r.setdefault("shape", shape_label(shapes(args.d)[i]))
         for kind, index in picked:
             cfg = CONFIGS[kind][index]
             if time.monotonic() - start > args.budget_s:
