@@ -74,7 +74,7 @@ def test_unknown_backend_and_core_api_are_refused() -> None:
     override = configs.Override({DISPATCH: {"backend": "cudnn"}})
     with override, pytest.raises(ConfigError, match="backend 'cudnn'"):
         lce.choose("sm_90", 8, 128, 64, "mean", "options")
-    with pytest.raises(ValueError, match="core_api"):
+    with pytest.raises(GretaInputError, match="core_api"):
         lce.choose("sm_90", 8, 128, 64, "mean", "2.13")
 
 

@@ -150,7 +150,7 @@ def choose(arch: str, n_rows: int, vocab: int, hidden: int, reduction: str, core
     unchunked path without core's op is F.linear + F.cross_entropy; a chunked path without
     core's options, or for reduction "none", is GRETA's own)."""
     if core_api not in CORE_APIS:
-        raise ValueError(f"core_api {core_api!r}; expected one of {', '.join(CORE_APIS)}")
+        raise GretaInputError(f"core_api {core_api!r}; expected one of {', '.join(CORE_APIS)}")
     backend = dispatch_config(arch, n_rows, vocab, hidden).get("backend", "greta")
     if backend not in BACKENDS:
         raise ConfigError(
