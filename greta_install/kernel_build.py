@@ -40,7 +40,13 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from greta_install.commandline import ISOLATED, NEUTRAL_CWD, python_module
+from greta_install.commandline import (
+    ISOLATED,
+    NEUTRAL_CWD,
+    LocationError,
+    env_location,
+    python_module,
+)
 from greta_install.errors import GretaError
 from greta_install.kernel_names import distribution_name as kernel_wheel_name
 from greta_install.version import __version__
@@ -187,7 +193,10 @@ def cache_key(arch: str, fingerprint: str, source_hash: str) -> str:
 
 
 def cache_root() -> Path:
-    override = os.environ.get("GRETA_KERNEL_CACHE")
+    try:
+        override = env_location("GRETA_KERNEL_CACHE")
+    except LocationError as exc:
+        raise KernelBuildError(str(exc)) from None
     if override:
         return Path(override)
     import platformdirs

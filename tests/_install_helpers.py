@@ -10,6 +10,8 @@ import base64
 import hashlib
 import http.server
 import io
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -214,3 +216,17 @@ def wait_for(
         seen += line
     assert marker in seen, seen
     return seen
+
+
+def arm_checkpoint(
+    directory: Path, checkpoint: str, wait: float, release: Path | None = None
+) -> dict[str, str]:
+    """The environment that arms GRETA's checkpoint hook (greta_install.pipeline.test_hooks):
+    a hooks file of this user in the test's own directory, named by GRETA_TEST_HOOKS."""
+    path = directory / f"greta-test-hooks-{checkpoint}.json"
+    hooks = {"greta_test_hooks": 1, "checkpoint": checkpoint, "wait": wait}
+    if release is not None:
+        hooks["release"] = str(release)
+    path.write_text(json.dumps(hooks), encoding="utf-8")
+    os.chmod(path, 0o600)
+    return {"GRETA_TEST_HOOKS": str(path)}

@@ -1,0 +1,71 @@
+"""URLs and paths from variables and options are checked in one place (issue 30 item 7):
+control characters in GRETA_KERNEL_INDEX gave `http.client.InvalidURL` with a traceback,
+or slipped on as a path; now a one-line refusal naming the variable, before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from _install_helpers import REPO
+
+from greta_install import commandline, hashrecord, kernel_build
+
+BAD = ["https://index.example/\nsimple", "https://x\x01y/simple", "/srv/wheels\x7f", "\ttab"]
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRETA_")}
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize("value", BAD)
+def test_a_control_character_in_the_kernel_index_is_one_line(value: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "greta", "install", "--dry-run", "--target", "mi300x"],
+        cwd=REPO, env=_clean_env(GRETA_KERNEL_INDEX=value), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "GRETA_KERNEL_INDEX holds a control character" in lines[0]
+
+
+def test_the_option_is_held_to_the_same_rule() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "greta", "install", "--dry-run", "--target", "mi300x",
+         "--kernel-wheels", "https://index.example/\x1bsimple"],
+        cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--kernel-wheels holds a control character" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "read", "error"),
+    [
+        ("GRETA_KERNEL_CACHE", kernel_build.cache_root, kernel_build.KernelBuildError),
+        ("GRETA_HASH_RECORD", hashrecord.user_record_path, hashrecord.HashRecordError),
+    ],
+)
+def test_other_path_variables_are_held_to_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, read: object, error: type[Exception]
+) -> None:
+    monkeypatch.setenv(name, "/tmp/cache\nelsewhere")
+    with pytest.raises(error, match=f"{name} holds a control character"):
+        read()  # type: ignore[operator]
+    monkeypatch.setenv(name, "/tmp/" + "x" * commandline.LOCATION_MAX_CHARS)
+    with pytest.raises(error, match="over the 4096-character limit"):
+        read()  # type: ignore[operator]
+    monkeypatch.setenv(name, "/tmp/fine")
+    assert str(read()).startswith("/tmp/fine")  # type: ignore[operator]
+
+
+def test_plain_values_pass_unchanged() -> None:
+    for value in ("https://index.example/simple", "/srv/wheels", "file:///srv/w", "rel/dir"):
+        assert commandline.location(value, "X") == value
+    assert commandline.env_location("X", {}) is None
+    assert commandline.env_location("X", {"X": ""}) is None
