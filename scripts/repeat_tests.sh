@@ -4,6 +4,7 @@
 # installed (it is not a test dependency: `pip install pytest-random-order`), every other
 # run in a random test order (--random-order-seed=<run>), the rest in file order.
 # One CSV row per run. Usage: scripts/repeat_tests.sh N OUT.csv TEST...
+# REPEAT_FIRST=K numbers the runs K..K+N-1 (two halves can run side by side).
 set -uo pipefail
 runs=$1 out=$2
 shift 2
@@ -11,7 +12,8 @@ cd "$(dirname "$0")/.."
 have_order=$(.venv/bin/python -c 'import importlib.util as u; print(int(u.find_spec("random_order") is not None))')
 echo "run,seed,workers,order,exit_code,seconds,summary" > "$out"
 failed=0
-for i in $(seq 1 "$runs"); do
+first=${REPEAT_FIRST:-1}
+for i in $(seq "$first" $(( first + runs - 1 ))); do
   workers=$(( i % 3 ))
   order="file"
   flags=()
