@@ -364,6 +364,11 @@ def kernel_package(requirement: str) -> str:
     return str(canonicalize_name(name)).replace("-", "_")
 
 
+def locked_triton(plan: InstallPlan) -> str | None:
+    """The Triton version the plan installs (a kernel wheel must be built with it)."""
+    return next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
+
+
 def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
     """RECORD, content and manifest of a staged kernel wheel; InstallError naming the
     problem. Returns its manifest."""
@@ -372,9 +377,8 @@ def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
     kw = plan.kernel_wheel
     assert kw.requirement is not None and kw.arch is not None
     name = kw.requirement.partition("==")[0]
-    locked = next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
     try:
-        return verify_wheel(path, kw.arch, locked)
+        return verify_wheel(path, kw.arch, locked_triton(plan))
     except KernelWheelRefused as exc:
         raise InstallError(name, str(exc)) from None
 

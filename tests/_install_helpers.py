@@ -188,6 +188,7 @@ def make_kernel_wheel(
     extra: dict[str, bytes] | None = None,
     manifest_arch: str | None = None,
     triton_version: str | None = "3.6.0",
+    triton_fingerprint: str | None = None,
 ) -> tuple[str, bytes]:
     """A GRETA kernel wheel as greta_core.kernel_wheels.wheelbuild lays it out (package + manifest.json)."""
     import json
@@ -197,6 +198,8 @@ def make_kernel_wheel(
     manifest = {"arch": manifest_arch or arch, "package": package, "kernels": []}
     if triton_version is not None:  # what `greta build-kernels` records
         manifest["triton_version"] = triton_version
+    if triton_fingerprint is not None:
+        manifest["triton_fingerprint"] = triton_fingerprint
     files = {f"{package}/manifest.json": json.dumps(manifest).encode(), **(extra or {})}
     return make_wheel(name, version, extra=files)
 
