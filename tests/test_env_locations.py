@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _install_helpers import REPO
@@ -69,3 +70,16 @@ def test_plain_values_pass_unchanged() -> None:
         assert commandline.location(value, "X") == value
     assert commandline.env_location("X", {}) is None
     assert commandline.env_location("X", {"X": ""}) is None
+
+
+@pytest.mark.parametrize("name", ["a" * 120_000, "snap\nshot"], ids=["120KB", "newline"])
+def test_a_snapshot_name_no_path_can_be_is_one_short_line(tmp_path: Path, name: str) -> None:
+    """Issue 30 item 7: a 120 KB snapshot name; the refusal echoed it whole."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "greta", "snapshot", name], cwd=tmp_path, env=_clean_env(
+            PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 200 and lines[0].startswith("greta snapshot: DIR ")
+    assert list(tmp_path.iterdir()) == []  # nothing written
