@@ -207,8 +207,35 @@ def verify_installed(site: Path, arch: str, locked_triton: str | None = None) ->
     except (wheelfiles.WheelError, OSError, UnicodeDecodeError) as exc:
         raise KernelWheelRefused(f"refused: {exc}") from None
     manifest = _check_manifest(raw, arch, locked_triton, None)
+    return InstalledWheel(info, manifest, _content_digest(listed))
+
+
+def _content_digest(listed: dict[str, str]) -> str:
+    """What an installed kernel wheel holds, from its RECORD rows (bytecode aside)."""
     blob = "".join(f"{m},{d}\n" for m, d in sorted(listed.items()) if not m.endswith(".pyc"))
-    return InstalledWheel(info, manifest, "sha256:" + hashlib.sha256(blob.encode()).hexdigest())
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def recorded_state(site: Path, arch: str) -> str:
+    """How the installed kernel wheel of `arch` stands against the environment's hash record,
+    read cheaply (its RECORD, not its files) where it is loaded at run time: "matches" (the
+    content GRETA verified), "differs" (changed since: not to be loaded), or "unrecorded"."""
+    from greta_install import hashrecord, wheelfiles
+
+    package = kernel_wheel_name(arch).replace("-", "_")
+    infos = wheelfiles.installed_dist_infos(site, [kernel_wheel_name(arch)])
+    if len(infos) != 1:
+        return "differs"
+    try:
+        record = hashrecord.load_record(hashrecord.env_record_path(site))
+        entry = record.expected(INSTALLED_KEY.format(dist_info=infos[0].name))
+        if entry is None:
+            return "unrecorded"
+        rows = wheelfiles.installed_record(infos[0])
+    except (hashrecord.HashRecordError, wheelfiles.WheelError, OSError):
+        return "differs"
+    listed = {m: d for m, d in rows.items() if m.split("/")[0] == package}
+    return "matches" if entry.sha256 == _content_digest(listed) else "differs"
 
 
 def boundedio_read(path: Path) -> str:

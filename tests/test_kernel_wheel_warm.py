@@ -298,3 +298,42 @@ def test_a_wheel_without_a_package_is_not_an_installed_kernel_wheel(tmp_path: Pa
     site = _install(tmp_path / "site", make_wheel("greta-kernels-gfx942", "0.1.0", extra={}))
     with pytest.raises(kb.KernelWheelRefused, match="manifest"):
         kb.verify_installed(site, ARCH)
+
+
+# --- loading at run time ------------------------------------------------------------------
+
+
+def test_recorded_state_reads_the_record_cheaply(tmp_path: Path) -> None:
+    site = _install(tmp_path / "site", _good())
+    assert kb.recorded_state(site, ARCH) == "unrecorded"
+    kb.trust_installed(site, ARCH, vouch=False, log=lambda m: None)
+    assert kb.recorded_state(site, ARCH) == "matches"
+    manifest = {"arch": ARCH, "package": PKG, "kernels": ["x"], "triton_version": "3.6.0"}
+    _rewrite(site, f"{PKG}/manifest.json", json.dumps(manifest).encode())
+    assert kb.recorded_state(site, ARCH) == "differs"
+
+
+STATUS = (
+    "import json; from greta_core.kernel_wheels import precompiled; "
+    "print(json.dumps({r['arch']: r['why_not'] for r in precompiled.status()}))"
+)
+
+
+def test_the_runtime_does_not_load_a_wheel_changed_since_it_was_verified(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    site = _install(tmp_path / "site", _good(triton_version="0.0.1"))
+    kb.trust_installed(site, ARCH, vouch=False, log=lambda m: None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRETA_")}
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{site}", TRITON_INTERPRET="0")
+
+    def why_not() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", STATUS], cwd=tmp_path, env=env, capture_output=True,
+            text=True, timeout=300, check=True,
+        )  # fmt: skip
+        return json.loads(proc.stdout.strip().splitlines()[-1])[ARCH]
+
+    assert why_not().startswith("built for triton 0.0.1")  # past the record, then its Triton
+    manifest = {"arch": ARCH, "package": PKG, "kernels": ["x"], "triton_version": "0.0.1"}
+    _rewrite(site, f"{PKG}/manifest.json", json.dumps(manifest).encode())
+    assert why_not() == "changed since it was verified: run `greta warm` to check it again"
