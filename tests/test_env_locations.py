@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from _install_helpers import REPO
 
+from greta_core.kernel_wheels.cache import cache_root as runtime_cache_root
 from greta_install import commandline, hashrecord, kernel_build
 
 BAD = ["https://index.example/\nsimple", "https://x\x01y/simple", "/srv/wheels\x7f", "\ttab"]
@@ -50,6 +51,7 @@ def test_the_option_is_held_to_the_same_rule() -> None:
     [
         ("GRETA_KERNEL_CACHE", kernel_build.cache_root, kernel_build.KernelBuildError),
         ("GRETA_HASH_RECORD", hashrecord.user_record_path, hashrecord.HashRecordError),
+        ("GRETA_CACHE_DIR", runtime_cache_root, commandline.LocationError),
     ],
 )
 def test_other_path_variables_are_held_to_it(
