@@ -337,3 +337,39 @@ def test_the_runtime_does_not_load_a_wheel_changed_since_it_was_verified(tmp_pat
     manifest = {"arch": ARCH, "package": PKG, "kernels": ["x"], "triton_version": "0.0.1"}
     _rewrite(site, f"{PKG}/manifest.json", json.dumps(manifest).encode())
     assert why_not() == "changed since it was verified: run `greta warm` to check it again"
+
+
+def test_greta_kernels_and_install_only_vouch_for_what_they_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`install_wheel(..., arch=)` records the installed content; both commands pass it."""
+    import argparse
+
+    from greta_install import tools
+    from greta_install.commands import install_only, kernels
+
+    site = _install(tmp_path / "site", _good())
+    wheel = tmp_path / _good()[0]
+    wheel.write_bytes(_good()[1])
+    done = subprocess.CompletedProcess([], 0, "", "")
+    monkeypatch.setattr(kb.subprocess, "run", lambda *a, **k: done)  # pip "installed" it
+    monkeypatch.setattr(tools, "site_packages_of", lambda python: site)
+    kb.install_wheel("python", wheel, log=lambda m: None, arch=ARCH)
+    entry = hashrecord.load_record(hashrecord.env_record_path(site)).entries[
+        kb.INSTALLED_KEY.format(dist_info=INFO)
+    ]
+    assert entry.recorded_by == "greta install"
+    assert entry.sha256 == kb.verify_installed(site, ARCH).digest
+
+    calls: list[dict[str, object]] = []
+    built = kb.BuiltWheel(wheel, ARCH, "0" * 64, True, 0.0)
+    monkeypatch.setattr(kb, "build_or_reuse", lambda *a, **k: built)
+    monkeypatch.setattr(kb, "install_wheel", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(install_only, "_warm", lambda python, log: True)
+    monkeypatch.setattr(install_only, "_has_pip", lambda python: True)
+    args = dict(python="python", arch=ARCH, index=None, no_install=False, no_cache=False, jobs=0)
+    assert kernels.run(argparse.Namespace(**args)) == 0
+    only = dict(only="kernels", python="python", target="mi300x", arch=ARCH, snapshot=None,
+                json=False, no_build_kernels=False)  # fmt: skip
+    assert install_only.run(argparse.Namespace(**only)) == 0
+    assert [c.get("arch") for c in calls] == [ARCH, ARCH]
