@@ -182,32 +182,46 @@ def verify_installed(site: Path, arch: str, locked_triton: str | None = None) ->
         total = 0
         root = site / package
         present = set()
-        for path in sorted(root.rglob("*")) if root.is_dir() else []:
-            if path.is_symlink():
-                raise wheelfiles.WheelError(f"{path} is a symbolic link")
-            if not path.is_file():
-                continue
-            member = path.relative_to(site).as_posix()
-            if member not in listed and path.parent.name == "__pycache__":
-                continue  # written by Python when it imports the package
-            present.add(member)
-            total += path.stat().st_size
-            if member not in listed:
-                raise wheelfiles.WheelError(f"{member} is not in {info.name}/RECORD")
+        # os.walk never descends a linked folder (a link loop cannot hang it); links are
+        # refused, and the walk stops at the member cap.
+        for folder, dirs, files in os.walk(root, followlinks=False):
+            for name in [*dirs, *files]:
+                path = Path(folder) / name
+                if path.is_symlink():
+                    raise wheelfiles.WheelError(f"{path.relative_to(site)} is a symbolic link")
+                if name in dirs:
+                    continue
+                member = path.relative_to(site).as_posix()
+                if member not in listed and path.parent.name == "__pycache__":
+                    continue  # written by Python when it imports the package
+                present.add(member)
+                if len(present) > wheelfiles.MAX_MEMBERS or member not in listed:
+                    raise wheelfiles.WheelError(f"{member} is not in {info.name}/RECORD")
+                total += path.stat().st_size
         _check_size(info.name, total)
         for member, digest in listed.items():
             if member not in present:
                 raise wheelfiles.WheelError(f"{info.name}/RECORD names {member}, which is missing")
             if not digest and member.endswith(".pyc"):
                 continue  # installers list the bytecode they compile without a hash
-            data = (site / member).read_bytes()
-            if digest != wheelfiles.record_digest(data):
+            if digest != _record_digest_of(site / member):
                 raise wheelfiles.WheelError(f"{member} does not match its RECORD hash")
-        raw = boundedio_read(root / "manifest.json")
+        raw = _read_small(root / "manifest.json")
     except (wheelfiles.WheelError, OSError, UnicodeDecodeError) as exc:
         raise KernelWheelRefused(f"refused: {exc}") from None
     manifest = _check_manifest(raw, arch, locked_triton, None)
     return InstalledWheel(info, manifest, _content_digest(listed))
+
+
+def _record_digest_of(path: Path) -> str:
+    """wheelfiles.record_digest of a file, read in blocks."""
+    import base64
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
 def _content_digest(listed: dict[str, str]) -> str:
@@ -238,7 +252,7 @@ def recorded_state(site: Path, arch: str) -> str:
     return "matches" if entry.sha256 == _content_digest(listed) else "differs"
 
 
-def boundedio_read(path: Path) -> str:
+def _read_small(path: Path) -> str:
     from greta_install import boundedio, wheelfiles
 
     return boundedio.read_text(path, wheelfiles.MAX_METADATA_BYTES)
@@ -254,8 +268,9 @@ def trust_installed(site: Path, arch: str, *, vouch: bool, log: Log = print) -> 
     wheel = verify_installed(site, arch)
     key = INSTALLED_KEY.format(dist_info=wheel.dist_info.name)
     path = hashrecord.env_record_path(site)
+    version = wheel.dist_info.name[: -len(".dist-info")].rpartition("-")[2]
     entry = hashrecord.Entry(
-        kernel_wheel_name(arch), str(wheel.manifest.get("version", "")), wheel.digest,
+        kernel_wheel_name(arch), version, wheel.digest,
         "installed kernel wheel", "greta install" if vouch else "greta warm (first use)",
     )  # fmt: skip
     try:

@@ -88,6 +88,8 @@ def _bad_install(tmp_path: Path, case: str) -> Path:
         (site / PKG / "__init__.py").unlink()
     elif case == "symlink":
         (site / PKG / "link").symlink_to("/etc/hostname")
+    elif case == "link-loop":  # a linked folder pointing back: refused, never walked
+        (site / PKG / "loop").symlink_to(site / PKG, target_is_directory=True)
     elif case == "record-escapes":
         with open(site / INFO / "RECORD", "a") as fh:
             fh.write("../../../etc/cron.d/x,,\n")
@@ -102,7 +104,7 @@ def _bad_install(tmp_path: Path, case: str) -> Path:
 
 
 BAD = ["root-pth", "package-pth", "other-package", "no-triton-version", "other-arch",
-       "entry-points", "tampered", "planted-module", "missing-file", "symlink",
+       "entry-points", "tampered", "planted-module", "missing-file", "symlink", "link-loop",
        "record-escapes", "two-dist-infos", "no-record"]  # fmt: skip
 
 
