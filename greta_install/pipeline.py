@@ -507,7 +507,7 @@ HOOKS_KEY = "greta_test_hooks"
 _HOOKS_MAX_BYTES = 4096
 
 
-def test_hooks() -> dict[str, object]:
+def armed_test_hooks() -> dict[str, object]:
     """The armed test hooks: {} unless GRETA_TEST_HOOKS names a hooks file as above."""
     import json
     import stat
@@ -549,7 +549,7 @@ def _checkpoint(name: str) -> None:
     """Test hook: with an armed hooks file naming `checkpoint` <name>, announce the point
     and wait there (`wait` seconds), so the reliability tests can kill GRETA at an exact
     point of the commit, or go on once the file named by `release` exists."""
-    hooks = test_hooks()
+    hooks = armed_test_hooks()
     if not hooks or hooks.get("checkpoint") != name:
         return
     print(f"greta-checkpoint: {name}", file=sys.stderr, flush=True)

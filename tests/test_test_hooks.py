@@ -106,12 +106,12 @@ def test_anything_but_the_harness_file_arms_nothing(
     else:
         path = _hooks_file(tmp_path, [VALID])
     monkeypatch.setenv(pipeline.HOOKS_ENV, str(path))
-    assert pipeline.test_hooks() == {}
+    assert pipeline.armed_test_hooks() == {}
     # The control: the same content in a proper file arms it.
     (tmp_path / "ok").mkdir()
     good = _hooks_file(tmp_path / "ok", VALID)
     monkeypatch.setenv(pipeline.HOOKS_ENV, str(good))
-    assert pipeline.test_hooks() == VALID
+    assert pipeline.armed_test_hooks() == VALID
 
 
 def test_a_lock_or_env_file_cannot_name_the_hooks_file(tmp_path: Path) -> None:
