@@ -16,6 +16,8 @@ from greta_core.kernel_wheels.cache import cache_root as runtime_cache_root
 from greta_install import commandline, hashrecord, kernel_build
 
 BAD = ["https://index.example/\nsimple", "https://x\x01y/simple", "/srv/wheels\x7f", "\ttab"]
+# Each case of the one rule is checked in-process; two of them end to end.
+END_TO_END = BAD[:2]
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -23,7 +25,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-@pytest.mark.parametrize("value", BAD)
+@pytest.mark.parametrize("value", END_TO_END)
 def test_a_control_character_in_the_kernel_index_is_one_line(value: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "greta", "install", "--dry-run", "--target", "mi300x"],
@@ -65,6 +67,12 @@ def test_other_path_variables_are_held_to_it(
         read()  # type: ignore[operator]
     monkeypatch.setenv(name, "/tmp/fine")
     assert str(read()).startswith("/tmp/fine")  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("value", BAD)
+def test_each_control_character_is_refused_by_the_one_rule(value: str) -> None:
+    with pytest.raises(commandline.LocationError, match="GRETA_KERNEL_INDEX holds a control"):
+        commandline.env_location("GRETA_KERNEL_INDEX", {"GRETA_KERNEL_INDEX": value})
 
 
 def test_plain_values_pass_unchanged() -> None:
