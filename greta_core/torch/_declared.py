@@ -37,32 +37,41 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 # The public front: an eager backward (no create_graph) takes its hot path too.
-_torch_call = Caller(lambda op, *args: getattr(torch.ops.greta, op.name)(*args), _contiguous)
-_raw_call = Caller(lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous)
+_torch_call = Caller(
+    lambda op, *args: getattr(torch.ops.greta, op.name)(*args), _contiguous, torch.zeros_like
+)
+_raw_call = Caller(
+    lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous, torch.zeros_like
+)
 
 
 _TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int}
 
 
 def _signature(op: OpDecl) -> inspect.Signature:
-    """The Python signature torch.library infers the triton_op's schema from."""
+    """The Python signature torch.library infers the triton_op's schema from: the declared
+    arguments (defaults as `fwd_defaults` says), every output of the forward."""
     params = []
     for a in op.args:
         annotation = _TYPES[a.type.rstrip("?")]
         if a.type.endswith("?"):
             annotation = Optional[annotation]  # noqa: UP045  (infer_schema reads typing forms)
-        default = a.default if a.has_default else inspect.Parameter.empty
+        keep = a.has_default and (op.fwd_defaults or not op.front)
+        default = a.default if keep else inspect.Parameter.empty
         params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         default=default, annotation=annotation))  # fmt: skip
-    out = torch.Tensor if op.n_outputs == 1 else tuple[(torch.Tensor,) * op.n_outputs]
+    n_out = op.n_fwd_outputs
+    out = torch.Tensor if n_out == 1 else tuple[(torch.Tensor,) * n_out]
     return inspect.Signature(params, return_annotation=out)
 
 
 def register(op: OpDecl) -> Any:
-    """Define greta::<name>_fwd and greta::<name> for `op`; returns the triton_op."""
+    """Define greta::<name>_fwd and greta::<name> for `op` (with ``front=False``: the
+    triton_op greta::<name> alone); returns the triton_op."""
     n = op.n_tensors
     kernel_dtypes = tuple(getattr(torch, d) for d in op.kernel_dtypes)
     out_schema = op.schema.partition("->")[2].strip()
+    n_out = op.n_outputs
 
     def reference(*args: Any) -> Any:
         op.validate(*args, reference=True)
@@ -80,26 +89,28 @@ def register(op: OpDecl) -> Any:
         x = args[0]
         if x.device.type == "cpu" or x.dtype not in kernel_dtypes:
             return reference(*args)
-        return op.unpack(op.call.run(wrap_triton, *args))
+        return op.unpack_fwd(op.call_stats.run(wrap_triton, *args))
 
     def fwd_cpu(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
         if run_triton_on_cpu(*args[:n]) and args[0].dtype in kernel_dtypes:
-            return op.unpack(op.call.run(_identity, *args))
+            return op.unpack_fwd(op.call_stats.run(_identity, *args))
         return reference(*args)
 
     fwd.__signature__ = _signature(op)  # type: ignore[attr-defined]
-    fwd_op = triton_op(f"greta::{op.name}_fwd", fwd, mutates_args=())
+    fwd_op = triton_op(f"greta::{op.name}{'_fwd' if op.front else ''}", fwd, mutates_args=())
     fwd_op.register_kernel("cpu")(fwd_cpu)
+    if not op.front:
+        return fwd_op
 
     backward = op.backward
     if backward is not None:
 
         def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-            _save(ctx, op, inputs, output if op.n_outputs > 1 else (output,))
+            _save(ctx, op, inputs, output if op.n_fwd_outputs > 1 else (output,))
 
         def grads(ctx: Any, *grad_outputs: Any) -> tuple:
-            return tuple(backward.grads(_torch_call, grad_outputs, _saved(ctx)))
+            return tuple(backward.grads(_torch_call, grad_outputs[:n_out], _saved(ctx)))
 
         fwd_op.register_autograd(grads, setup_context=setup_context)
         eager = _eager_function(op)
@@ -114,6 +125,8 @@ def register(op: OpDecl) -> Any:
                 return op.unpack(done)
             if backward is not None and _calls.eager_autograd(*args[:n]):
                 return eager.apply(*args)
+        if op.stats:  # the statistics stay behind, for the backward
+            return op.unpack(fwd_op(*args)[:n_out])
         return fwd_op(*args)
 
     # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
@@ -121,16 +134,20 @@ def register(op: OpDecl) -> Any:
     return fwd_op
 
 
-def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
+def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple, returned: int | None = None) -> None:
     """Keep what the declared backward reads: tensors through save_for_backward (version
-    checks), the rest on ctx."""
+    checks), the rest on ctx. `returned`: how many of `outs` the function returns (the
+    rest, statistics, are saved only); the statistics it returns are not differentiable."""
     saved = vars(op.saved(args, outs))
     tensors = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
     ctx.save_for_backward(*tensors.values())
     ctx.names = tuple(tensors)
     ctx.rest = {k: v for k, v in saved.items() if k not in tensors}
-    for i in op.backward.nondiff_outputs:  # type: ignore[union-attr]
-        ctx.mark_non_differentiable(outs[i])
+    returned = len(outs) if returned is None else returned
+    nondiff = {*op.backward.nondiff_outputs, *range(op.n_outputs, len(outs))}  # type: ignore[union-attr]
+    for i in sorted(nondiff):
+        if i < returned:
+            ctx.mark_non_differentiable(outs[i])
 
 
 def _saved(ctx: Any) -> types.SimpleNamespace:
@@ -144,9 +161,9 @@ def _eager_function(op: OpDecl) -> type:
     assert backward is not None
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outs = op.call.run(_identity, *args)
-        _save(ctx, op, args, outs)
-        return op.unpack(outs)
+        outs = op.call_stats.run(_identity, *args)
+        _save(ctx, op, args, outs, op.n_outputs)
+        return op.unpack(outs[: op.n_outputs] if op.stats else outs)
 
     @once_differentiable
     def grads(ctx: Any, *grad_outputs: Any) -> tuple:
