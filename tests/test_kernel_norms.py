@@ -91,7 +91,9 @@ def test_raw_layer_norm_fwd_bwd(shape, dtype, bias) -> None:
     y = poisoned(x2.shape, dtype)
     mean, rstd = (poisoned((x2.shape[0],), torch.float32) for _ in range(2))
     bias = None if b is None else Meta.of(b)
-    plan = ln_ops.LAYER_NORM.plan(ln_ops.validate(x, w, b), Meta.of(x2), Meta.of(w), bias, 1e-5, True)
+    plan = ln_ops.LAYER_NORM.plan(
+        ln_ops.validate(x, w, b), Meta.of(x2), Meta.of(w), bias, 1e-5, True
+    )
     _plan.run(plan, (x2, w, b), out=(y, mean, rstd))
     assert_close(y.reshape(shape), _ln_ref(x, w, b, 1e-5), dtype)
     assert_close(mean, x2.double().mean(-1), torch.float32)

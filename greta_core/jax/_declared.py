@@ -30,10 +30,14 @@ def forward(op: OpDecl, args: tuple[Any, ...], stats: bool = False) -> tuple[Any
         from greta_core.jax._runtime import jax_arch
 
         metas = [None if t is None else Meta.contiguous(t.shape, t.dtype) for t in tensors]
-        return tuple(run(op.plan_for(jax_arch(), metas, args[n:], stats), tensors))
-    record(op.name, "reference-jnp")
-    out = op.reference(*args)
-    outs = tuple(out) if op.n_fwd_outputs > 1 else (out,)
+        # Always the plan with the statistics: the y-only plan hands the kernel y's buffer
+        # for them (its stores off), and jax-triton gives each trailing output a buffer of
+        # its own, so y would come back from the wrong one.
+        outs = tuple(run(op.plan_for(jax_arch(), metas, args[n:], True), tensors))
+    else:
+        record(op.name, "reference-jnp")
+        out = op.reference(*args)
+        outs = tuple(out) if op.n_fwd_outputs > 1 else (out,)
     return outs if stats else outs[: op.n_outputs]
 
 
