@@ -134,20 +134,18 @@ def register(op: OpDecl) -> Any:
     return fwd_op
 
 
-def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple, returned: int | None = None) -> None:
+def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
     """Keep what the declared backward reads: tensors through save_for_backward (version
-    checks), the rest on ctx. `returned`: how many of `outs` the function returns (the
-    rest, statistics, are saved only); the statistics it returns are not differentiable."""
+    checks), the rest on ctx. The statistics, outputs of the triton_op, and the declared
+    non-differentiable outputs are marked so."""
     saved = vars(op.saved(args, outs))
     tensors = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
     ctx.save_for_backward(*tensors.values())
     ctx.names = tuple(tensors)
     ctx.rest = {k: v for k, v in saved.items() if k not in tensors}
-    returned = len(outs) if returned is None else returned
     nondiff = {*op.backward.nondiff_outputs, *range(op.n_outputs, len(outs))}  # type: ignore[union-attr]
     for i in sorted(nondiff):
-        if i < returned:
-            ctx.mark_non_differentiable(outs[i])
+        ctx.mark_non_differentiable(outs[i])
 
 
 def _saved(ctx: Any) -> types.SimpleNamespace:
@@ -156,18 +154,39 @@ def _saved(ctx: Any) -> types.SimpleNamespace:
 
 def _eager_function(op: OpDecl) -> type:
     """The eager training path: a ``torch.autograd.Function`` whose forward takes ``ctx``
-    (no ``setup_context``: ``apply`` then binds no defaults through ``inspect.signature``)."""
+    (no ``setup_context``: ``apply`` then binds no defaults through ``inspect.signature``).
+
+    What the backward reads (``OpDecl.saved``'s names) is picked by position from the
+    arguments and outputs, decided here once: a per-call namespace and dicts cost host time
+    on the path this function exists to make cheap."""
     backward = op.backward
     assert backward is not None
+    n_args, n_out = len(op.args), op.n_outputs
+    at = {a.name: i for i, a in enumerate(op.args)}
+    at.update({s: n_args + n_out + i for i, s in enumerate(op.stats)})
+    tensor_names = (*backward.saves, *(f"out{i}" for i in backward.saves_outputs))
+    tensor_at = (*(at[s] for s in backward.saves), *(n_args + i for i in backward.saves_outputs))
+    scalar_names = tuple(a.name for a in op.args if not a.is_tensor)
+    scalar_at = tuple(i for i, a in enumerate(op.args) if not a.is_tensor)
+    nondiff = tuple(i for i in backward.nondiff_outputs if i < n_out)
+    run = op.call_stats.run
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outs = op.call_stats.run(_identity, *args)
-        _save(ctx, op, args, outs, op.n_outputs)
-        return op.unpack(outs[: op.n_outputs] if op.stats else outs)
+        outs = run(_identity, *args)
+        src = (*args, *outs)
+        ctx.save_for_backward(*[src[i] for i in tensor_at])  # None: an absent optional
+        ctx.scalars = [args[i] for i in scalar_at]
+        for i in nondiff:
+            ctx.mark_non_differentiable(outs[i])
+        return outs[0] if n_out == 1 else tuple(outs[:n_out])
 
     @once_differentiable
     def grads(ctx: Any, *grad_outputs: Any) -> tuple:
-        return tuple(backward.grads(_raw_call, grad_outputs, _saved(ctx)))
+        saved = types.SimpleNamespace(
+            **dict(zip(tensor_names, ctx.saved_tensors, strict=True)),
+            **dict(zip(scalar_names, ctx.scalars, strict=True)),
+        )
+        return tuple(backward.grads(_raw_call, grad_outputs, saved))
 
     # Named after the triton_op it stands in for (its grad_fn reads "<name>_eagerBackward").
     return type(
