@@ -184,16 +184,3 @@ def test_jax_grads_follow_the_declared_backward(op: str) -> None:
     ref(*ref_args).backward()
     for got, want in zip(grads, ref_args, strict=True):
         assert_close(t(got), want.grad, torch.float32, scale=4.0)
-
-
-def test_functorch_takes_the_registered_op() -> None:
-    # torch.func transforms wrap the tensors: the eager Function is not theirs to take, the
-    # triton_op's registered autograd is (eager_autograd says no inside a transform).
-    need_triton()
-    x = torch.randn(3, 24, device=DEVICE)
-    w = torch.randn(24, device=DEVICE)
-    dy = torch.randn(3, 24, device=DEVICE)
-    gx = torch.func.grad(lambda a: (torch.ops.greta.rms_norm(a, w, 1e-6) * dy).sum())(x)
-    xg = x.clone().requires_grad_()
-    (want,) = torch.autograd.grad(torch.ops.greta.rms_norm(xg, w, 1e-6), xg, dy)
-    assert torch.equal(gx, want)
