@@ -79,10 +79,22 @@ def register(op: OpDecl) -> Any:
         return op.reference(*args)
 
     n_args = len(op.args)
+    defaults = tuple(a.default for a in op.args)
+    # The dispatcher drops trailing arguments equal to their defaults (and torch.library
+    # passes one left at its default by keyword): those are filled here, typed by the
+    # schema already, without binding every call afresh.
+    first_default = n_args
+    while first_default and op.args[first_default - 1].has_default:
+        first_default -= 1
 
     def full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        # torch.library passes an argument the caller left at its default by keyword.
-        return args if len(args) == n_args and not kwargs else op.bind(args, kwargs)
+        if not kwargs:
+            given = len(args)
+            if given == n_args:
+                return args
+            if first_default <= given < n_args:
+                return args + defaults[given:]
+        return op.bind(args, kwargs)
 
     def fwd(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
