@@ -202,7 +202,7 @@ def build_all(
                 if error:
                     module_errors[arch].append({"module": module, "arch": arch, "error": error})
                 for index, (name, has_ints) in enumerate(specs):
-                    for variant in variants_of(has_ints, variants):
+                    for variant in variants_of(has_ints, variants, module):
                         tasks.append(
                             buildpool.Task(
                                 arch, module, index, name, variant, staging[arch], tables[arch]
@@ -249,7 +249,9 @@ def plan_counts(
         finally:
             configs.build_with_table(arch, None)
         per_module = {
-            item.module: sum(len(variants_of(has_int_args(s), variants)) for s in item.specs)
+            item.module: sum(
+                len(variants_of(has_int_args(s), variants, item.module)) for s in item.specs
+            )
             for item in found
         }
         errors = {item.module: item.error for item in found if item.error}

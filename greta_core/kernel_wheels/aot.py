@@ -217,9 +217,14 @@ def has_int_args(spec: Any) -> bool:
     return any(ty in _ALIGNED_INT for ty in spec.signature.values())
 
 
-def variants_of(has_ints: bool, variants: Sequence[str]) -> list[str]:
-    """The variants compiled for a spec: "ragged" only differs from "aligned" for int args."""
-    return [v for v in variants if v != "ragged" or has_ints]
+def variants_of(has_ints: bool, variants: Sequence[str], module: str = "") -> list[str]:
+    """The variants compiled for a spec of kernel `module`: "ragged" only differs from
+    "aligned" for int args, and only the ones the module's wheel entries cover
+    (``configs.blocks.precompiled_int_variants``: aligned only for the model-width norms)."""
+    from greta_core.configs.blocks import precompiled_int_variants
+
+    covered = precompiled_int_variants(module)
+    return [v for v in variants if (v != "ragged" or has_ints) and v in covered]
 
 
 def _stand_in(name: str, ty: str, ints: dict[str, int]) -> Any:
@@ -389,7 +394,7 @@ def run_aot(
                         {"module": found.module, "arch": arch, "error": found.error}
                     )
                 for spec in found.specs:
-                    for variant in variants_of(has_int_args(spec), variants):
+                    for variant in variants_of(has_int_args(spec), variants, found.module):
                         res = compile_spec(spec, found.module, arch, variant)
                         results.append(res)
                         if progress:
