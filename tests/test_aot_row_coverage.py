@@ -74,7 +74,7 @@ def test_norms_cover_model_widths_and_compile_the_rest_on_first_use(op: str, arc
 def test_model_widths_are_aligned_so_norms_need_no_ragged_entries() -> None:
     # "aligned" = every int argument divisible by 16: a contiguous row of a model width.
     assert all(n % 16 == 0 for n in MODEL_ROW_WIDTHS)
-    assert MODEL_WIDTH_OPS == {op.removesuffix("_bwd") for op in NORM_OPS}
+    assert {op.removesuffix("_bwd") for op in NORM_OPS} == MODEL_WIDTH_OPS
     for module in MODEL_WIDTH_OPS:
         assert precompiled_int_variants(module) == ("aligned",)
 

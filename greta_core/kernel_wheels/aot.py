@@ -70,6 +70,7 @@ class CompileResult:
     ok: bool
     seconds: float
     error: str = ""
+    cpu_seconds: float = 0.0  # this process's CPU time for the compile (wall is `seconds`)
     key: str = ""  # Triton cache key (hex); the directory is its base32 form
     uses_matrix_units: bool = False
     matrix_instructions: list[str] = field(default_factory=list)
@@ -259,7 +260,7 @@ def compile_spec(spec: Any, module: str, arch: str, variant: str) -> CompileResu
         seconds=0.0,
         uses_matrix_units=spec.uses_matrix_units,
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
         names = list(fn.arg_names)
         unknown = (set(spec.signature) | set(spec.constexprs)) - set(names)
@@ -295,6 +296,7 @@ def compile_spec(spec: Any, module: str, arch: str, variant: str) -> CompileResu
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
     result.seconds = round(time.perf_counter() - start, 4)
+    result.cpu_seconds = round(time.process_time() - cpu_start, 4)
     return result
 
 
