@@ -23,9 +23,9 @@ from greta_core.configs.blocks import (
     MODEL_WIDTH_OPS,
     aot_variants,
     aot_widths,
-    precompiled_int_variants,
     row_block,
 )
+from greta_core.kernel_wheels.aot import precompiled_int_variants
 from greta_core.ops._rows import row_plan
 
 NORM_OPS = ("rms_norm", "rms_norm_bwd", "add_rms_norm", "add_rms_norm_bwd", "layer_norm",

@@ -40,8 +40,9 @@ def row_block(config: Mapping[str, Any], n_cols: int) -> tuple[int, bool]:
 # (Llama-3.2-1B), 2560 (Qwen3-4B), 3072 (Llama-3.2-3B), 3584 (Qwen2.5-7B, Gemma-2-9B), 4096
 # (Llama-3.1-8B, Mistral-7B), 5120 (Qwen2.5-14B/32B), 7168 (DeepSeek-V3), 8192
 # (Llama-3.1-70B), 16384 (Llama-3.1-405B). All are multiples of 16, so the norms precompile
-# the "aligned" int specialisation only. A width whose block is not among these (rows of 1-32
-# or past 16384 columns, odd widths) compiles on first use (`observe.kernel_code_counts`).
+# the "aligned" int specialisation only (``kernel_wheels.aot.precompiled_int_variants``). A
+# width whose block is not among these (rows of 1-32 or past 16384 columns) or an odd width
+# compiles on first use (``observe.kernel_code_counts`` counts those compiles).
 MODEL_ROW_WIDTHS: tuple[int, ...] = (
     64, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 7168, 8192, 16384,
 )  # fmt: skip
@@ -86,13 +87,6 @@ def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
         if variant not in out:
             out.append(variant)
     return out
-
-
-def precompiled_int_variants(module: str) -> tuple[str, ...]:
-    """The int specialisations (``kernel_wheels.aot.VARIANTS``) a kernel module's wheel
-    entries cover: "aligned" only for the model-width norms (MODEL_ROW_WIDTHS are multiples
-    of 16), both for the rest."""
-    return ("aligned",) if module in MODEL_WIDTH_OPS else ("aligned", "ragged")
 
 
 def rope_blocks(config: Mapping[str, Any], n_heads: int, head_dim: int) -> tuple[int, int]:

@@ -218,12 +218,27 @@ def has_int_args(spec: Any) -> bool:
     return any(ty in _ALIGNED_INT for ty in spec.signature.values())
 
 
+# Kernel modules whose calls never pass every int ragged, so their wheel entries are
+# "aligned" only. Attention: the forward passes the strides of its contiguous result, the
+# backward those of o and do (the forward's result, or a permutation of a contiguous tensor):
+# multiples of HEAD_DIM (64 or 128) either way (tests/test_precompiled_set.py).
+_ALIGNED_ONLY_MODULES: frozenset[str] = frozenset({"attention", "attention_bwd"})
+
+
+def precompiled_int_variants(module: str) -> tuple[str, ...]:
+    """The int specialisations a kernel module's wheel entries cover: "aligned" only for the
+    model-width norms (``configs.blocks.MODEL_ROW_WIDTHS`` are multiples of 16) and for
+    the modules no call reaches with every int ragged; both for the rest."""
+    from greta_core.configs.blocks import MODEL_WIDTH_OPS
+
+    if module in MODEL_WIDTH_OPS or module in _ALIGNED_ONLY_MODULES:
+        return ("aligned",)
+    return VARIANTS
+
+
 def variants_of(has_ints: bool, variants: Sequence[str], module: str = "") -> list[str]:
     """The variants compiled for a spec of kernel `module`: "ragged" only differs from
-    "aligned" for int args, and only the ones the module's wheel entries cover
-    (``configs.blocks.precompiled_int_variants``: aligned only for the model-width norms)."""
-    from greta_core.configs.blocks import precompiled_int_variants
-
+    "aligned" for int args, and only those `precompiled_int_variants` covers."""
     covered = precompiled_int_variants(module)
     return [v for v in variants if (v != "ragged" or has_ints) and v in covered]
 
