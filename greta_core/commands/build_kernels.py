@@ -221,12 +221,28 @@ def build_all(
     return [outcomes[arch] for arch in archs]
 
 
-# What one kernel costs to build and ship, measured by bench/kernel_build.py on the 2-core
-# CI machine (gfx942, Triton 3.6: bench/results/kernel_build/): CPU seconds and wheel bytes
-# per compiled kernel (gfx942_i24.json: 685 CPU-s for 1764 kernels). Estimates for the dry
-# run only; a real build reports what it took.
-EST_CPU_S_PER_KERNEL = 0.39
+# What a kernel costs to build and ship, measured by bench/kernel_build.py on the 2-core CI
+# machine (gfx942, Triton 3.6; bench/results/kernel_build/gfx942.json, each run's
+# "per_module"): the workers' CPU seconds per compiled kernel of each module (the matrix-unit
+# kernels cost ten times a norm), and wheel bytes per kernel. Modules not measured take
+# EST_CPU_S_DEFAULT. EST_FIXED_CPU_S is per build: each worker's first compile (Triton's
+# specialiser imports torch there) and the parent's packaging. Estimates for the dry run only;
+# a real build reports what it took.
+EST_CPU_S_PER_KERNEL: dict[str, float] = {
+    "add_rms_norm": 0.15, "attention": 1.0, "attention_bwd": 1.8, "col_sum": 0.15,
+    "kv_cache": 0.13, "layer_norm": 0.14, "linear_cross_entropy": 0.18, "matmul": 0.65,
+    "rms_norm": 0.14, "rope": 0.39, "softmax": 0.1, "swiglu": 0.06, "vec_add": 0.05,
+}  # fmt: skip
+EST_CPU_S_DEFAULT = 0.39
+EST_FIXED_CPU_S = 8.0
 EST_BYTES_PER_KERNEL = 12_000
+
+
+def estimate_cpu_s(per_module: dict[str, int]) -> float:
+    """CPU seconds a build of these kernel counts takes (EST_CPU_S_PER_KERNEL)."""
+    return EST_FIXED_CPU_S + sum(
+        n * EST_CPU_S_PER_KERNEL.get(m, EST_CPU_S_DEFAULT) for m, n in per_module.items()
+    )
 
 
 def plan_counts(
@@ -265,13 +281,14 @@ def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
 
     jobs = buildpool.resolve_jobs(jobs)
     n = row["kernels"]
-    seconds = n * EST_CPU_S_PER_KERNEL / jobs
+    cpu = estimate_cpu_s(row["per_module"])
+    seconds = cpu / jobs  # cores to itself; other work on the machine stretches it
     size_mb = n * EST_BYTES_PER_KERNEL / 1e6
     modules = ", ".join(f"{m} {c}" for m, c in sorted(row["per_module"].items()) if c)
     errors = "".join(f"\n  module {m}: {e}" for m, e in row["errors"].items())
     return (
-        f"{row['arch']}: {n} kernels, estimated {seconds:.0f} s on {jobs} worker(s), "
-        f"~{size_mb:.1f} MB ({modules}){errors}"
+        f"{row['arch']}: {n} kernels, estimated {seconds:.0f} s on {jobs} worker(s) "
+        f"({cpu:.0f} CPU-s), ~{size_mb:.1f} MB ({modules}){errors}"
     )
 
 
