@@ -137,6 +137,7 @@ def main() -> int:
     args = parser.parse_args()
     import triton
 
+    commit = git_commit()["commit"]  # the code the runs build, read before they start
     runs = []
     for jobs in [int(j) for j in args.jobs.split(",") if j.strip()]:
         print(f"--- {args.arch} --jobs {jobs}", flush=True)
@@ -146,7 +147,7 @@ def main() -> int:
         "bench": "kernel_build",
         "command": command_line("bench/kernel_build.py", sys.argv[1:], args.out),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": git_commit()["commit"],
+        "commit": commit,
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

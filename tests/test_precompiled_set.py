@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_int_specialisations_per_module() -> None:
-    for module in (*MODEL_WIDTH_OPS, "attention", "attention_bwd"):
+    for module in (*MODEL_WIDTH_OPS, "attention", "attention_bwd", "rope"):
         assert precompiled_int_variants(module) == ("aligned",), module
-    for module in ("softmax", "rope", "matmul", "vec_add", "kv_cache"):
+    for module in ("softmax", "matmul", "vec_add", "kv_cache", "col_sum"):
         assert precompiled_int_variants(module) == VARIANTS, module
 
 
@@ -55,6 +55,25 @@ def test_no_attention_call_has_every_int_ragged(dim: int, seq: int) -> None:
     for launch in launches:
         ints = _ints(launch.args)
         assert ints and any(v % 16 == 0 for v in ints), (launch.kernel, ints)
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
+def test_no_rope_call_has_every_int_ragged(head_dim: int) -> None:
+    """Odd sequence length and head count, x a ragged view: the output strides (multiples of
+    head_dim) still give an int divisible by 16."""
+    from greta_core.ops.declare import Meta
+    from greta_core.ops.rope import plan_rope, plan_rope_positions
+
+    seq, heads = 7, 3
+    x = Meta((1, seq, heads, head_dim), (seq * heads * 99 + 1, heads * 99, 99, 1), "bfloat16")
+    table = Meta((seq, head_dim // 2), (head_dim // 2 + 1, 1), "float32")
+    positions = Meta((seq,), (1,), "int32")
+    plans = [plan_rope("gfx942", x, table, table, False),
+             plan_rope_positions("gfx942", x, positions, 1e4, True)]  # fmt: skip
+    for plan in plans:
+        [launch] = plan.launches
+        ints = _ints(launch.args)
+        assert any(v % 16 == 0 for v in ints), ints
 
 
 def _per_module(line: str) -> dict[str, int]:
