@@ -38,7 +38,7 @@ from greta_install.kernel_build import parse_progress  # noqa: E402
 
 FIELDS = ("arch", "jobs", "ok", "kernels", "wall_s", "cpu_s", "compile_cpu_s", "peak_rss_mib",
           "first_line_s", "first_progress_s", "last_progress_s", "loadavg_before",
-          "loadavg_after", "wheel_sha256")  # fmt: skip
+          "loadavg_after", "wheel_bytes", "wheel_sha256")  # fmt: skip
 
 
 def per_module(outcomes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -122,6 +122,7 @@ def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]
             "loadavg_1_5_15_before": [round(v, 2) for v in load_all_before],
             "loadavg_after": round(os.getloadavg()[0], 2),
             "wheel_sha256": hashlib.sha256(wheels[0].read_bytes()).hexdigest() if wheels else "",
+            "wheel_bytes": wheels[0].stat().st_size if wheels else 0,
             # The last lines, the run's temporary directory left out of them.
             "tail": [line.rstrip().replace(work, "<tmp>") for line in log[-4:]],
         }
