@@ -41,7 +41,7 @@ def row_block(config: Mapping[str, Any], n_cols: int) -> tuple[int, bool]:
 # (Llama-3.1-8B, Mistral-7B), 5120 (Qwen2.5-14B/32B), 7168 (DeepSeek-V3), 8192
 # (Llama-3.1-70B), 16384 (Llama-3.1-405B). All are multiples of 16, so the norms precompile
 # the "aligned" int specialisation only (``kernel_wheels.aot.precompiled_int_variants``). A
-# width whose block is not among these (rows of 1-32 or past 16384 columns) or an odd width
+# width whose block is not among these (on gfx942: 1-32 or over 16384 columns) or an odd width
 # compiles on first use (``observe.kernel_code_counts`` counts those compiles).
 MODEL_ROW_WIDTHS: tuple[int, ...] = (
     64, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 7168, 8192, 16384,

@@ -222,7 +222,7 @@ def has_int_args(spec: Any) -> bool:
 # "aligned" only. Attention: the forward passes the strides of its contiguous result, the
 # backward those of o and do (the forward's result, or a permutation of a contiguous tensor):
 # multiples of HEAD_DIM (64 or 128) either way. RoPE passes the strides of its contiguous
-# result too, so for any head_dim divisible by 16 some int is (tests/test_precompiled_set.py).
+# result too: with a head_dim divisible by 16 some int always is (tests/test_precompiled_set.py).
 _ALIGNED_ONLY_MODULES: frozenset[str] = frozenset({"attention", "attention_bwd", "rope"})
 
 
