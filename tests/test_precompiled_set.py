@@ -116,3 +116,24 @@ def test_the_shared_wheel_compiled_what_the_plan_counted(gfx942_wheel: dict) -> 
     [row] = plan_counts(["gfx942"], list(SHARED_WHEEL_KERNELS), list(VARIANTS),
                         shipped_table("gfx942"))  # fmt: skip
     assert gfx942_wheel["compiled"] == row["kernels"] == len(gfx942_wheel["results"])
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "sm_90"])
+def test_no_variant_is_compiled_twice(arch: str) -> None:
+    """No two specs of any modules compile the same kernel with the same signature,
+    constexprs and options (a build would pay twice for one cache entry)."""
+    import json
+
+    from greta_core.kernel_wheels.aot import discover
+
+    seen: dict[tuple[str, ...], str] = {}
+    for item in discover(arch):
+        assert not item.error, item.error
+        for spec in item.specs:
+            fn = getattr(spec.kernel, "fn", spec.kernel)
+            key = (f"{fn.__module__}.{fn.__name__}",
+                   *(json.dumps(d, sort_keys=True, default=str)
+                     for d in (spec.signature, spec.constexprs, spec.options)))  # fmt: skip
+            assert key not in seen, (spec.name, seen.get(key))
+            seen[key] = f"{item.module}:{spec.name}"
+    assert len(seen) > 400
