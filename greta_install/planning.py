@@ -13,9 +13,9 @@ import re
 import sys
 from typing import Any
 
+from greta_install import commandline, routing
 from greta_install import installer as inst
 from greta_install import plan as planning
-from greta_install import routing
 from greta_install.boundedio import LOCK_MAX_BYTES, read_text
 from greta_install.lockfile import Lock, LockError, load_lock, parse_lock
 from greta_install.matrix import Matrix, MatrixError, load_matrix
@@ -241,10 +241,14 @@ def prepare(request: InstallRequest) -> Prepared:
     }
     try:
         first = planning.build_plan(matrix, lock, **common)
-        source = request.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
+        source = (
+            commandline.location(request.kernel_wheels, "--kernel-wheels")
+            if request.kernel_wheels
+            else commandline.env_location(inst.KERNEL_ENV)
+        )
         lookup = inst.find_kernel_wheel(source, first.kernel_wheel.requirement, request.allow_http)
         plan = planning.build_plan(matrix, lock, kernel=lookup, **common)
-    except (planning.PlanError, MatrixError) as exc:
+    except (planning.PlanError, MatrixError, commandline.LocationError) as exc:
         raise InstallFailed(str(exc), 2) from None
     if why_not and not request.target and explicit is None:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")

@@ -41,10 +41,11 @@ def test_a_cached_wheel_is_reused_without_building(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRETA_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRETA_HASH_RECORD", str(tmp_path / "hashes.json"))
     monkeypatch.setattr(kb, "triton_fingerprint", lambda python: "f" * 32)
     entry = kb.cache_root() / kb.cache_key("gfx942", "f" * 32, kb.greta_source_hash())
     entry.mkdir(parents=True)
-    filename, data = make_kernel_wheel("gfx942")
+    filename, data = make_kernel_wheel("gfx942", triton_fingerprint="f" * 32)
     (entry / filename).write_bytes(data)
 
     def no_build(*args: object, **kw: object) -> None:
@@ -102,7 +103,8 @@ def test_source_hash_covers_what_decides_what_is_compiled(
     base, with_table = kb.greta_source_hash(), kb.greta_source_hash('{"ops": {}}')
     assert base != with_table != kb.greta_source_hash('{"ops": {"x": {}}}')
     for rel in ("configs/blocks.py", "kernel_wheels/aot.py", "kernels/vec_add.py",
-                "ops/vec_add.py", "ops/declare.py", "configs/tables/gfx942.json"):  # fmt: skip
+                "configs/tables/gfx942.json", "ops/declare.py", "ops/rope.py",
+                "ops/vec_add.py"):  # fmt: skip
         path = copy / rel
         saved = path.read_bytes()
         path.write_bytes(saved + b"\n# changed\n")

@@ -23,27 +23,43 @@ def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
     return ok and use_triton()
 
 
-def implementation(op: OpDecl, *args: Any) -> Any:
-    """The forward of `op` on JAX arrays (no autograd): the plan, else the reference."""
+def forward(op: OpDecl, args: tuple[Any, ...], stats: bool = False) -> tuple[Any, ...]:
+    """The outputs of `op` on JAX arrays (no autograd), the statistics too with `stats`:
+    the plan, else the reference."""
     n = op.n_tensors
     tensors = args[:n]
+    n_results = len(op.mutates) + op.n_outputs  # without the statistics
     if _triton_ok(op, tensors):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
 
         metas = [None if t is None else Meta.contiguous(t.shape, t.dtype) for t in tensors]
-        return _outputs(op, run(op.plan(jax_arch(), *metas, *args[n:]), tensors))
-    record(op.name, "reference-jnp")
-    return op.reference(*args)
+        # Always the plan with the statistics: the y-only plan hands the kernel y's buffer
+        # for them (its stores off), and jax-triton gives each trailing output a buffer of
+        # its own, so y would come back from the wrong one.
+        outs = tuple(run(op.plan_for(jax_arch(), metas, args[n:], True), tensors))
+    else:
+        record(op.name, "reference-jnp")
+        out = op.reference(*args)
+        outs = tuple(out) if n_results + len(op.stats) > 1 else (out,)
+    return outs if stats else outs[:n_results]
 
 
-def _outputs(op: OpDecl, results: tuple[Any, ...]) -> Any:
-    """What the JAX function returns: the schema's outputs, or for an op that writes into
-    its arguments every result (the updated arrays first: JAX arrays are immutable)."""
-    return results if op.mutates else op.unpack(results)
+def implementation(op: OpDecl, *args: Any) -> Any:
+    """The forward of `op` on JAX arrays (no autograd): the plan, else the reference. An
+    op that writes into its arguments returns every result, the updated arrays first (JAX
+    arrays are immutable); the others, the schema's outputs."""
+    outs = forward(op, args)
+    return outs if op.mutates else op.unpack(outs)
 
 
-_call = Caller(implementation, lambda a: a)
+def _zeros_like(a: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.zeros_like(a)
+
+
+_call = Caller(implementation, lambda a: a, _zeros_like)
 
 
 @functools.cache
@@ -60,11 +76,10 @@ def _vjp(op: OpDecl) -> Callable[..., Any]:
         return implementation(op, *args)
 
     def fwd(*args: Any) -> tuple[Any, Any]:
-        out = implementation(op, *args)
-        outs = out if op.n_outputs > 1 else (out,)
+        outs = forward(op, args, stats=True)
         saved = op.saved(args, outs)
         tensors = {k: v for k, v in vars(saved).items() if k not in scalars}
-        return out, tensors
+        return op.unpack(outs[: op.n_outputs]), tensors
 
     scalars = {op.args[i].name for i in nondiff}
     # Under JAX every input's gradient is asked for; nothing is ever consumed.

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from greta_core import observe
 from greta_install.kernel_names import distribution_name, package_name, wheel_archs
 
 logger = logging.getLogger("greta")
@@ -112,7 +113,14 @@ def _activate() -> bool:
     if not wheels:
         _say_once("none", "no GRETA kernel wheel installed: Triton compiles kernels on first use")
         return False
+    from greta_install.kernel_build import recorded_state
+
     for arch, package_dir in wheels:
+        if recorded_state(package_dir.parent, arch) == "differs":
+            # Verified once (greta warm / greta install recorded its content), changed since.
+            _unused[arch] = "changed since it was verified: run `greta warm` to check it again"
+            _say_once(f"changed:{arch}", "kernel wheel for %s changed since it was verified", arch)
+            continue
         manifest = read_manifest(package_dir)
         if manifest is None:
             _unused[arch] = "no readable manifest.json"
@@ -286,11 +294,13 @@ class WheelCacheManager:
                 return None  # an incomplete entry is a miss, never a half-loaded kernel
             group[child] = str(path)
         _say_once(f"hit:{filename}", "%s: precompiled code from the kernel wheel", filename[:-5])
+        observe.record_kernel_code(filename[: -len(".json")], "precompiled")
         return group
 
     def _explain_miss(self, kernel: str) -> None:
         if kernel in {"cuda_utils", "hip_utils", "__triton_launcher"}:
             return
+        observe.record_kernel_code(kernel, "compiled")
         try:
             fingerprint = current_triton_fingerprint()
         except Exception:

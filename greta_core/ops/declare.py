@@ -23,6 +23,7 @@ See docs/en/architecture.md ("How to add an op").
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import types
 from collections.abc import Callable, Iterable
@@ -110,29 +111,45 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int"
 class Caller:
     """What a declared backward gets as `call`: ``call(op, *args)`` runs a declared op in
     the binding that differentiates; ``call.contiguous(t)`` is a dense copy of a strided
-    gradient where a kernel needs one (torch's ``.contiguous()``; JAX arrays already are)."""
+    gradient where a kernel needs one (torch's ``.contiguous()``; JAX arrays already are);
+    ``call.dense(t, like)`` is that, or zeros like `like` for an output that got no
+    gradient (torch passes None; JAX always passes zeros)."""
 
-    __slots__ = ("_run", "contiguous")
+    __slots__ = ("_run", "_zeros_like", "contiguous")
 
-    def __init__(self, run: Callable[..., Any], contiguous: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        contiguous: Callable[[Any], Any],
+        zeros_like: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._run = run
         self.contiguous = contiguous
+        self._zeros_like = zeros_like
 
     def __call__(self, op: OpDecl, *args: Any) -> Any:
         return self._run(op, *args)
+
+    def dense(self, t: Any, like: Any) -> Any:
+        if t is None:
+            if self._zeros_like is None:
+                raise GretaConfigError("this binding passes no None gradient")
+            return self._zeros_like(like)
+        return self.contiguous(t)
 
 
 @dataclass(frozen=True)
 class Backward:
     """How the op differentiates.
 
-    `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument.
+    `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument;
+    `grad_outputs` has one gradient per output of the schema (statistics get none).
     `call` (a :class:`Caller`) runs declared ops in the binding that is differentiating (the
     torch op, the raw launch, the JAX implementation), so the backward is written once. `saved`
-    has the tensors named in `saves`, every non-tensor argument, the forward's outputs
-    listed in `saves_outputs` as ``out0``, ``out1``..., ``needs_grad`` (one bool per forward
-    argument: torch's ``ctx.needs_input_grad``, all True under JAX) and, with
-    `may_consume`, ``consume``.
+    has the arguments and statistics (:attr:`OpDecl.stats`) named in `saves`, every
+    non-tensor argument, the forward's outputs listed in `saves_outputs` as ``out0``,
+    ``out1``..., ``needs_grad`` (one bool per forward argument: torch's
+    ``ctx.needs_input_grad``, all True under JAX) and, with `may_consume`, ``consume``.
     """
 
     grads: Callable[[Caller, tuple[Any, ...], Any], tuple[Any, ...]]
@@ -159,11 +176,17 @@ class OpDecl:
     backward: Backward | None = None
     # JAX arrays' checks (torch tensors go through `validate`); None: no extra checks.
     check_arrays: Callable[..., None] | None = None
-    # arch -> the (Metas..., scalars...) cases a kernel wheel precompiles.
+    # arch -> the (Metas..., scalars...) cases a kernel wheel precompiles (None for an absent
+    # optional tensor; with `stats`, each case ends with the plan's `stats` flag).
     aot_cases: Callable[[str], Iterable[tuple[Any, ...]]] | None = None
     kernel_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     uses_matrix_units: bool = False
     describe: str = ""  # one line for GretaCompute and reports
+    # Saved statistics (a norm's rstd): outputs of greta::<name>_fwd after the schema's,
+    # which the public op drops and the backward reads. With stats, `plan` takes a trailing
+    # flag `stats`: False plans neither their buffers nor their stores (a call no backward
+    # follows: the raw API, the no-grad front, the JAX primal).
+    stats: tuple[str, ...] = ()
     # (*tensor Metas) -> the indices of the tensor arguments the kernels cannot take as
     # given (rows that do not flatten to one stride, say): the call passes a contiguous
     # copy of each and the plan sees the copy's layout; such a signature gets no ready
@@ -174,8 +197,11 @@ class OpDecl:
     # on the host: the torch CPU kernel, JAX's concrete arrays, the raw op when asked.
     check_values: Callable[..., None] | None = None
     # False: ``torch.ops.greta.<name>`` is the triton_op itself, with no eager front and no
-    # ``<name>_fwd`` (a backward's kernel op, an op that writes into its arguments).
+    # ``<name>_fwd`` (a backward's kernel op such as greta::rms_norm_bwd, an op that writes
+    # into its arguments).
     front: bool = True
+    # Whether greta::<name>_fwd's schema keeps the declared defaults.
+    fwd_defaults: bool = True
     # AOT: an int argument equal to 1 is the constexpr 1, as Triton's JIT specialises it
     # at run time (the cases name the unit strides the launches have).
     aot_unit_ints: bool = False
@@ -186,7 +212,8 @@ class OpDecl:
     # order, then the schema's outputs; torch and raw return the outputs (the writes are
     # in place), JAX returns all (its arrays are immutable: the updated ones come first).
     mutates: tuple[str, ...] = field(init=False)
-    call: ForwardCall = field(init=False)
+    call: ForwardCall = field(init=False)  # the schema's outputs (no statistics)
+    call_stats: ForwardCall = field(init=False)  # with the statistics (a backward follows)
     _converts: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -219,11 +246,28 @@ class OpDecl:
                 tensors[i] = tensors[i].contiguous()
             return plan, tuple(tensors)
 
-        self.call = ForwardCall(self._resolve, self.n_tensors, plan_inputs, inputs)
+        calls = [
+            ForwardCall(
+                functools.partial(self._resolve, stats=stats), self.n_tensors, plan_inputs, inputs
+            )
+            for stats in ((False, True) if self.stats else (None,))
+        ]
+        self.call, self.call_stats = calls[0], calls[-1]
+
+    @property
+    def n_fwd_outputs(self) -> int:
+        """Outputs of greta::<name>_fwd: the schema's, then the statistics."""
+        return self.n_outputs + len(self.stats)
+
+    def plan_for(
+        self, arch: str, metas: Iterable[Meta | None], scalars: Iterable[Any], stats: bool = False
+    ) -> Plan:
+        """The plan of one call: `stats` plans the statistics too (ops that have them)."""
+        return self.plan(arch, *metas, *scalars, *((stats,) if self.stats else ()))
 
     # --- the raw launch ---------------------------------------------------------------
 
-    def _resolve(self, *args: Any) -> tuple[Plan, tuple[int, ...]]:
+    def _resolve(self, *args: Any, stats: bool | None = None) -> tuple[Plan, tuple[int, ...]]:
         """(the plan, the positions of the tensors passed as contiguous copies)."""
         arch = self.validate(*args)
         n = self.n_tensors
@@ -231,7 +275,7 @@ class OpDecl:
         copied = tuple(self.copies(*metas)) if self.copies is not None else ()
         for i in copied:
             metas[i] = Meta.contiguous(metas[i].shape, metas[i].dtype)  # type: ignore[union-attr]
-        return self.plan(arch, *metas, *args[n:]), copied
+        return self.plan_for(arch, metas, args[n:], bool(stats)), copied
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The full positional argument tuple: defaults filled, scalars converted."""
@@ -267,6 +311,10 @@ class OpDecl:
         done = self.call.if_eager(*args)
         return None if done is None else self.unpack(done)
 
+    def raw_fwd(self, *args: Any, wrap: Wrap = _identity, **kwargs: Any) -> tuple[Any, ...]:
+        """:meth:`raw` with the statistics: every output of greta::<name>_fwd, as a tuple."""
+        return self.call_stats.run(wrap, *self.bind(args, kwargs))
+
     def unpack(self, outs: tuple[Any, ...]) -> Any:
         """The schema's outputs of a plan's results (a mutating op's updated arguments
         dropped): one tensor, a tuple, or None for ``-> ()``."""
@@ -276,12 +324,23 @@ class OpDecl:
             return outs[0]
         return outs if self.n_outputs else None
 
+    def unpack_fwd(self, outs: tuple[Any, ...]) -> Any:
+        """:meth:`unpack` keeping the statistics (greta::<name>_fwd's outputs)."""
+        if self.mutates:
+            outs = outs[len(self.mutates) :]
+        if self.n_fwd_outputs == 1:
+            return outs[0]
+        return tuple(outs) if self.n_fwd_outputs else None
+
     def saved(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> types.SimpleNamespace:
-        """What the backward reads (see :class:`Backward`), by name."""
+        """What the backward reads (see :class:`Backward`), by name. `outputs`: every
+        output of the forward, statistics included."""
         assert self.backward is not None
         values = {a.name: v for a, v in zip(self.args, args, strict=True) if not a.is_tensor}
         names = {a.name: i for i, a in enumerate(self.args)}
-        values.update({n: args[names[n]] for n in self.backward.saves})
+        stats = {s: self.n_outputs + i for i, s in enumerate(self.stats)}
+        for n in self.backward.saves:
+            values[n] = outputs[stats[n]] if n in stats else args[names[n]]
         values.update({f"out{i}": outputs[i] for i in self.backward.saves_outputs})
         return types.SimpleNamespace(**values)
 
@@ -333,7 +392,7 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
 
     specs: dict[tuple[Any, ...], Any] = {}
     for case in op.aot_cases(arch) if op.aot_cases else ():
-        metas = tuple(c for c in case if isinstance(c, Meta))
+        metas = tuple(case[: op.n_tensors])  # None for an absent optional tensor
         plan = op.plan(arch, *case)
         for launch in plan.launches:
             signature = launch_signature(plan, launch, metas)
