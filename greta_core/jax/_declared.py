@@ -41,7 +41,9 @@ def forward(op: OpDecl, args: tuple[Any, ...], stats: bool = False) -> tuple[Any
     else:
         record(op.name, "reference-jnp")
         out = op.reference(*args)
-        outs = tuple(out) if n_results + len(op.stats) > 1 else (out,)
+        # A mutating op's JAX reference returns every result as a tuple (as its plan does).
+        many = op.mutates or n_results + len(op.stats) > 1
+        outs = tuple(out) if many else (out,)
     return outs if stats else outs[:n_results]
 
 
