@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from greta_install.plan import InstallPlan, PlannedPackage
+    from greta_install.plan.install_plan import InstallPlan, PlannedPackage
 
 STAGE = "<stage>"  # placeholder for the temporary staging directory in shown commands
 ISOLATED = "-I"  # ignore PYTHON* variables, the user site and the current directory

@@ -362,8 +362,8 @@ class _WarmContext:
 
 
 def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) -> None:
-    from greta_install.pipeline import StepFailed
-    from greta_install.steps import WarmLaunchers
+    from greta_install.install.pipeline import StepFailed
+    from greta_install.install.steps import WarmLaunchers
 
     step = WarmLaunchers()
     assert step.required is False  # a failure is a warning, never an undone install

@@ -19,7 +19,7 @@ import pytest
 from conftest import build_shared_wheel
 
 from greta_core.kernel_wheels import buildpool
-from greta_install import kernel_build as kb
+from greta_install.install import kernel_build as kb
 
 
 def _alive(pid: int) -> bool:

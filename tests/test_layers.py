@@ -157,7 +157,7 @@ CHILD_SCRIPTS = (
     "greta_install.doctor.cluster_worker",
     "greta_install.doctor.probe",
     "greta_install.doctor.collective_worker",
-    "greta_install.smoke_child",
+    "greta_install.install.smoke_child",
 )
 
 

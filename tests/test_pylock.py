@@ -11,8 +11,8 @@ import tomllib
 from _install_helpers import REPO
 from packaging.pylock import Pylock
 
-from greta_install import pylock
-from greta_install.lockfile import load_lock
+from greta_install.locks import pylock
+from greta_install.locks.lockfile import load_lock
 
 VENDOR = "https://download.pytorch.org/whl/cpu"
 
@@ -92,8 +92,8 @@ def test_export_against_a_local_index_is_what_uv_installs(tmp_path: Path, monkey
 
     from _install_helpers import Index, make_wheel
 
-    from greta_install.lockfile import Lock, LockedPackage
-    from greta_install.tools import find_uv
+    from greta_install.environment.tools import find_uv
+    from greta_install.locks.lockfile import Lock, LockedPackage
 
     uv = find_uv()
     assert uv is not None, "the test extra installs uv"

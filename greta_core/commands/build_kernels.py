@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         + ("; see the errors above" if failed else "")
     )
     if getattr(args, "index", None) and not failed:
-        from greta_install.kernel_build import write_index
+        from greta_install.install.kernel_build import write_index
 
         wheels = [Path(o["wheel"]) for o in outcomes if o.get("wheel") and not o.get("fatal")]
         index = write_index(wheels, args.index)
@@ -275,7 +275,7 @@ def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
 
 def print_progress(done: int, total: int, res: Any) -> None:
     """One line per finished kernel: bar, k/N, kernel, status, seconds (the first error line)."""
-    from greta_install.kernel_build import progress_line
+    from greta_install.install.kernel_build import progress_line
 
     status = "ok" if res.ok else "ERROR"
     detail = f"{res.arch} {res.spec} [{res.variant}] {status} {res.seconds:.2f}s"
@@ -418,8 +418,8 @@ def shipped_table(arch: str) -> str:
 
 
 def source_hash(table_text: str) -> str:
-    """What the wheel was built from (greta_install.kernel_build.greta_source_hash)."""
-    from greta_install.kernel_build import greta_source_hash
+    """What the wheel was built from (greta_install.install.kernel_build.greta_source_hash)."""
+    from greta_install.install.kernel_build import greta_source_hash
 
     return greta_source_hash(table_text)
 

@@ -57,10 +57,10 @@ def _split(values: list[str] | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install import docsgen, lockgen
-    from greta_install.lockfile import lock_filename
-    from greta_install.matrix import MatrixError, load_matrix
-    from greta_install.tools import find_uv, pip_config_find_links
+    from greta_install.environment.tools import find_uv, pip_config_find_links
+    from greta_install.locks import docsgen, lockgen
+    from greta_install.locks.lockfile import lock_filename
+    from greta_install.locks.matrix import MatrixError, load_matrix
 
     repo = Path(args.repo)
     matrix_path = repo / "lock" / "matrix.toml"
@@ -181,9 +181,9 @@ def run(args: argparse.Namespace) -> int:
 def _write_pylocks(out: Path, targets, pythons, matrix, find_links: list[str]) -> int:  # type: ignore[no-untyped-def]
     """The committed locks as PEP 751 files (the lock's pins and hashes; the URLs are the
     ones this machine's indexes serve, so the files are made here, not committed)."""
-    from greta_install import pylock
-    from greta_install.lockfile import LockError, load_lock
-    from greta_install.tools import find_uv, pip_config_find_links
+    from greta_install.environment.tools import find_uv, pip_config_find_links
+    from greta_install.locks import pylock
+    from greta_install.locks.lockfile import LockError, load_lock
 
     uv = find_uv()
     if uv is None:
@@ -221,7 +221,7 @@ def _rows(matrix, targets: list[str], pythons: list[str]):  # type: ignore[no-un
 def _fetch_text(url: str) -> str:
     import urllib.request
 
-    from greta_install.lockgen import INDEX_TIMEOUT_S
+    from greta_install.locks.lockgen import INDEX_TIMEOUT_S
 
     with urllib.request.urlopen(url, timeout=INDEX_TIMEOUT_S) as response:
         return response.read().decode("utf-8", errors="replace")

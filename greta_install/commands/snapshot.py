@@ -15,9 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.detect import detect
-    from greta_install.snapshot import write_snapshot
-    from greta_install.system_view import LiveSystem, SnapshotSystem
+    from greta_install.detection.detect import detect
+    from greta_install.detection.snapshot import write_snapshot
+    from greta_install.detection.system_view import LiveSystem, SnapshotSystem
 
     try:
         files = write_snapshot(LiveSystem(), args.directory)

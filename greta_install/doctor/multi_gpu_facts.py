@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from greta_install.system_view import SystemView
+from greta_install.detection.system_view import SystemView
 
 CMDLINE = "/proc/cmdline"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"

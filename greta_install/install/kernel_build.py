@@ -1,0 +1,463 @@
+"""A GRETA kernel wheel on every machine: reuse, or build here, then cache.
+
+When no index or directory serves the kernel wheel for the GPU's arch, the installer
+builds it after torch and triton are installed, in the target environment (so the
+exact installed Triton compiles it), and keeps the wheel in the user's cache, keyed
+by arch + Triton fingerprint + GRETA source hash: a reinstall, or a second
+environment with the same Triton, reuses it at once. `write_index` turns a folder of
+wheels into a static PEP 503 index (+ SHA256SUMS) that any web server can serve and
+`GRETA_KERNEL_INDEX` can point at.
+
+The build itself is `greta build-kernels` run by the target environment's Python;
+this module only starts it (it compiles on all cores), relays its progress, checks the
+result and files it. The CPU row has no kernel wheel: Triton runs in its interpreter
+there, nothing is precompiled.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import html
+import importlib.util
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_wheel_filename
+
+from greta_install.commandline import ISOLATED, NEUTRAL_CWD, python_module
+from greta_install.errors import GretaError
+from greta_install.kernel_names import distribution_name as kernel_wheel_name
+from greta_install.version import __version__
+
+Log = Callable[[str], None]
+BUILD_TIMEOUT_S = 3 * 3600
+PROGRESS_EVERY_S = 5.0
+
+
+class KernelBuildError(GretaError):
+    """The kernel wheel could not be built or filed; the message says why."""
+
+
+class KernelWheelRefused(GretaError, ValueError):
+    """A kernel wheel that breaks a content rule; the message names the wheel and the rule."""
+
+
+# Everything a kernel wheel unpacks to (its precompiled kernels and tables are a few tens of
+# MB): a 1.5 MB download of 1.5 GiB of zeros is refused before anything is read.
+MAX_UNCOMPRESSED_BYTES = 512 * 1024 * 1024
+
+
+def verify_wheel(path: Path, arch: str, locked_triton: str | None = None) -> dict[str, Any]:
+    """The one check of a kernel wheel before it is installed, whatever brought it (an index,
+    a folder, the build cache, a fresh build): unpacked size under the cap, RECORD hashes,
+    nothing outside its own package (no .pth, scripts or data), a manifest for `arch` naming
+    the Triton it was built with (matching `locked_triton` when the lock pins one).
+    Returns the manifest; KernelWheelRefused otherwise."""
+    from packaging.version import InvalidVersion, Version
+
+    from greta_install.environment import wheelfiles
+
+    package = kernel_wheel_name(arch).replace("-", "_")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+        unpacked = sum(i.file_size for i in infos)
+        if unpacked > MAX_UNCOMPRESSED_BYTES:
+            raise KernelWheelRefused(
+                f"{path.name}: unpacks to {unpacked} bytes, over the "
+                f"{MAX_UNCOMPRESSED_BYTES}-byte limit; refused"
+            )
+        wheelfiles.check_confined(path, [package])
+        wheelfiles.check_record(path)
+        raw = wheelfiles.read_member_text(path, f"{package}/manifest.json")
+    except (wheelfiles.WheelError, zipfile.BadZipFile, OSError) as exc:
+        raise KernelWheelRefused(f"refused: {exc}") from None
+    if raw is None:
+        raise KernelWheelRefused(f"refused: {path.name} has no {package}/manifest.json")
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise KernelWheelRefused(f"refused: its manifest.json is not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise KernelWheelRefused("refused: its manifest.json is not a JSON object")
+    if manifest.get("arch") != arch:
+        raise KernelWheelRefused(
+            f"refused: its manifest says arch {str(manifest.get('arch'))[:40]!r}, "
+            f"the target is {arch}"
+        )
+    built_with = manifest.get("triton_version")
+    if not isinstance(built_with, str) or not built_with:
+        raise KernelWheelRefused("refused: its manifest names no triton_version")
+
+    def release(version: str) -> tuple[int, ...] | None:
+        try:
+            return Version(version).release
+        except InvalidVersion:
+            return None
+
+    if release(built_with) is None:
+        raise KernelWheelRefused(f"refused: its manifest's triton_version {built_with[:40]!r}")
+    if locked_triton and release(built_with) != release(locked_triton):
+        raise KernelWheelRefused(
+            f"refused: built with Triton {built_with}, the lock installs Triton {locked_triton}"
+        )
+    return manifest
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    path: Path
+    arch: str
+    sha256: str  # hex
+    cached: bool  # True: reused from the cache, nothing was compiled
+    seconds: float
+
+
+# Everything in greta_core that decides what a kernel wheel compiles, beside the tables:
+# the kernels, the block choices of each table entry, and the AOT compiler (variants,
+# stand-in values, specialisation).
+SOURCE_FILES: tuple[str, ...] = ("kernels/*.py", "configs/blocks.py", "kernel_wheels/aot.py")
+
+
+def greta_source_hash(table_text: str | None = None) -> str:
+    """sha256 of what a kernel wheel is built from: ``SOURCE_FILES``, the config table(s)
+    and GRETA's version. The one source hash: the wheel cache key (every shipped table)
+    and a wheel's manifest (`table_text`, the table it ships) both come from here.
+
+    Read from the files, never by importing greta_core (the installer runs before torch).
+    """
+    spec = importlib.util.find_spec("greta_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise KernelBuildError("greta_core is not importable here: cannot build kernel wheels")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted({path for pattern in SOURCE_FILES for path in root.glob(pattern)})
+    if table_text is None:
+        files += sorted(root.joinpath("configs", "tables").glob("*.json"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    if table_text is not None:
+        digest.update(b"table\0" + table_text.encode() + b"\0")
+    digest.update(__version__.encode())
+    return digest.hexdigest()
+
+
+def triton_fingerprint(python: str, timeout: float = 300) -> str:
+    """The installed Triton's build fingerprint, read in the target environment."""
+    code = "from greta_core.kernel_wheels.aot import triton_fingerprint as f; print(f())"
+    try:
+        proc = subprocess.run(
+            [python, ISOLATED, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=_child_env(),
+            cwd=NEUTRAL_CWD,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"cannot read the installed Triton's fingerprint: {exc}") from None
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not out:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelBuildError(f"cannot read the installed Triton's fingerprint: {tail}")
+    return out[-1].strip()
+
+
+def cache_key(arch: str, fingerprint: str, source_hash: str) -> str:
+    blob = f"{arch}\0{fingerprint}\0{source_hash}".encode()
+    return f"{arch}-{hashlib.sha256(blob).hexdigest()[:24]}"
+
+
+def cache_root() -> Path:
+    override = os.environ.get("GRETA_KERNEL_CACHE")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("greta", appauthor=False)) / "kernel-wheels"
+
+
+def cached_wheel(directory: Path, arch: str) -> Path | None:
+    """The intact wheel of `arch` in a cache entry, or None (a torn entry is ignored)."""
+    if not directory.is_dir():
+        return None
+    for wheel in sorted(directory.glob("*.whl")):
+        try:
+            name, _, _, _ = parse_wheel_filename(wheel.name)
+        except ValueError:
+            continue
+        if name == kernel_wheel_name(arch) and _intact(wheel):
+            return wheel
+    return None
+
+
+def _intact(wheel: Path) -> bool:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.testzip() is None
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # "0", not unset: a cpu-row environment's greta-env.pth re-sets unset variables.
+    env["TRITON_INTERPRET"] = "0"
+    return env
+
+
+def build_or_reuse(
+    python: str,
+    arch: str,
+    *,
+    jobs: int = 0,
+    use_cache: bool = True,
+    log: Log = print,
+    timeout: float = BUILD_TIMEOUT_S,
+) -> BuiltWheel:
+    """The kernel wheel of `arch` for the Triton installed in `python`'s environment."""
+    start = time.perf_counter()
+    fingerprint = triton_fingerprint(python)
+    entry = cache_root() / cache_key(arch, fingerprint, greta_source_hash())
+    if use_cache:
+        found = cached_wheel(entry, arch)
+        if found is not None:
+            try:
+                verify_wheel(found, arch)
+            except KernelWheelRefused as exc:  # tampered or torn: rebuilt, never installed
+                log(f"kernel wheel for {arch}: the cached build {found} is {exc}; rebuilding it")
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                log(f"kernel wheel for {arch}: reusing the cached build {found}")
+                return BuiltWheel(found, arch, _sha256(found), True, time.perf_counter() - start)
+    with tempfile.TemporaryDirectory(prefix="greta-kbuild-") as work:
+        out = Path(work) / "out"
+        scratch = Path(work) / "tmp"
+        scratch.mkdir()
+        log(
+            f"building the kernel wheel for {arch} with the installed Triton "
+            "(one-time; the result is cached)"
+        )
+        env = _child_env()
+        # The build's staging dirs land in our work dir: a killed build leaves nothing behind.
+        env["TMPDIR"] = str(scratch)
+        _run_with_progress(build_argv(python, arch, str(out), jobs), env, arch, log, timeout)
+        wheel = cached_wheel(out, arch)
+        if wheel is None:
+            raise KernelBuildError(f"greta build-kernels wrote no intact wheel for {arch}")
+        try:
+            verify_wheel(wheel, arch)
+        except KernelWheelRefused as exc:
+            raise KernelBuildError(f"the kernel wheel built for {arch} is {exc}") from None
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+        shutil.copy2(wheel, staging / wheel.name)
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)  # the cache entry appears whole or not at all
+    final = entry / wheel.name
+    seconds = time.perf_counter() - start
+    log(f"kernel wheel for {arch} built in {seconds:.0f}s, cached in {entry}")
+    return BuiltWheel(final, arch, _sha256(final), False, seconds)
+
+
+def build_argv(python: str, arch: str, out: str, jobs: int = 0) -> list[str]:
+    """The build command (shown by --dry-run, run by build_or_reuse).
+
+    No ``--jobs`` when `jobs` is 0: the build then uses ``GRETA_BUILD_JOBS`` or all cores.
+    """
+    argv = [*python_module(python, "greta"), "build-kernels", "--arch", arch, "--out", out]
+    return argv + (["--jobs", str(jobs)] if jobs > 0 else [])
+
+
+def progress_line(done: int, total: int, detail: str, width: int = 24) -> str:
+    """``[#####...] k/N detail``: the build's progress line, also what `parse_progress` reads."""
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {detail}"
+
+
+_PROGRESS = re.compile(r"^\[[#.]+\] (\d+)/(\d+) ")
+
+
+def parse_progress(line: str) -> tuple[int, int] | None:
+    """(done, total) of a `progress_line`, None for any other line."""
+    match = _PROGRESS.match(line)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _run_with_progress(
+    argv: list[str], env: dict[str, str], arch: str, log: Log, timeout: float
+) -> None:
+    """Run the build, relaying its lines: every other line at once, progress lines (one per
+    kernel) the first, each failed one, the last, and one per PROGRESS_EVERY_S between."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=NEUTRAL_CWD,
+            start_new_session=True,  # one process group: the build and all its workers
+        )
+    except OSError as exc:
+        raise KernelBuildError(f"cannot run greta build-kernels: {exc}") from None
+    lines: queue.Queue[str | None] = queue.Queue()
+    # A reader thread: the pipe is drained while we wait (hundreds of lines would fill it).
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    tail: collections.deque[str] = collections.deque(maxlen=12)
+    last = -PROGRESS_EVERY_S
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                line = ""
+            now = time.perf_counter() - start
+            if now > timeout:
+                _kill_group(proc)
+                raise KernelBuildError(f"the kernel build for {arch} ran past {timeout:.0f}s")
+            if line is None:
+                break
+            if not line.strip():
+                continue
+            tail.append(line)
+            counts = parse_progress(line)
+            if counts is None:
+                log(f"  {line}")
+            elif " ERROR " in line or counts[0] == counts[1] or now - last >= PROGRESS_EVERY_S:
+                last = now
+                log(f"  {line}")
+        proc.wait()
+    except BaseException:
+        _kill_group(proc)
+        raise
+    if proc.returncode != 0:
+        raise KernelBuildError(
+            f"greta build-kernels failed for {arch} (exit {proc.returncode}):\n" + "\n".join(tail)
+        )
+
+
+def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
+    try:
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+    finally:
+        lines.put(None)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Stop the build and its worker processes (they share its process group)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = None) -> None:
+    """Install one kernel wheel into `python`'s environment, offline, hash-checked."""
+    wheel = wheel.absolute()  # pip runs from NEUTRAL_CWD
+    sha = _sha256(wheel)
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    with tempfile.TemporaryDirectory(prefix="greta-kinst-") as work:
+        req = Path(work) / "requirements.txt"
+        req.write_text(f"{name}=={version} --hash=sha256:{sha}\n", encoding="utf-8")
+        common = ["--no-index", "--find-links", str(wheel.parent), "--no-deps", "--require-hashes"]
+        if uv:
+            argv = [uv, "pip", "install", "--python", python, "--offline", *common, "-r", str(req)]
+        else:
+            argv = [*python_module(python, "pip"), "install", "--disable-pip-version-check"]
+            argv += common
+            argv += ["--force-reinstall", "-r", str(req)]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=NEUTRAL_CWD
+        )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip()[-800:]
+        raise KernelBuildError(f"installing {wheel.name} failed: {tail}")
+    log(f"installed {wheel.name} (sha256:{sha})")
+
+
+def write_index(wheels: list[Path], out: Path) -> Path:
+    """A static PEP 503 index in `out`: the wheels, one page per project, SHA256SUMS.
+
+    `out` then works both as a directory (--kernel-wheels DIR) and, served by any web
+    server, as an index URL (GRETA_KERNEL_INDEX=https://host/path).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    sums: dict[str, str] = {}
+    projects: dict[str, list[str]] = {}
+    for wheel in wheels:
+        name, _, _, _ = parse_wheel_filename(wheel.name)
+        target = out / wheel.name
+        if wheel.resolve() != target.resolve():
+            shutil.copy2(wheel, target)
+        sums[wheel.name] = _sha256(target)
+        projects.setdefault(str(name), []).append(wheel.name)
+    # Merge with what the folder already holds, so an index grows arch by arch.
+    for line in _read_lines(out / "SHA256SUMS"):
+        parts = line.split()
+        if len(parts) == 2 and (out / parts[1]).is_file():
+            sums.setdefault(parts[1], parts[0])
+            name, _, _, _ = parse_wheel_filename(parts[1])
+            projects.setdefault(str(name), [])
+            if parts[1] not in projects[str(name)]:
+                projects[str(name)].append(parts[1])
+    (out / "SHA256SUMS").write_text(
+        "".join(f"{sha}  {fn}\n" for fn, sha in sorted(sums.items())), encoding="utf-8"
+    )
+    root_links = []
+    for project, files in sorted(projects.items()):
+        page = out / project
+        page.mkdir(exist_ok=True)
+        links = "".join(
+            f'<a href="../{html.escape(fn)}#sha256={sums[fn]}">{html.escape(fn)}</a><br>\n'
+            for fn in sorted(files)
+        )
+        (page / "index.html").write_text(
+            f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n", encoding="utf-8"
+        )
+        root_links.append(f'<a href="{project}/">{project}</a><br>\n')
+    (out / "index.html").write_text(
+        "<!DOCTYPE html>\n<html><body>\n" + "".join(root_links) + "</body></html>\n",
+        encoding="utf-8",
+    )
+    return out
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use
+    built = build_or_reuse(sys.executable, sys.argv[1])
+    print(built)
