@@ -275,7 +275,7 @@ def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
 
 def print_progress(done: int, total: int, res: Any) -> None:
     """One line per finished kernel: bar, k/N, kernel, status, seconds (the first error line)."""
-    from greta_install.install.kernel_build import progress_line
+    from greta_install.commandline import progress_line
 
     status = "ok" if res.ok else "ERROR"
     detail = f"{res.arch} {res.spec} [{res.variant}] {status} {res.seconds:.2f}s"

@@ -27,8 +27,12 @@ from greta_install.detection.evidence import (
     ROCM_VERSION_FILE,
 )
 from greta_install.detection.parsers.drm import CARD_FILES
-from greta_install.detection.system_view import TOOL_COMMANDS, SystemView
-from greta_install.doctor.multi_gpu_facts import SNAPSHOT_FILES, scrub_cmdline
+from greta_install.detection.system_view import (
+    SNAPSHOT_FILES,
+    TOOL_COMMANDS,
+    SystemView,
+    scrub_cmdline,
+)
 from greta_install.errors import SnapshotExistsError
 from greta_install.version import __version__
 

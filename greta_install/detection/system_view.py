@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,22 @@ TOOL_COMMANDS: dict[str, tuple[str, ...]] = {
     "nvidia-smi-topo-p2p": ("nvidia-smi", "topo", "-p2p", "r"),
     "lspci-vvv": ("lspci", "-vvv", "-D"),
 }
+
+# Kernel files the multi_gpu.* doctor checks read, which a snapshot copies (the tool outputs
+# above go through TOOL_COMMANDS). Named here, in the view, so `greta snapshot` (detection)
+# need not import the doctor.
+CMDLINE = "/proc/cmdline"
+NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
+NUMA_ONLINE = "/sys/devices/system/node/online"
+SNAPSHOT_FILES: tuple[str, ...] = (CMDLINE, NUMA_BALANCING, NUMA_ONLINE)
+
+# root=UUID=..., resume=PARTUUID=...: identifies the user's disks, nothing the checks need.
+_FS_ID = re.compile(r"\b((?:PART)?UUID=)\S+")
+
+
+def scrub_cmdline(text: str) -> str:
+    return _FS_ID.sub(r"\1REDACTED", text)
+
 
 # Environment variables that matter to GPU selection and ROCm behaviour.
 RELEVANT_ENV: tuple[str, ...] = (

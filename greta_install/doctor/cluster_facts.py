@@ -23,8 +23,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from greta_install.detection.system_view import LiveSystem, SnapshotSystem, SystemView
-from greta_install.doctor.multi_gpu_facts import CMDLINE, NUMA_BALANCING, NUMA_ONLINE, scrub_cmdline
+from greta_install.detection.system_view import (
+    CMDLINE,
+    NUMA_BALANCING,
+    NUMA_ONLINE,
+    LiveSystem,
+    SnapshotSystem,
+    SystemView,
+    scrub_cmdline,
+)
 
 FIXTURE_ENV = "GRETA_CLUSTER_FIXTURE"
 SHM_PATH = "/dev/shm"

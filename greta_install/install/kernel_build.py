@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from greta_install.commandline import ISOLATED, NEUTRAL_CWD, python_module
+from greta_install.commandline import ISOLATED, NEUTRAL_CWD, parse_progress, python_module
 from greta_install.errors import GretaError
 from greta_install.kernel_names import distribution_name as kernel_wheel_name
 from greta_install.version import __version__
@@ -285,21 +284,6 @@ def build_argv(python: str, arch: str, out: str, jobs: int = 0) -> list[str]:
     """
     argv = [*python_module(python, "greta"), "build-kernels", "--arch", arch, "--out", out]
     return argv + (["--jobs", str(jobs)] if jobs > 0 else [])
-
-
-def progress_line(done: int, total: int, detail: str, width: int = 24) -> str:
-    """``[#####...] k/N detail``: the build's progress line, also what `parse_progress` reads."""
-    filled = width * done // max(total, 1)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {detail}"
-
-
-_PROGRESS = re.compile(r"^\[[#.]+\] (\d+)/(\d+) ")
-
-
-def parse_progress(line: str) -> tuple[int, int] | None:
-    """(done, total) of a `progress_line`, None for any other line."""
-    match = _PROGRESS.match(line)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _run_with_progress(
