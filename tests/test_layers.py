@@ -331,3 +331,25 @@ def test_greta_core_lower_layers_reach_no_binding(lower: str) -> None:
         if t.startswith(bindings)
     }
     assert not offenders
+
+
+def test_the_relayout_map_leads_from_gone_paths_to_real_modules() -> None:
+    from _script_module import load_script
+
+    relayout = load_script("scripts/relayout_paths.py")
+    for old, new in relayout.MOVES.items():
+        assert f"greta_install.{new}" in MODULES, new
+        # `plan` is both: the old module's name is the new package's.
+        assert old == "plan" or f"greta_install.{old}" not in MODULES, old
+    text = (
+        "from greta_install import archs, planning, lockfile as lf  # why\n"
+        "x = greta_install.plan.build_plan(greta_install.smoke_child)\n"
+        "see greta_install/parsers/lspci.py and greta_install/plan/noop.py\n"
+    )
+    assert relayout.rewrite(text) == (
+        "from greta_install import archs  # why\n"
+        "from greta_install.install import prepare as planning\n"
+        "from greta_install.locks import lockfile as lf\n"
+        "x = greta_install.plan.install_plan.build_plan(greta_install.install.smoke_child)\n"
+        "see greta_install/detection/parsers/lspci.py and greta_install/plan/noop.py\n"
+    )
