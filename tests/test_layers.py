@@ -353,3 +353,63 @@ def test_the_relayout_map_leads_from_gone_paths_to_real_modules() -> None:
         "x = greta_install.plan.install_plan.build_plan(greta_install.install.smoke_child)\n"
         "see greta_install/detection/parsers/lspci.py and greta_install/plan/noop.py\n"
     )
+
+
+# greta_core's packages by rank (issue 25's picture): foundation -> kernels -> ops (the
+# declarations) -> bindings -> integrations -> tools. A package imports lower ranks and
+# itself; the pairs below are the stated exceptions.
+CORE_RANK = {
+    "errors": 0,
+    **dict.fromkeys(("arch", "observe", "reference", "compile", "graph"), 1),
+    "configs": 2,
+    "kernels": 3,
+    "ops": 4,
+    **dict.fromkeys(("raw", "torch", "jax"), 5),
+    "compute": 6,  # GretaCompute dispatches to the torch binding
+    **dict.fromkeys(("transformers", "distributed", "kernel_wheels", "backends"), 7),
+    "hub": 8,  # HF kernels' layers are apply_greta's
+    "bench": 8,
+    **dict.fromkeys(("hub_repo", "commands"), 9),
+}
+CORE_EXCEPTIONS = {
+    # The op's first call activates an installed kernel wheel's binaries (issue 25 item 3:
+    # to move where the launch is built).
+    ("greta_core.ops", "greta_core.kernel_wheels"),
+}
+
+
+def _core_offenders(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    offenders = set()
+    for module, targets in graph.items():
+        parts = module.split(".")
+        if parts[0] != "greta_core" or len(parts) < 2:
+            continue
+        for target in targets:
+            to = target.split(".")
+            if to[0] != "greta_core" or len(to) < 2 or to[1] == parts[1]:
+                continue
+            pair = (f"greta_core.{parts[1]}", f"greta_core.{to[1]}")
+            if CORE_RANK[to[1]] >= CORE_RANK[parts[1]] and pair not in CORE_EXCEPTIONS:
+                offenders.add((module, target))
+    return offenders
+
+
+def test_every_greta_core_package_has_a_rank() -> None:
+    packages = {m.split(".")[1] for m in MODULES if m.startswith("greta_core.")}
+    assert packages == set(CORE_RANK)
+
+
+def test_greta_core_imports_only_go_down() -> None:
+    assert not _core_offenders(_graph())
+
+
+def test_the_core_rank_check_sees_an_upward_import() -> None:
+    graph = {
+        "greta_core.ops.rms_norm": {"greta_core.kernels.rms_norm", "greta_core.torch.rms_norm"},
+        "greta_core.ops.rope": {"greta_core.kernel_wheels.precompiled"},
+        "greta_core.torch.rms_norm": {"greta_core.ops.rms_norm", "greta_core.jax.rms_norm"},
+    }
+    assert _core_offenders(graph) == {
+        ("greta_core.ops.rms_norm", "greta_core.torch.rms_norm"),
+        ("greta_core.torch.rms_norm", "greta_core.jax.rms_norm"),
+    }
