@@ -19,6 +19,7 @@ from typing import cast
 
 from greta_install.errors import UnknownTorchBuildError
 from greta_install.model import Target
+from greta_install.triton_range import parse
 
 # --- torch builds: which gfx/sm code each vendor build carries ---------------------------
 # Every torch source a matrix row installs from is one `TorchBuild`; matrix.toml names it by
@@ -41,6 +42,19 @@ class TorchBuild:
 
     def carries(self, arch: str | None) -> bool:
         return bool(arch) and arch in self.archs
+
+    def runs(self, arch: str | None) -> bool:
+        """Whether the wheels run a GPU of this arch with their own code (no override).
+
+        AMD: only the gfx targets they carry. NVIDIA: any compute capability from the
+        oldest one they carry up: a newer GPU runs a same-major cubin or the newest
+        arch's PTX (sm_87 runs sm_86 code, sm_103 sm_100's).
+        """
+        if self.carries(arch):
+            return True
+        sm = sm_number(arch)
+        oldest = min(filter(None, map(sm_number, self.archs)), default=None)
+        return sm is not None and oldest is not None and sm >= oldest
 
 
 # PYTORCH_ROCM_ARCH of the TheRock-based (ROCm 7.14) manywheel builds on pytorch's release
@@ -197,6 +211,9 @@ class ArchFacts:
     # precompiled kernel set; None: the arch uses the default table.
     tuned_table: str | None = None
     matrix_unit: str | None = None  # "mfma" (CDNA), "wmma" (RDNA3+), "tensor" (NVIDIA)
+    # The newest Triton (major, minor) whose compiler still targets the arch; None: every
+    # Triton GRETA supports does.
+    newest_triton: tuple[int, int] | None = None
 
     @property
     def arch(self) -> str:
@@ -239,6 +256,11 @@ def _amd(
     return ArchFacts(
         gfx, override, auto_override, warning, family, wave, target, integrated, known_bad,
         evidence, gfx if tuned else None, unit,
+        # Triton 3.9's AMD backend refuses RDNA1/RDNA2 ("unsupported target: 'gfx1030'",
+        # from the pass pipeline; triton==3.9.0 from the default index, checked for
+        # gfx1010/1030/1036, and every gfx10 wheel build in the GPU suite on the locked
+        # CUDA row). The AMD rows that carry these archs pin Triton 3.6-3.8.
+        (3, 8) if family in ("RDNA1", "RDNA2") else None,
     )  # fmt: skip
 
 
@@ -381,6 +403,8 @@ def unsupported_reason(gfx: str | None) -> str:
         return f"{gfx} (RDNA1 APU) is carried by no torch build GRETA locks"
     if fam is None:
         return f"{gfx} is not an architecture GRETA knows"
+    if target_for_gfx(gfx) is not None and not builds_running(gfx):
+        return f"{gfx} ({fam}) is carried by no torch build GRETA locks"
     return f"{gfx} ({fam}) has no GRETA target"
 
 
@@ -499,8 +523,15 @@ _NVIDIA_NAMES: tuple[tuple[str, str], ...] = (
     (r"\bA10G?\b|\bA40\b|\bA16\b|\bA2\b|GeForce RTX 30\d0|RTX A\d{4}|\bA\d{4}\b", "sm_86"),
     (r"\bT4\b|GeForce RTX 20\d0|TITAN RTX|Quadro RTX|GTX 16\d0|\bT\d{3,4}\b", "sm_75"),
     (r"\bV100\b|TITAN V\b", "sm_70"),
-    (r"\bP100\b", "sm_60"),
-    (r"\bP40\b|\bP4\b|GTX 10\d0|TITAN Xp?\b", "sm_61"),
+    (r"\bP100\b|\bGP100", "sm_60"),
+    (r"\bP40\b|\bP4\b|GTX 10\d0|TITAN Xp?\b|\bGP10[2-8]", "sm_61"),
+    # Chip codes lspci names ("GM204 [GeForce GTX 970]", "GK208B [GeForce GT 710]"): older
+    # cards no locked build runs, named so the reason a user reads carries their arch.
+    (r"\bGM20[0-8]|GTX 9[5-8]0\b", "sm_52"),
+    (r"\bGM10[78]|GTX 750\b", "sm_50"),
+    (r"\bGK210", "sm_37"),
+    (r"\bGK110|\bGK208", "sm_35"),
+    (r"\bGK10[4-7]", "sm_30"),
 )
 # Only architectures with a single compute capability can be mapped by name.
 _NVIDIA_ARCHS: dict[str, str] = {
@@ -526,22 +557,51 @@ def sm_number(sm: str | None) -> int | None:
 
 # --- primary-GPU choice (issue 27) ----------------------------------------------------
 
-# The oldest compute capability the cuda target's torch wheels carry code for (the
-# `archs` of the cuda row in lock/matrix.toml; a test holds the two together).
-CUDA_MIN_SM = 75
+# The oldest compute capability any NVIDIA torch build carries code for, read from
+# TORCH_BUILDS (a test holds it to the cuda row's `archs` in lock/matrix.toml).
+CUDA_MIN_SM: int = min(
+    n for b in TORCH_BUILDS.values() for n in map(sm_number, b.archs) if n is not None
+)
+
+
+def builds_running(arch: str | None) -> tuple[TorchBuild, ...]:
+    """Every torch build that runs this arch: its own code (`TorchBuild.runs`) or, for an
+    AMD arch with a known sibling override, the sibling's."""
+    facts = arch_facts(arch)
+    if not facts.gfx:
+        return ()
+    sibling = facts.runs_as
+    return tuple(
+        b for b in TORCH_BUILDS.values() if b.runs(facts.gfx) or (sibling and b.carries(sibling))
+    )
+
+
+def triton_cannot_target(gfx: str | None, triton_version: str | None) -> str | None:
+    """Why Triton `triton_version` cannot compile for `gfx`; None when it can."""
+    facts = ARCHS.get(gfx or "")
+    have = parse(triton_version)
+    if facts is None or facts.newest_triton is None or have is None:
+        return None
+    if have <= facts.newest_triton:
+        return None
+    newest = ".".join(map(str, facts.newest_triton))
+    return (
+        f"Triton {triton_version} cannot compile for {gfx} ({facts.family}: its AMD backend "
+        f"dropped the target after Triton {newest}); build with the Triton of a row that "
+        f"carries {gfx} (the radeon rows pin Triton {newest} or older)"
+    )
 
 
 def locked_build_supports(vendor: str, arch: str | None, *, soc: bool = False) -> bool:
-    """Whether some locked build can run this GPU (AMD: a GRETA target; NVIDIA: sm_75+).
+    """Whether some locked build runs this GPU: the one decision, read from TORCH_BUILDS.
 
+    AMD also needs a GRETA target in the arch table: gfx900/gfx906 are still carried by
+    the ROCm 7.2 wheels, but the math libraries in them lost their kernels (known bad).
     ``soc``: an NVIDIA GPU without a PCI bus (Jetson): aarch64, outside every lock.
     """
     if vendor == "nvidia":
-        if soc:
-            return False
-        sm = sm_number(arch)
-        return sm is not None and sm >= CUDA_MIN_SM
-    return target_for_gfx(arch) is not None
+        return not soc and sm_number(arch) is not None and bool(builds_running(arch))
+    return target_for_gfx(arch) is not None and bool(builds_running(arch))
 
 
 def usability_rank(

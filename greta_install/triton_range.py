@@ -38,10 +38,22 @@ LAUNCH_CONVENTIONS: dict[tuple[int, int], str] = {
 assert min(LAUNCH_CONVENTIONS) == OLDEST and max(LAUNCH_CONVENTIONS) == NEWEST
 
 
+# Triton 3.9 removed block pointers (``tl.make_block_ptr``/``tl.advance``) in favour of tensor
+# descriptors: a kernel that uses one fails to compile there ("Block pointers have been
+# removed in favor of the tensor descriptor API").
+LAST_WITH_BLOCK_POINTERS: tuple[int, int] = (3, 8)
+
+
 def parse(version: str | None) -> tuple[int, int] | None:
     """(major, minor) of a Triton version string ("3.8.0", "3.6.0+rocm7.2"), or None."""
     match = re.match(r"^\s*(\d+)\.(\d+)", version or "")
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def has_block_pointers(version: str | None) -> bool:
+    """Whether Triton `version` still compiles ``tl.make_block_ptr``."""
+    key = parse(version)
+    return key is not None and key <= LAST_WITH_BLOCK_POINTERS
 
 
 def supported_text() -> str:

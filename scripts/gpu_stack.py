@@ -38,6 +38,8 @@ import tempfile
 from pathlib import Path
 
 PART_BYTES = 50 * 1000 * 1000  # < 64 MiB per call, with the repository beside it
+# What one call may carry besides the repository (~6 MB): small parts share a call.
+CALL_BYTES = 58 * 1000 * 1000
 MANIFEST = "stack.json"
 # What the GPU suite needs from the locked CUDA row beyond the image: the frameworks, the
 # Triton they run on, NCCL (the image's 2.28.9 lacks ncclCommResume, which torch 2.14
@@ -54,6 +56,17 @@ DEFAULT_PACKAGES = (
     "jax-triton",
     "nvidia-nccl-cu13",
     "nvidia-cudnn-cu13",
+    # torch 2.15.0 (CUDA 13.2) on the image's CUDA 13.0 libraries: libtorch_nvshmem needs
+    # nvshmem 3.7's symbols (ImportError: nvshmem_selected_device_transport); the CUDA
+    # runtime, cuBLAS, NVRTC, nvJitLink and cuSPARSELt go at the lock's versions too.
+    "nvidia-nvshmem-cu13",
+    "nvidia-cublas",
+    "nvidia-cuda-runtime",
+    "nvidia-cuda-nvrtc",
+    "nvidia-nvjitlink",
+    "nvidia-cusparselt-cu13",
+    "cuda-toolkit",
+    "cuda-bindings",
 )
 # Pins the machine's image may already hold at the lock's version (the lent H100's image has
 # jax 0.11.2 with its CUDA 13 plugin, as the lock does): `--expect` them instead of sending
@@ -193,17 +206,36 @@ def _lock_python(lock_path: Path) -> str:
     return _lock_meta(lock_path).get("python", "3.12")
 
 
+def pack_calls(sizes: dict[str, int], budget: int = CALL_BYTES) -> list[list[str]]:
+    """Parts grouped into as few calls as fit `budget` bytes each (first-fit, largest
+    first); full-size parts travel alone."""
+    groups: list[list[str]] = []
+    room: list[int] = []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        for i, left in enumerate(room):
+            if sizes[name] <= left:
+                groups[i].append(name)
+                room[i] -= sizes[name]
+                break
+        else:
+            groups.append([name])
+            room.append(budget - sizes[name])
+    return groups
+
+
 def calls(args: argparse.Namespace) -> None:
     """The device calls that carry the parts, one per line as JSON (carry, command)."""
     out = Path(args.out)
     manifest = json.loads((out / MANIFEST).read_text())
     rel = out.as_posix()
-    for wheel in manifest["wheels"]:
-        for part in wheel["parts"]:
-            print(json.dumps({
-                "carry": [f"{rel}/{MANIFEST}", f"{rel}/{part}"],
-                "command": f"mkdir -p /tmp/stack && cp {rel}/* /tmp/stack/ && ls /tmp/stack | wc -l",
-            }))  # fmt: skip
+    sizes = {
+        part: (out / part).stat().st_size for wheel in manifest["wheels"] for part in wheel["parts"]
+    }
+    for group in pack_calls(sizes):
+        print(json.dumps({
+            "carry": [f"{rel}/{MANIFEST}", *(f"{rel}/{part}" for part in group)],
+            "command": f"mkdir -p /tmp/stack && cp {rel}/* /tmp/stack/ && ls /tmp/stack | wc -l",
+        }))  # fmt: skip
 
 
 def assemble(stack: Path) -> list[Path]:
@@ -265,6 +297,32 @@ def differs(pins: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
+def pinned_to_another_torch(lock_pins: dict[str, str]) -> dict[str, str]:
+    """{name: its torch requirement} for each installed distribution the lock does not pin
+    whose requirement the installed torch does not meet (the image's torchvision and
+    torchaudio are built for its own torch: under the lock's, importing them fails, and
+    transformers imports them)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    torch = Version(md.version("torch"))
+    out = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if not name or canonicalize_name(name) in lock_pins or canonicalize_name(name) == "torch":
+            continue
+        for line in dist.requires or ():
+            req = Requirement(line)
+            applies = req.marker is None or req.marker.evaluate()
+            met = req.specifier.contains(torch, prereleases=True)
+            if req.name == "torch" and applies and req.specifier and not met:
+                out[name] = str(req)
+    return out
+
+
 def install(args: argparse.Namespace) -> None:
     stack = Path(args.stack)
     manifest = json.loads((stack / MANIFEST).read_text())
@@ -275,6 +333,11 @@ def install(args: argparse.Namespace) -> None:
     if args.target:
         cmd += ["--target", args.target]
     subprocess.run([*cmd, *map(str, wheels)], check=True)
+    removed = {} if args.target else pinned_to_another_torch(manifest.get("lock_pins", {}))
+    if removed:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "uninstall", "--quiet", "-y", *removed], check=True
+        )
     report = {
         "lock": manifest["lock"],
         "lock_input": manifest["lock_input"],
@@ -283,12 +346,15 @@ def install(args: argparse.Namespace) -> None:
         "not_in_lock": [w["name"] for w in manifest["wheels"] if not w["in_lock"]],
         "already_at_lock_version": present,
         "differs_from_lock": differs(manifest.get("lock_pins", {})),
+        "removed_for_another_torch": removed,
     }
     (stack / "installed.json").write_text(json.dumps(report, indent=1) + "\n")
     for name, version in present.items():
         print(f"kept {name}=={version} (the machine's, the lock's version)")
     for w in manifest["wheels"]:
         print(f"installed {w['name']}=={w['version']} (sha256 {w['sha256'][:16]}...)")
+    for name, req in removed.items():
+        print(f"removed {name}: it requires {req}, not the lock's torch")
     for name, (have, want) in report["differs_from_lock"].items():
         print(f"differs from the lock: {name} {have} (locked {want})")
 

@@ -111,6 +111,9 @@ if stack.is_file():
     doc = json.loads(stack.read_text())
     print(f"installed from: {doc['lock']} (input {doc['lock_input']}); not in the lock: "
           + (", ".join(doc["not_in_lock"]) or "none"))
+    gone = doc.get("removed_for_another_torch", {})
+    print("removed (built for another torch): "
+          + (", ".join(f"{n} ({r})" for n, r in gone.items()) or "none"))
     other = doc.get("differs_from_lock", {})
     print(f"pins at another version than the lock ({len(other)}): "
           + (", ".join(f"{n} {h} (lock {w})" for n, (h, w) in other.items()) or "none"))

@@ -7,6 +7,7 @@ test_detect_snapshots.py); these tests pin the rules those snapshots exercise.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,9 +92,95 @@ def test_primary_is_never_chosen_by_vendor_or_order() -> None:
     assert _pick_primary([_gpu("amd", "gfx942", usable=False), small]) == 1
 
 
+MIXED = "rx6700xt-gtx970-lspci-iommu"
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_real_mixed_box_old_nvidia_beside_a_radeon(reverse: bool, tmp_path: Path) -> None:
+    # A real paste: the IOMMU-group listing of one box with a GTX 970 (Maxwell, sm_52)
+    # beside an RX 6700 XT. Listed in either order, the Radeon is the primary and the
+    # NVIDIA card is kept in the list with why it is not.
+    root = tmp_path / MIXED
+    shutil.copytree(SNAPSHOTS / MIXED, root)
+    if reverse:
+        text = (root / "lspci.txt").read_text()
+        amd, nvidia = text.split("\n\n", 1)
+        (root / "lspci.txt").write_text(nvidia + "\n" + amd + "\n")
+    det = detect(SnapshotSystem(root))
+    assert (det.target, det.arch, det.state) == ("radeon", "gfx1031", "usable")
+    assert [(g.vendor, g.arch) for g in det.gpus] == (
+        [("nvidia", "sm_52"), ("amd", "gfx1031")]
+        if reverse
+        else [("amd", "gfx1031"), ("nvidia", "sm_52")]
+    )
+    assert det.primary_gpu is not None and det.primary_gpu.pci_bus == "0d:00.0"
+    skipped = [w for w in det.warnings if w.startswith("skipped GPU")]
+    assert len(skipped) == 1
+    assert "GeForce GTX 970" in skipped[0]
+    assert "carry code for sm_75 and newer only" in skipped[0]
+
+
+def test_nvidia_chip_codes_name_the_older_archs() -> None:
+    # lspci names old cards by chip ("GM204 [GeForce GTX 970]"); each maps to its arch,
+    # and none of them is one a locked build runs.
+    cases = {
+        "GM204 [GeForce GTX 970]": "sm_52",
+        "GK208B [GeForce GT 710]": "sm_35",
+        "GM107 [GeForce GTX 750 Ti]": "sm_50",
+        "GM107M [GeForce GTX 960M]": "sm_50",
+        "GK106GL [Quadro K4000]": "sm_30",
+        "GK210GL [Tesla K80]": "sm_37",
+        "GP104 [GeForce GTX 1080]": "sm_61",
+        "GP100GL [Tesla P100 PCIe 16GB]": "sm_60",
+    }
+    for name, sm in cases.items():
+        assert archs.sm_from_name(name) == sm, name
+        assert not archs.locked_build_supports("nvidia", sm), name
+    # newer chips keep the names they had
+    assert archs.sm_from_name("GA107M [GeForce RTX 3050 Ti Mobile]") == "sm_86"
+    assert archs.sm_from_name("NVIDIA GeForce RTX 4090") == "sm_89"
+
+
 def test_cuda_min_sm_matches_the_cuda_row_of_the_matrix() -> None:
     spec = load_matrix().target("cuda")
     assert min(archs.sm_number(a) or 0 for a in spec.archs) == archs.CUDA_MIN_SM
+
+
+def test_every_matrix_arch_is_supported_by_a_locked_build() -> None:
+    matrix = load_matrix()
+    for name in ("mi300x", "instinct", "radeon", "cuda"):
+        for arch in matrix.target(name).archs:
+            vendor = "nvidia" if arch.startswith("sm_") else "amd"
+            assert archs.locked_build_supports(vendor, arch), arch
+    # newer NVIDIA archs run the builds' older code; a Jetson (no PCI bus) runs no lock
+    assert archs.locked_build_supports("nvidia", "sm_87")
+    assert archs.locked_build_supports("nvidia", "sm_103")
+    assert not archs.locked_build_supports("nvidia", "sm_87", soc=True)
+    # carried by the ROCm 7.2 wheels but known bad without a target; carried by no build
+    assert not archs.locked_build_supports("amd", "gfx906")
+    assert not archs.locked_build_supports("amd", "gfx940")
+    assert "carried by no torch build" in archs.unsupported_reason("gfx940")
+
+
+def test_locked_build_support_is_read_from_the_torch_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The primary-GPU rule and the plan read one fact: drop an arch from every build's
+    # list and it stops being supported.
+    def drop(*gone: str) -> None:
+        for key, build in list(archs.TORCH_BUILDS.items()):
+            kept = tuple(a for a in build.archs if a not in gone)
+            monkeypatch.setitem(archs.TORCH_BUILDS, key, replace(build, archs=kept))
+
+    assert archs.locked_build_supports("amd", "gfx1031")
+    drop("gfx1031")  # still runs as gfx1030 through its known override
+    assert archs.locked_build_supports("amd", "gfx1031")
+    drop("gfx1030")
+    assert not archs.locked_build_supports("amd", "gfx1031")
+    assert archs.locked_build_supports("nvidia", "sm_75")
+    drop("sm_75")
+    assert not archs.locked_build_supports("nvidia", "sm_75")
+    assert archs.locked_build_supports("nvidia", "sm_80")
 
 
 def test_present_but_unusable_gets_a_plan_blocker_with_the_fix() -> None:
@@ -258,3 +345,11 @@ def test_install_plan_blocks_the_gpu_install_but_not_an_explicit_cpu_one() -> No
     assert any("usermod -aG render,video" in b for b in detected["blockers"])
     asked = plan("--target", "cpu")
     assert asked["ready"] and asked["blockers"] == []
+
+
+def test_min_python_of_the_doctor_is_the_oldest_locked_python() -> None:
+    from greta_install.doctor.checks.python import MIN_PYTHON
+
+    # the fix a too-old Python is given names a Python every lock row installs on
+    oldest = min(tuple(int(p) for p in py.split(".")) for py in load_matrix().pythons)
+    assert oldest == MIN_PYTHON

@@ -34,7 +34,10 @@ PAGES = ("README.md", "docs/en/install.md")
 FENCE = re.compile(r"^```bash[ \t]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 # Placeholders the pages use for a user's own paths and hosts.
 PLACEHOLDER = re.compile(r"DIR|FILE|/shared/|~/|your\.host|node1-")
-RUN_FAST = {"detect", "env"}  # offline, seconds, change nothing
+RUN_FAST = {"detect", "env"}  # offline, seconds, change nothing (as run here: see CHANGES)
+# Options of those that change the environment running the tests: parsed, never run (`greta
+# env --clear` would remove the test venv's persisted environment fixes).
+CHANGES = {"--clear"}
 
 
 def commands() -> list[tuple[str, list[str]]]:
@@ -111,15 +114,26 @@ def _check_greta(where: str, args: list[str]) -> None:
             pytest.fail(f"{where}: greta {shlex.join(args)} does not parse")
     if not args:
         return
-    runnable = args[0] in RUN_FAST or (
-        args[0] == "install" and "--dry-run" in args and "--python" in args
-    )
-    if runnable and not any(PLACEHOLDER.search(a) for a in args):
+    if _runs(args):
         proc = subprocess.run(
             [sys.executable, "-m", "greta", *args], capture_output=True, text=True,
             cwd=ROOT, timeout=300, check=False,
         )  # fmt: skip
         assert proc.returncode == 0, f"{where}: {proc.stderr[-500:]}"
+
+
+def _runs(args: list[str]) -> bool:
+    """Whether a documented `greta ARGS` is run here, not only parsed."""
+    runnable = (args[0] in RUN_FAST and not CHANGES & set(args)) or (
+        args[0] == "install" and "--dry-run" in args and "--python" in args
+    )
+    return runnable and not any(PLACEHOLDER.search(a) for a in args)
+
+
+def test_commands_that_change_the_test_environment_are_only_parsed() -> None:
+    assert _runs(["env"]) and _runs(["detect", "--json"])
+    assert not _runs(["env", "--clear"])  # would strip this venv's environment fixes
+    assert any(argv[1:3] == ["env", "--clear"] for _where, argv in commands())
 
 
 def _check_python(where: str, args: list[str]) -> None:
@@ -153,3 +167,5 @@ def _check_install(where: str, argv: list[str]) -> None:
     if "-r" in argv:
         name = argv[argv.index("-r") + 1]
         assert name.endswith((".txt", ".toml")), where
+        if name.startswith("lock/"):  # a committed file: it must be there
+            assert (ROOT / name).is_file(), f"{where}: {name} is not in the repository"

@@ -883,6 +883,32 @@ def test_build_claims_only_what_detection_saw() -> None:
     facts = healthy_mi300x(target="cuda", detection=detection("cuda", h100), torch_probe=cpu_torch)
     result = check("torch.build", facts)
     assert "an NVIDIA GPU is present" in result.finding
+
+
+def test_gpu_check_on_a_machine_without_a_gpu_offers_the_cpu_target() -> None:
+    # The same machine: torch.gpu says detection saw no NVIDIA GPU either, and offers the
+    # target of the machine as detected beside the cuda reinstall.
+    cpu_torch = torch_probe(
+        version="2.13.0+cpu",
+        hip=None,
+        cuda=None,
+        devices=[],
+        cuda_available=False,
+        device_count=0,
+        smoke={},
+    )
+    facts = healthy_mi300x(
+        target="cuda", target_source="option", detection=detection("cpu"), torch_probe=cpu_torch
+    )
+    result = check("torch.gpu", facts)
+    assert_status(result, "fail", "greta install --target cpu")
+    assert "detection found no NVIDIA GPU on this machine either" in result.finding
+    # With the GPU detected, the finding does not say it is missing.
+    h100 = gpu("sm_90", vendor="nvidia")
+    facts = healthy_mi300x(target="cuda", detection=detection("cuda", h100), torch_probe=cpu_torch)
+    result = check("torch.gpu", facts)
+    assert "detection found no" not in result.finding
+    assert "--target cpu" not in (result.fix or "")
     assert "--target cpu" not in (result.fix or "")
 
 

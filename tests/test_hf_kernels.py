@@ -42,7 +42,7 @@ def _reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_local_repository_offers_every_layer_on_every_device() -> None:
     mapping = layer_mapping()
-    assert set(mapping) == {"RMSNorm", "GatedMLP", "rotary_pos_emb"}
+    assert set(mapping) == {"RMSNorm", "GatedMLP", "rotary_pos_emb", "ForCausalLM"}
     for devices in mapping.values():
         assert set(devices) == {"cpu", "cuda", "rocm"}
         for repo in devices.values():
@@ -62,10 +62,13 @@ def test_kernelize_inference_matches_the_unpatched_model(family: str) -> None:
     assert type(norm.forward.__self__) is type(plain.model.norm)
     assert norm.forward.__func__.__qualname__ == "RMSNorm.forward"
     assert mlp.forward.__func__.__qualname__ == "GatedMLP.forward"
+    assert model.forward.__func__.__qualname__ == "ForCausalLM.forward"
+    assert model.config._attn_implementation == "greta"
     observe.reset()
     with torch.no_grad():
         got, want = model(_ids()).logits, plain(_ids()).logits
     assert observe.last_implementation("rms_norm") == "reference-torch"
+    assert observe.last_implementation("attention") == "reference-torch"
     gated = "geglu" if family == "gemma" else "swiglu"
     assert observe.last_implementation(gated) == "reference-torch"
     # fp32, the same math in another order: a few ulps of the logits' scale.
@@ -76,13 +79,19 @@ def test_kernelize_training_matches_loss_and_gradients() -> None:
     model = _tiny("llama").train()
     plain = copy.deepcopy(model)
     kernelize_greta(model, mode=Mode.TRAINING, device="cpu")
+    assert model.forward.__func__.__qualname__ == "ForCausalLM.forward"
     ids = _ids()
     losses = []
+    observe.reset()
     for m in (model, plain):
         m.zero_grad()
         out = m(ids, labels=ids)
         out.loss.backward()
         losses.append(out.loss.detach())
+        if m is model:  # the fused loss: the logits never exist in training
+            assert out.logits is None
+            assert observe.last_implementation("linear_cross_entropy") == "reference-torch"
+            assert observe.last_implementation("attention") == "reference-torch"
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
     for (name, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
@@ -116,3 +125,14 @@ def test_apply_greta_models_raise_no_future_warning(family: str) -> None:
                 model.generate(ids, max_new_tokens=3, do_sample=False)
     finally:
         revert_greta(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+def test_every_family_takes_the_causal_lm_layer(family: str) -> None:
+    """`kernels` checks a layer's forward against the class's (argument count and kinds):
+    the ForCausalLM layer must pass for every family GRETA supports."""
+    model = kernelize_greta(_tiny(family).train(), mode=Mode.TRAINING, device="cpu")
+    assert model.forward.__func__.__qualname__ == "ForCausalLM.forward"
+    ids = _ids()
+    out = model(ids, labels=ids)
+    assert out.logits is None and torch.isfinite(out.loss)

@@ -75,3 +75,38 @@ def test_operand_gives_every_output_parameter_its_own_aliased_operand(make: Any)
         value = keywords[names[len(lead) + k]]
         assert value == (("input", b.alias) if b.alias is not None else ("fresh", b.shape))
     assert any(b.alias is not None for b in specs)  # the cases this adapter exists for
+
+
+class _Eqn:
+    invars = ("a", "b", "c")
+
+
+def _two_arg_rule(used_outs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+    return [True] * len(eqn.invars), eqn
+
+
+def _three_arg_default(used_outs: list[bool], live_ins: list[bool], eqn: Any) -> Any:
+    raise AssertionError("the default rule is only inspected")
+
+
+def test_dce_rule_of_jax_triton_041_is_adapted_to_jax_012() -> None:
+    """jax-triton 0.4.1's two-argument DCE rule under jax 0.12's three-argument calls."""
+    from greta_core.jax._runtime import adapt_dce_rule
+
+    prim = object()
+    rules: dict[Any, Any] = {prim: _two_arg_rule}
+    assert adapt_dce_rule(rules, prim, _three_arg_default)
+    eqn = _Eqn()
+    used, kept = rules[prim]([False], [True, True, True], eqn)
+    assert (used, kept) == ([True, True, True], eqn)  # a kernel call is never dead code
+
+
+def test_dce_rule_left_alone_where_jax_and_jax_triton_agree() -> None:
+    from greta_core.jax._runtime import adapt_dce_rule
+
+    prim = object()
+    rules: dict[Any, Any] = {prim: _two_arg_rule}
+    # jax through 0.11 calls rule(used_outs, eqn), as jax-triton's rule expects.
+    assert not adapt_dce_rule(rules, prim, _two_arg_rule)
+    assert rules[prim] is _two_arg_rule
+    assert not adapt_dce_rule({}, prim, _three_arg_default)  # nothing registered

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _kernel_testing import PassthroughMode, expected_impl, expected_jax_impl  # noqa: E402
+from _kernel_testing import ON_GPU, PassthroughMode, expected_impl, expected_jax_impl  # noqa: E402
 
 from greta_core import observe, raw  # noqa: E402
 from greta_core.arch import interpreter_active  # noqa: E402
@@ -278,6 +278,33 @@ def test_raw_attention_bwd_matches_reference(bsz, hq, hkv, sq, skv, d, causal, d
         err = ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
         assert err < TOL[dtype]
     assert observe.last_implementation("attention_bwd") == expected_impl()
+
+
+@pytest.mark.parametrize("block_pointers", [True, False])
+def test_attention_bwd_row_store_forms_agree(block_pointers: bool, monkeypatch) -> None:
+    """Both forms of the backward's row store (block pointer through Triton 3.8, masked
+    pointers from 3.9, which removed block pointers) write the same gradients, ragged
+    last block included; only the installed Triton's own form compiles on a GPU."""
+    import triton
+    import triton.language as tl
+
+    from greta_core.kernels import attention_bwd
+    from greta_install import triton_range
+
+    _need_kernel()
+    if ON_GPU:  # compiled code: only the installed Triton's own form compiles
+        block_pointers = triton_range.has_block_pointers(triton.__version__)
+    monkeypatch.setattr(attention_bwd, "BLOCK_POINTER_STORE", tl.constexpr(block_pointers))
+    q, k, v = _inputs(1, 2, 1, 19, 40, 64, torch.float16)
+    do = torch.randn_like(q)
+    out, lse = raw.attention_with_lse(q, k, v, False)
+    for got, want in zip(
+        raw.attention_bwd(do, q, k, v, out, lse, False),
+        _grads64(q, k, v, do, False),
+        strict=True,
+    ):
+        err = ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
+        assert err < TOL[torch.float16]
 
 
 def test_raw_attention_bwd_rejects_bad_input() -> None:

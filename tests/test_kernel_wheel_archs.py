@@ -18,11 +18,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import triton
 
+from greta_install.archs import triton_cannot_target
 from greta_install.kernel_names import distribution_name, wheel_archs
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCHS = wheel_archs()
+# Every matrix arch the installed Triton can compile for (Triton 3.9 dropped RDNA1/RDNA2,
+# whose rows pin an older Triton: test_build_refuses_archs_this_triton_cannot_target).
+ARCHS = [a for a in wheel_archs() if not triton_cannot_target(a, triton.__version__)]
 
 PROBE = """
 import json, sys, tempfile
@@ -86,8 +90,48 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_every_matrix_arch_is_a_wheel_arch() -> None:
     # The tuned four and the rest of the matrix (gfx90a, gfx1103, gfx1151, sm_89, ...).
+    every = wheel_archs()
     assert {"gfx942", "gfx1100", "gfx1201", "sm_90", "gfx90a", "gfx1103", "sm_89"} <= set(ARCHS)
-    assert len(ARCHS) == len(set(ARCHS)) >= 20
+    assert len(every) == len(set(every)) >= 30 and len(ARCHS) >= 20
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [
+        ("3.8.0", set()),
+        (
+            "3.9.0",
+            {
+                "gfx1010",
+                "gfx1011",
+                "gfx1012",
+                "gfx1030",
+                "gfx1031",
+                "gfx1032",
+                "gfx1033",
+                "gfx1034",
+                "gfx1035",
+                "gfx1036",
+            },
+        ),
+    ],
+)
+def test_build_refuses_archs_this_triton_cannot_target(
+    version: str, refused: set[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An arch the installed Triton's compiler dropped gets one clear reason and no compile
+    (Triton 3.9 fails every gfx10 kernel in its pass pipeline); the others still build."""
+    from greta_core.commands.build_kernels import build_all
+
+    monkeypatch.setattr(triton, "__version__", version)
+    gone = {a for a in wheel_archs() if triton_cannot_target(a, version)}
+    assert gone == refused
+    if not refused:
+        return
+    (outcome,) = build_all(["gfx1030"], tmp_path, only=["vec_add"], variants=["aligned"], jobs=1)
+    assert outcome["fatal"].startswith(f"Triton {version} cannot compile for gfx1030 (RDNA2")
+    assert "radeon rows pin Triton 3.8 or older" in outcome["fatal"]
+    assert "compiled" not in outcome and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("arch", ARCHS)

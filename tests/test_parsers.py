@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conftest import SNAPSHOTS
+
 from greta_install import archs
 from greta_install.detection import pci_ids
 from greta_install.detection.parsers import (
@@ -355,3 +357,25 @@ def test_detection_from_lspci_without_nn() -> None:
 
     det = detect(FakeView(tools={"lspci": LSPCI_NAMES_ONLY.splitlines()[0] + "\n"}))
     assert det.target == "radeon" and det.arch == "gfx1100"
+
+
+def test_lspci_iommu_group_listings_are_device_lines() -> None:
+    # The VFIO scripts' two forms: "IOMMU Group N:" over tab-indented `lspci -nns` lines
+    # (a real paste, SOURCES.txt), and one "IOMMU Group N <line>" per device (the Arch wiki
+    # script's form). An indented detail line after a device is still that device's detail.
+    grouped = (SNAPSHOTS / "rx6700xt-gtx970-lspci-iommu" / "lspci.txt").read_text()
+    result = lspci.parse(grouped)
+    assert result.problems == []
+    assert [(d.slot, d.device_id, d.is_gpu) for d in result.records] == [
+        ("0d:00.0", "0x73df", True),
+        ("0d:00.1", "0xab28", False),
+        ("0e:00.0", "0x13c2", True),
+        ("0e:00.1", "0x0fbb", False),
+    ]
+    one_line = (
+        "IOMMU Group 29 0b:00.0 VGA compatible controller [0300]: NVIDIA Corporation GK208B "
+        "[GeForce GT 710] [10de:128b] (rev a1)\n"
+        "\tKernel driver in use: vfio-pci\n"
+    )
+    (dev,) = lspci.parse(one_line).records
+    assert (dev.slot, dev.device_id, dev.driver) == ("0b:00.0", "0x128b", "vfio-pci")

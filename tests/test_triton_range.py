@@ -147,3 +147,18 @@ def test_unsupported_triton_turns_the_fast_path_off_visibly(
         assert reason in caplog.text
     finally:
         _direct.support.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("version", "has"),
+    [
+        ("3.6.0", True),
+        ("3.8.0", True),
+        ("3.8.0+rocm7.14", True),
+        ("3.9.0", False),
+        ("3.10.1", False),
+        ("garbage", False),
+    ],
+)
+def test_block_pointers_end_with_triton_38(version: str, has: bool) -> None:
+    assert triton_range.has_block_pointers(version) is has

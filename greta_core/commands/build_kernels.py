@@ -24,6 +24,7 @@ from typing import Any
 
 from greta_core.errors import AotError, ConfigError
 from greta_core.kernel_wheels.aot import variants_of
+from greta_install.archs import triton_cannot_target
 
 HELP = "Build GRETA kernel wheels (precompiled Triton code + tuned configs) per GPU arch."
 
@@ -155,6 +156,8 @@ def build_all(
     bytes do not depend on `jobs`. An arch with any failed kernel gets no wheel: its
     outcome's ``fatal`` names the kernels.
     """
+    import triton
+
     from greta_core.kernel_wheels import buildpool
 
     jobs = buildpool.resolve_jobs(jobs)
@@ -167,6 +170,10 @@ def build_all(
     outcomes: dict[str, dict[str, Any]] = {}
     tables: dict[str, str] = {}
     for arch in archs:
+        refused = triton_cannot_target(arch, triton.__version__)
+        if refused:  # no compile at all: it would fail every kernel in the pass pipeline
+            outcomes[arch] = {"arch": arch, "fatal": refused}
+            continue
         try:
             tables[arch] = configs_text if configs_text is not None else shipped_table(arch)
             json.loads(tables[arch])  # a broken table must fail the build, not the user's run
@@ -259,6 +266,7 @@ def plan_counts(
 
 
 def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
+
     from greta_core.kernel_wheels import buildpool
 
     jobs = buildpool.resolve_jobs(jobs)

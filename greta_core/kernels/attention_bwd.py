@@ -35,6 +35,11 @@ import triton
 import triton.language as tl
 
 from greta_core.kernels.attention import load_tile
+from greta_install import triton_range
+
+# The 16-bit row store's form: a block pointer where Triton still has them (fewer registers
+# on sm_90, see _store_rows), a masked tensor of pointers from Triton 3.9 on.
+BLOCK_POINTER_STORE = tl.constexpr(triton_range.has_block_pointers(triton.__version__))
 
 
 @triton.jit
@@ -67,11 +72,16 @@ def _store_rows(base, offs_rows, n_rows, tile, HEAD_DIM: tl.constexpr, UPCAST: t
     # from the program id): on sm_90 (Triton 3.6) either other form of this 16-bit store took
     # 6-30 more registers per thread, one CTA per SM fewer for dq at D128 (ptxas -v of the
     # AOT specs).
-    row0 = tl.min(offs_rows, 0)
-    rows = tl.make_block_ptr(
-        base, (n_rows, HEAD_DIM), (HEAD_DIM, 1), (row0, 0), (tile.shape[0], HEAD_DIM), (1, 0)
-    )
-    tl.store(rows, val, boundary_check=(0,))
+    if BLOCK_POINTER_STORE:
+        row0 = tl.min(offs_rows, 0)
+        rows = tl.make_block_ptr(
+            base, (n_rows, HEAD_DIM), (HEAD_DIM, 1), (row0, 0), (tile.shape[0], HEAD_DIM), (1, 0)
+        )
+        tl.store(rows, val, boundary_check=(0,))
+    else:
+        cols = tl.arange(0, HEAD_DIM)
+        ptrs = base + offs_rows[:, None] * HEAD_DIM + cols[None, :]
+        tl.store(ptrs, val, mask=(offs_rows < n_rows)[:, None])
 
 
 @triton.jit

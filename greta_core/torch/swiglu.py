@@ -73,7 +73,13 @@ def _register(op: str) -> None:
             # two fewer [tokens, intermediate] tensors at the backward's peak (0.25 GiB for a
             # 1B Llama at 8k tokens). A second backward through a retained graph then fails
             # autograd's version check instead of reading the overwritten inputs.
-            bwd_inplace_op(dy.contiguous(), gate, up)
+            if torch.compiler.is_compiling():
+                bwd_inplace_op(dy.contiguous(), gate, up)
+            else:
+                # Eager: the launch itself. Through the triton_op, torch 2.15's functional
+                # wrap_triton copies the arguments it mutates (GPU suite, locked stack: the
+                # consuming backward's peak equalled the copying one's).
+                raw.glu_bwd_inplace(op, dy.contiguous(), gate, up)
             return gate, up
         return bwd_op(dy.contiguous(), gate.contiguous(), up.contiguous())
 

@@ -481,8 +481,9 @@ def _skip_reason(g: Gpu, primary: Gpu) -> str:
             return "an integrated SoC GPU (aarch64): no locked build"
         if g.vendor == "nvidia":
             return (
-                f"{g.arch or 'compute capability unknown'}: the cuda target's torch wheels "
-                f"carry code for sm_{archs.CUDA_MIN_SM} and newer only"
+                ("" if g.arch else "compute capability unknown; ")
+                + f"the cuda target's torch wheels carry code for sm_{archs.CUDA_MIN_SM} and "
+                "newer only"
             )
         return f"no locked build supports it ({archs.unsupported_reason(g.arch)})"
     if g.integrated and not primary.integrated:

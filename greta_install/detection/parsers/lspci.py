@@ -3,6 +3,10 @@
 A device line is ``[domain:]bus:dev.fn Class name [cccc]: Vendor Device [vvvv:dddd] (rev rr)``;
 with ``-k`` indented lines follow with the subsystem and the bound kernel driver.
 Bridges, audio functions and CPU devices are listed too: ``is_gpu`` tells them apart.
+
+Users setting up GPU passthrough paste the IOMMU-group listing of the common VFIO scripts:
+``IOMMU Group N:`` headers over tab-indented ``lspci -nns`` lines, or one
+``IOMMU Group N <lspci -nns line>`` per device; both are read as device lines.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ _CLASS_CODES = {
     "Display controller": "0380",
     "Processing accelerators": "1200",
 }
+# The group prefix of the one-line VFIO listing, and its header line in the other form.
+_IOMMU_PREFIX = re.compile(r"^IOMMU Group \d{1,5}:?\s*")
 _SLOT_ONLY = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\s")
 _VENDOR_PREFIXES = (
     "Advanced Micro Devices, Inc. [AMD/ATI]",
@@ -105,6 +111,12 @@ def parse(text: str | None) -> Parsed[PciDevice]:
         for lineno, line in enumerate(clean_text.splitlines(), 1):
             if not line.strip():
                 continue
+            line = _IOMMU_PREFIX.sub("", line)
+            if not line.strip():
+                continue
+            if line[0] in " \t" and _DEVICE.match(line.strip()):
+                # an IOMMU group's member: a device line, not a detail of the last one
+                line = line.strip()
             if line[0] in " \t":
                 if not out.records or ":" not in line:
                     continue

@@ -7,7 +7,8 @@ from greta_install.doctor.model import Finding, fail, ok, skip, warn
 
 from ._common import needs_live
 
-MIN_PYTHON = (3, 10)
+# The oldest Python any lock row covers and requires-python in pyproject.toml allows.
+MIN_PYTHON = (3, 11)
 
 
 # GRETA installs from its repository: the public `greta` name belongs to another project.
@@ -24,7 +25,7 @@ def check_version(facts: Facts) -> Finding:
         parts = (0, 0)
     if parts < MIN_PYTHON:
         return fail(
-            f"Python {py.version} is older than GRETA supports (3.10+)",
+            f"Python {py.version} is older than GRETA supports (3.11+)",
             f"python3.11 -m venv .venv && {SELF_INSTALL}",
             python=py.version,
         )
@@ -48,7 +49,7 @@ def check_version(facts: Facts) -> Finding:
             lock_pythons=list(facts.lock_pythons),
         )
     return ok(
-        f"Python {py.version} (GRETA supports 3.10+); no lock to compare with (see lock.installed)",
+        f"Python {py.version} (GRETA supports 3.11+); no lock to compare with (see lock.installed)",
         python=py.version,
         lock_error=facts.lock_error,
     )

@@ -309,16 +309,22 @@ def check_gpu(facts: Facts) -> Finding:
         env = _hidden_by_env(facts)
         why = torch.get("cuda_error")
         if not torch.get("hip") and not torch.get("cuda"):
-            fix = _reinstall_torch(facts)
+            fix = _reinstall_torch(facts) + _no_such_gpu_note(facts, target)
         elif env:
             fix = "unset " + " ".join(env) + "   # they hide the GPU from torch"
         elif target in AMD_TARGETS:
             fix = "sudo usermod -aG render,video $USER   # then log in again; see devices.kfd and devices.render"
         else:
             fix = "nvidia-smi   # must list the GPU; if it fails, reinstall the NVIDIA driver and reboot"
+        vendor = "NVIDIA" if target == "cuda" else "AMD"
         return fail(
             f"torch {torch.get('version')} ({_build(torch)}) sees no GPU"
             + (f" ({first_line(why)})" if why else "")
+            + (
+                f"; detection found no {vendor} GPU on this machine either"
+                if _vendor_seen(facts, target) is False
+                else ""
+            )
             + (f"; set: {', '.join(f'{k}={v}' for k, v in env.items())}" if env else ""),
             fix,
             env=env,
