@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from greta_core.errors import AotError, ConfigError
+from greta_core.errors import AotError
 from greta_core.kernel_wheels.aot import variants_of
 from greta_install.archs import triton_cannot_target
 
@@ -158,6 +158,7 @@ def build_all(
     """
     import triton
 
+    from greta_core.configs import shipped_table
     from greta_core.kernel_wheels import buildpool
 
     jobs = buildpool.resolve_jobs(jobs)
@@ -249,7 +250,7 @@ def plan_counts(
 
     rows = []
     for arch in archs:
-        table = configs_text if configs_text is not None else shipped_table(arch)
+        table = configs_text if configs_text is not None else configs.shipped_table(arch)
         configs.build_with_table(arch, table)
         try:
             found = discover(arch, only)
@@ -410,19 +411,6 @@ def collect_entry(staging: Path, key: str) -> dict[str, bytes]:
             out[f"{name}/{path.name}"] = path.read_bytes()
     out[f"{name}/{groups[0].name}"] = json.dumps({"child_paths": kept}).encode()
     return out
-
-
-def shipped_table(arch: str) -> str:
-    """The arch's config table shipped in greta_core (never an installed wheel's); ConfigError
-    when neither it nor the default table is there."""
-    from importlib import resources
-
-    tables = resources.files("greta_core.configs").joinpath("tables")
-    for name in (arch, "default"):
-        candidate = tables.joinpath(f"{name}.json")
-        if candidate.is_file():
-            return candidate.read_text()
-    raise ConfigError(f"no config table for {arch}")
 
 
 def source_hash(table_text: str) -> str:

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from greta_core.bench.tune import dump_table, merge_table, time_candidates
-    from greta_core.commands.build_kernels import shipped_table
+    from greta_core.configs import shipped_table
 
     out = args.out or Path(f"tuned-{arch}.json")
     base_text = out.read_text() if out.is_file() else shipped_table(arch)
