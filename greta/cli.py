@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from greta import __version__
+from greta_install.errors import GretaError
 
 # name -> module; order is the order shown in --help.
 COMMANDS: dict[str, str] = {
@@ -66,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("greta: interrupted", file=sys.stderr)
         return 130
+    except GretaError as exc:  # bad input a command did not word itself: one line, no traceback
+        print(f"greta {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from greta_install.errors import GretaError
+
 if TYPE_CHECKING:
     from greta_install.plan.install_plan import InstallPlan, PlannedPackage
 
@@ -50,6 +52,37 @@ def interpreter_path(value: str) -> str:
     """A `--python` argument as children run it: absolute when it names a path (they run
     from NEUTRAL_CWD), a bare name (found on PATH) as it is."""
     return os.path.abspath(value) if os.sep in value else value
+
+
+LOCATION_MAX_CHARS = 4096
+
+
+class LocationError(GretaError, ValueError):
+    """A URL or path given by a variable or an option that no path or URL can be."""
+
+
+def location(value: str, origin: str) -> str:
+    """`value` (a URL or path from `origin`, e.g. GRETA_KERNEL_INDEX) as given, or
+    LocationError in one line: control characters reach urllib/http.client as exceptions
+    of their own (InvalidURL), or the OS as "embedded null byte", far from their origin."""
+    if len(value) > LOCATION_MAX_CHARS:
+        raise LocationError(
+            f"{origin} is {len(value)} characters long, over the {LOCATION_MAX_CHARS}-character "
+            "limit for a URL or path"
+        )
+    bad = next((i for i, ch in enumerate(value) if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise LocationError(
+            f"{origin} holds a control character ({value[bad]!r} at position {bad}): "
+            "set it to a URL or path"
+        )
+    return value
+
+
+def env_location(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The URL or path a variable holds (None when unset or empty), checked by `location`."""
+    value = (os.environ if environ is None else environ).get(name)
+    return location(value, name) if value else None
 
 
 def work_dir(stage: str, name: str) -> str:

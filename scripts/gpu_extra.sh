@@ -7,7 +7,8 @@
 #   bash scripts/gpu_extra.sh models    # bench/hf_llama.py --quick, binding overhead before/
 #                                       # after, bench/fused_ops.py --quick
 #   bash scripts/gpu_extra.sh overhead  # issue 13's host cost: binding overhead before/after
-#                                       # (every op beside its PyTorch eager op, ratios), the
+#                                       # (every op beside its PyTorch eager op, ratios), issue
+#                                       # 25's forward+backward host time (grad_overhead), the
 #                                       # direct launcher's GPU tests, eager layer_norm
 #                                       # 4096/8192 vs torch.compile (greta bench)
 #   bash scripts/gpu_extra.sh multi     # issue 14 on a machine of two GPUs or more: the GPU
@@ -92,6 +93,8 @@ overhead)
             python3 bench/binding_overhead.py --label before-46b5be7 --out "$WORK/binding_overhead.json"
     fi
     run overhead_after 90 python3 bench/binding_overhead.py --label after --out "$WORK/binding_overhead.json"
+    # Issue 25: forward+backward host time per op with grads, GRETA vs PyTorch eager.
+    run grad_overhead 120 python3 bench/grad_overhead.py --out "$WORK/grad_overhead.json"
     run direct_launch_tests 120 python3 -m pytest -q -p no:cacheprovider \
         tests/test_direct_launch.py tests/test_launch_plans.py
     run layer_norm_bench 240 python3 -m greta bench --preset standard --ops layer_norm \

@@ -10,6 +10,8 @@ import base64
 import hashlib
 import http.server
 import io
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -186,6 +188,7 @@ def make_kernel_wheel(
     extra: dict[str, bytes] | None = None,
     manifest_arch: str | None = None,
     triton_version: str | None = "3.6.0",
+    triton_fingerprint: str | None = None,
 ) -> tuple[str, bytes]:
     """A GRETA kernel wheel as greta_core.kernel_wheels.wheelbuild lays it out (package + manifest.json)."""
     import json
@@ -195,6 +198,8 @@ def make_kernel_wheel(
     manifest = {"arch": manifest_arch or arch, "package": package, "kernels": []}
     if triton_version is not None:  # what `greta build-kernels` records
         manifest["triton_version"] = triton_version
+    if triton_fingerprint is not None:
+        manifest["triton_fingerprint"] = triton_fingerprint
     files = {f"{package}/manifest.json": json.dumps(manifest).encode(), **(extra or {})}
     return make_wheel(name, version, extra=files)
 
@@ -214,3 +219,17 @@ def wait_for(
         seen += line
     assert marker in seen, seen
     return seen
+
+
+def arm_checkpoint(
+    directory: Path, checkpoint: str, wait: float, release: Path | None = None
+) -> dict[str, str]:
+    """The environment that arms GRETA's checkpoint hook (greta_install.install.pipeline.armed_test_hooks):
+    a hooks file of this user in the test's own directory, named by GRETA_TEST_HOOKS."""
+    path = directory / f"greta-test-hooks-{checkpoint}.json"
+    hooks = {"greta_test_hooks": 1, "checkpoint": checkpoint, "wait": wait}
+    if release is not None:
+        hooks["release"] = str(release)
+    path.write_text(json.dumps(hooks), encoding="utf-8")
+    os.chmod(path, 0o600)
+    return {"GRETA_TEST_HOOKS": str(path)}

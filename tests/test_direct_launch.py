@@ -521,13 +521,12 @@ def test_eager_ready_launch_makes_eager_raws_checks(monkeypatch, ready_setup) ->
 
 def _rms_norm_launch(x: Any, w: Any) -> _direct.DirectLaunch | None:
     from greta_core.ops import rms_norm
-    from greta_core.ops._rows import row_layout
+    from greta_core.ops.declare import Meta
 
     rms_norm._y_call.clear()  # no ready launch kept from an earlier test: the next call
     # takes the direct launcher (and Triton's path where nothing is captured yet)
-    shape, stride, _ = row_layout(x)
-    dtype, arch = _plan.dtype_name(x.dtype), rms_norm.validate(x, w)
-    plan = rms_norm.plan_fwd(shape, stride, dtype, 1e-6, arch, False)  # raw.rms_norm's: y only
+    arch = rms_norm.validate(x, w)
+    plan = rms_norm.RMS_NORM.plan(arch, Meta.of(x), Meta.of(w), 1e-6, False)  # y only
     return _plan._torch_form(plan).launches[0][4]
 
 

@@ -347,9 +347,13 @@ class _WarmContext:
     """What WarmLaunchers uses of the pipeline's CommitContext, for one environment."""
 
     def __init__(self, python: str) -> None:
+        from types import SimpleNamespace
+
         self.executable = python
         self.lines: list[str] = []
         self.results: dict[str, object] = {}
+        # The build step did not run here: no kernel wheel of this run to vouch for.
+        self.plan = SimpleNamespace(kernel_wheel=SimpleNamespace(arch="gfx942", status="build"))
 
     def log(self, line: str) -> None:
         self.lines.append(line)
@@ -400,11 +404,27 @@ def test_warm_cli_reports_each_wheel_and_never_stamps_a_failure(
 
     import triton
 
-    site = tmp_path / "site"
-    shutil.copytree(wheel_dir, site / wheel_dir.name)
-    # ... with its dist-info: package files without one are not an installed wheel.
-    for info in wheel_dir.parent.glob("greta_kernels_gfx942-*.dist-info"):
-        shutil.copytree(info, site / info.name)
+    from greta_install.environment.wheelfiles import record_digest
+
+    def install(name: str, changes: dict[str, bytes]) -> Path:
+        """The wheel as pip leaves it, with `changes` (package file -> bytes) made as another
+        build would have them: RECORD agrees (greta warm verifies the installed files)."""
+        site = tmp_path / name
+        shutil.copytree(wheel_dir, site / wheel_dir.name)
+        # ... with its dist-info: package files without one are not an installed wheel.
+        for info in wheel_dir.parent.glob("greta_kernels_gfx942-*.dist-info"):
+            shutil.copytree(info, site / info.name)
+            record = site / info.name / "RECORD"
+            rows = record.read_text().splitlines()
+            for rel, data in changes.items():
+                member = f"{wheel_dir.name}/{rel}"
+                (site / member).write_bytes(data)
+                row = f"{member},{record_digest(data)},{len(data)}"
+                rows = [row if r.startswith(f"{member},") else r for r in rows]
+            record.write_text("\n".join(rows) + "\n")
+        return site
+
+    site = install("site", {})
     package = site / wheel_dir.name
     manifest = json.loads((package / "manifest.json").read_text())
 
@@ -424,13 +444,16 @@ def test_warm_cli_reports_each_wheel_and_never_stamps_a_failure(
     assert not host_launchers.is_warm(manifest)  # no stamp for a failed warm
 
     # A wheel for another Triton: its code is not used, so there is nothing to build.
-    other = {**manifest, "triton_version": "0.0.1"}
-    (package / "manifest.json").write_text(json.dumps(other))
-    rc, [row] = _warm_cli(site, tmp_path / "cache2")
+    other = json.dumps({**manifest, "triton_version": "0.0.1"}).encode()
+    rc, [row] = _warm_cli(install("site2", {"manifest.json": other}), tmp_path / "cache2")
     assert rc == 0 and "0.0.1" in row["skipped"] and triton.__version__ in row["skipped"]
 
     # A corrupt launcher description is an error naming the file, not a traceback.
-    (package / "manifest.json").write_text(json.dumps(manifest))
-    (package / host_launchers.SPECS_FILE).write_text('{"x": 1}')
-    rc, [row] = _warm_cli(site, tmp_path / "cache3")
+    corrupt = {host_launchers.SPECS_FILE: b'{"x": 1}'}
+    rc, [row] = _warm_cli(install("site3", corrupt), tmp_path / "cache3")
     assert rc == 1 and "launchers.json" in row["error"] and "corrupt" in row["error"]
+
+    # The same file changed after the install (RECORD not): refused before it is read.
+    (package / host_launchers.SPECS_FILE).write_text('{"x": 1}')
+    rc, [row] = _warm_cli(site, tmp_path / "cache4")
+    assert rc == 1 and row["error"].startswith("not warmed: the installed wheel is refused")

@@ -1,7 +1,7 @@
 """Install transactions that survive kills and neighbours (issue 11, findings 1-5).
 
 Real `greta install` runs (pip and uv) against a local fake index, killed at named points
-of the commit (`GRETA_TEST_CHECKPOINT` makes GRETA announce a point and wait there) or a
+of the commit (a hooks file named by `GRETA_TEST_HOOKS` makes GRETA announce a point and wait there) or a
 moment into the installer. Afterwards the environment must be byte-identical to before
 or exactly the completed install, and after the next `greta` run no journal, backup or
 staging folder may be left. The exhaustive sweeps are `slow`; one case of each kind runs
@@ -28,6 +28,7 @@ from _install_helpers import (
     PY,
     REPO,
     Index,
+    arm_checkpoint,
     copy_venv,
     create_venv,
     make_wheel,
@@ -221,8 +222,8 @@ def kill_at(
     before = state(venv)
     lock = write_lock(tmp_path, ["alpha-pkg", "many-pkg"], "sweep")
     with Index(NEW, {}) as index:
-        wait = "0" if delay is not None else "60"
-        env = env_of(index, tmp_path, GRETA_TEST_CHECKPOINT=point, GRETA_TEST_CHECKPOINT_WAIT=wait)
+        wait = 0 if delay is not None else 60
+        env = env_of(index, tmp_path, **arm_checkpoint(tmp_path, point, wait))
         proc = start(venv, lock, installer, env)
         seen = wait_for(proc, f"greta-checkpoint: {point}")
         if delay:
@@ -312,10 +313,7 @@ def concurrent(
         env = env_of(index, tmp_path)
         a_seen = b_seen = ""
         if delay is None:
-            b_env = env_of(
-                index, tmp_path, GRETA_TEST_CHECKPOINT="installer",
-                GRETA_TEST_CHECKPOINT_WAIT="200", GRETA_TEST_CHECKPOINT_RELEASE=str(release),
-            )  # fmt: skip
+            b_env = env_of(index, tmp_path, **arm_checkpoint(tmp_path, "installer", 200, release))
             b = start(venv, bad, installer, b_env)
             b_seen = wait_for(b, "greta-checkpoint: installer")
             a = start(venv, good, installer, env)

@@ -41,10 +41,11 @@ def test_a_cached_wheel_is_reused_without_building(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRETA_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRETA_HASH_RECORD", str(tmp_path / "hashes.json"))
     monkeypatch.setattr(kb, "triton_fingerprint", lambda python: "f" * 32)
     entry = kb.cache_root() / kb.cache_key("gfx942", "f" * 32, kb.greta_source_hash())
     entry.mkdir(parents=True)
-    filename, data = make_kernel_wheel("gfx942")
+    filename, data = make_kernel_wheel("gfx942", triton_fingerprint="f" * 32)
     (entry / filename).write_bytes(data)
 
     def no_build(*args: object, **kw: object) -> None:

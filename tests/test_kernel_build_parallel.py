@@ -172,6 +172,7 @@ def test_install_relays_progress_and_a_failed_build_caches_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRETA_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRETA_HASH_RECORD", str(tmp_path / "hashes.json"))
     monkeypatch.setattr(kb, "triton_fingerprint", lambda python: "f" * 32)
     python, _ = _fake_python(tmp_path, "fail")
     logged: list[str] = []

@@ -21,8 +21,10 @@ from _kernel_testing import (  # noqa: E402
 
 import greta_core.torch  # noqa: E402, F401
 from greta_core import observe, raw  # noqa: E402
+from greta_core.ops import _plan  # noqa: E402
 from greta_core.ops import layer_norm as ln_ops  # noqa: E402
 from greta_core.ops import rms_norm as rms_ops  # noqa: E402
+from greta_core.ops.declare import Meta  # noqa: E402
 
 # Ragged row lengths, a multi-dim leading shape, and (interpreter-cheap) a looped row.
 SHAPES = [(3, 37), (2, 3, 64), (3, 130)] + ([(64, 8192), (16, 20000)] if ON_GPU else [])
@@ -48,7 +50,9 @@ def test_raw_rms_norm_fwd(shape, dtype) -> None:
     w = torch.randn(shape[-1], device=DEVICE, dtype=dtype)
     x2 = x.reshape(-1, shape[-1])
     y, rstd = poisoned(x2.shape, dtype), poisoned((x2.shape[0],), torch.float32)
-    rms_ops.launch_fwd(x2, w, 1e-6, y, rstd, rms_ops.validate(x, w))
+    # The declared plan with its statistics, into poisoned buffers: every element written.
+    plan = rms_ops.RMS_NORM.plan(rms_ops.validate(x, w), Meta.of(x2), Meta.of(w), 1e-6, True)
+    _plan.run(plan, (x2, w), out=(y, rstd))
     assert_close(y.reshape(shape), _rms_ref(x, w, 1e-6), dtype)
     ref_rstd = torch.rsqrt(x2.double().pow(2).mean(-1) + 1e-6)
     assert_close(rstd, ref_rstd, torch.float32)
@@ -86,7 +90,11 @@ def test_raw_layer_norm_fwd_bwd(shape, dtype, bias) -> None:
     x2 = x.reshape(-1, n)
     y = poisoned(x2.shape, dtype)
     mean, rstd = (poisoned((x2.shape[0],), torch.float32) for _ in range(2))
-    ln_ops.launch_fwd(x2, w, b, 1e-5, y, mean, rstd, ln_ops.validate(x, w, b))
+    bias = None if b is None else Meta.of(b)
+    plan = ln_ops.LAYER_NORM.plan(
+        ln_ops.validate(x, w, b), Meta.of(x2), Meta.of(w), bias, 1e-5, True
+    )
+    _plan.run(plan, (x2, w, b), out=(y, mean, rstd))
     assert_close(y.reshape(shape), _ln_ref(x, w, b, 1e-5), dtype)
     assert_close(mean, x2.double().mean(-1), torch.float32)
     dy = torch.randn(shape, device=DEVICE, dtype=dtype)

@@ -123,12 +123,13 @@ def test_a_cached_wheel_that_fails_the_check_is_rebuilt_not_installed(
     cached wheel with a `.pth` at its root ran at the next Python start; the full install
     refused it and then failed instead of rebuilding."""
     monkeypatch.setenv("GRETA_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRETA_HASH_RECORD", str(tmp_path / "hashes.json"))
     monkeypatch.setattr(kb, "triton_fingerprint", lambda python: "f" * 32)
     entry = kb.cache_root() / kb.cache_key(ARCH, "f" * 32, kb.greta_source_hash())
     entry.mkdir(parents=True)
     name, evil = _variants()[case]
     (entry / name).write_bytes(evil)
-    good_name, good = make_kernel_wheel(ARCH)
+    good_name, good = make_kernel_wheel(ARCH, triton_fingerprint="f" * 32)
 
     def build(argv: list[str], *args: object) -> None:
         out = Path(argv[argv.index("--out") + 1])
@@ -147,6 +148,7 @@ def test_a_fresh_build_that_fails_the_check_is_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRETA_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRETA_HASH_RECORD", str(tmp_path / "hashes.json"))
     monkeypatch.setattr(kb, "triton_fingerprint", lambda python: "f" * 32)
     name, evil = _variants()["root-pth"]
 

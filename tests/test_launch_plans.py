@@ -30,12 +30,19 @@ from greta_core import configs  # noqa: E402
 from greta_core.arch import interpreter_active  # noqa: E402
 from greta_core.ops import _plan, rms_norm  # noqa: E402
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan  # noqa: E402
+from greta_core.ops.declare import Meta  # noqa: E402
+
+
+def _rms_plan(rows: int = 4, arch: str = "sm_90") -> Plan:
+    """rms_norm's memoized plan (its declaration's) for x [rows, 64] fp32, with rstd."""
+    x, w = Meta.contiguous((rows, 64), "float32"), Meta.contiguous((64,), "float32")
+    return rms_norm.RMS_NORM.plan(arch, x, w, 1e-6, True)
 
 
 def test_plan_is_memoized_per_call_signature() -> None:
-    a = rms_norm.plan_fwd((4, 64), 64, "float32", 1e-6, "sm_90")
-    assert rms_norm.plan_fwd((4, 64), 64, "float32", 1e-6, "sm_90") is a
-    assert rms_norm.plan_fwd((8, 64), 64, "float32", 1e-6, "sm_90") is not a
+    a = _rms_plan()
+    assert _rms_plan() is a
+    assert _rms_plan(8) is not a
     (launch,) = a.launches
     assert launch.grid == (4,) and launch.written() == (0, 1)
     assert launch.args[:2] == (In(0), In(1)) and launch.args[-2:] == (Out(0), Out(1))
@@ -46,19 +53,20 @@ def test_plan_is_memoized_per_call_signature() -> None:
 
 def test_plan_follows_a_swapped_config_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     # `greta tune` swaps configs.lookup: a memoized plan must not hide the candidate.
-    shipped = rms_norm.plan_fwd((4, 64), 64, "float32", 1e-6, "sm_90")
+    shipped = _rms_plan()
     real = configs.lookup
     monkeypatch.setattr(
         configs, "lookup", lambda op, arch, f=None: {**real(op, arch, f), "num_warps": 1}
     )
-    swapped = rms_norm.plan_fwd((4, 64), 64, "float32", 1e-6, "sm_90")
+    swapped = _rms_plan()
     assert swapped.launches[0].options["num_warps"] == 1
     monkeypatch.setattr(configs, "lookup", real)
-    assert rms_norm.plan_fwd((4, 64), 64, "float32", 1e-6, "sm_90") is shipped
+    assert _rms_plan() is shipped
 
 
 def test_empty_problem_launches_nothing_and_zeroes_gradients() -> None:
-    plan = rms_norm.plan_bwd((0, 8), 8, 8, "float32", "float32", "cpu")
+    rows, w = Meta.contiguous((0, 8), "float32"), Meta.contiguous((8,), "float32")
+    plan = rms_norm.RMS_NORM_BWD.plan("cpu", rows, rows, w, Meta.contiguous((0,), "float32"))
     assert plan.launches == ()
     dx, dw = _plan.run(plan, [torch.empty(0, 8)] * 3 + [torch.empty(0)])
     assert dx.shape == (0, 8) and torch.equal(dw, torch.zeros(8))
@@ -263,7 +271,7 @@ def test_call_cache_validates_once_per_signature(monkeypatch: pytest.MonkeyPatch
     rms_norm._y_call.clear()
     seen = []
     real = rms_norm.validate
-    monkeypatch.setattr(rms_norm, "validate", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(rms_norm, "validate", lambda *a, **k: seen.append(1) or real(*a, **k))
     x, w = torch.randn(3, 2, 16, device=DEVICE), torch.randn(16, device=DEVICE)
     first = raw.rms_norm(x, w)
     assert torch.equal(raw.rms_norm(x, w), first) and seen == [1]

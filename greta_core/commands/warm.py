@@ -28,10 +28,21 @@ def warm_installed(jobs: int = 0) -> list[dict[str, Any]]:
 
     from greta_core.kernel_wheels import host_launchers
     from greta_core.kernel_wheels.precompiled import installed_wheel_dirs, read_manifest
+    from greta_install.install import kernel_build
 
     rows: list[dict[str, Any]] = []
     for arch, package_dir in installed_wheel_dirs():
         row: dict[str, Any] = {"arch": arch, "package": package_dir.name}
+        # The wheel may have come from `pip install` by hand, past every check: the same
+        # verification and trust on first use as any kernel wheel GRETA installs, before
+        # anything of it is read or compiled.
+        try:
+            kernel_build.trust_installed(
+                package_dir.parent, arch, vouch=False, log=lambda m: print(m, file=sys.stderr)
+            )
+        except kernel_build.KernelWheelRefused as exc:
+            rows.append(row | {"ok": False, "error": f"not warmed: the installed wheel is {exc}"})
+            continue
         manifest = read_manifest(package_dir)
         if manifest is None:
             rows.append(row | {"ok": False, "error": "no readable manifest.json (corrupt wheel?)"})

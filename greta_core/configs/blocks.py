@@ -33,8 +33,8 @@ def row_block(config: Mapping[str, Any], n_cols: int) -> tuple[int, bool]:
     return config["LOOP_BLOCK_N"], False
 
 
-def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
-    """(BLOCK_N, ONE_PASS, launch options) for every block the table can pick: AOT specs."""
+def aot_widths(op: str, arch: str) -> list[int]:
+    """Row widths whose plans pick every block the table can pick (see aot_variants)."""
     from greta_core import configs
 
     config = configs.lookup(op, arch, {})
@@ -46,8 +46,15 @@ def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
         widths.append(block)
         block *= 2
     widths.append(config["MAX_BLOCK_N"] * 2)
+    return widths
+
+
+def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
+    """(BLOCK_N, ONE_PASS, launch options) for every block the table can pick: AOT specs."""
+    from greta_core import configs
+
     out = []
-    for n in widths:
+    for n in aot_widths(op, arch):
         cfg = configs.lookup(op, arch, {"N": n})
         block_n, one_pass = row_block(cfg, n)
         out.append((block_n, one_pass, configs.launch_options(cfg, arch)))

@@ -20,8 +20,9 @@ def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
     return all(str(t.dtype) in op.kernel_dtypes for t in floats) and use_triton()
 
 
-def implementation(op: OpDecl, *args: Any) -> Any:
-    """The forward of `op` on JAX arrays (no autograd): the plan, else the reference."""
+def forward(op: OpDecl, args: tuple[Any, ...], stats: bool = False) -> tuple[Any, ...]:
+    """The outputs of `op` on JAX arrays (no autograd), the statistics too with `stats`:
+    the plan, else the reference."""
     n = op.n_tensors
     tensors = args[:n]
     if _triton_ok(op, tensors):
@@ -29,12 +30,29 @@ def implementation(op: OpDecl, *args: Any) -> Any:
         from greta_core.jax._runtime import jax_arch
 
         metas = [None if t is None else Meta.contiguous(t.shape, t.dtype) for t in tensors]
-        return op.unpack(run(op.plan(jax_arch(), *metas, *args[n:]), tensors))
-    record(op.name, "reference-jnp")
-    return op.reference(*args)
+        # Always the plan with the statistics: the y-only plan hands the kernel y's buffer
+        # for them (its stores off), and jax-triton gives each trailing output a buffer of
+        # its own, so y would come back from the wrong one.
+        outs = tuple(run(op.plan_for(jax_arch(), metas, args[n:], True), tensors))
+    else:
+        record(op.name, "reference-jnp")
+        out = op.reference(*args)
+        outs = tuple(out) if op.n_fwd_outputs > 1 else (out,)
+    return outs if stats else outs[: op.n_outputs]
 
 
-_call = Caller(implementation, lambda a: a)
+def implementation(op: OpDecl, *args: Any) -> Any:
+    """The forward of `op` on JAX arrays (no autograd): the plan, else the reference."""
+    return op.unpack(forward(op, args))
+
+
+def _zeros_like(a: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.zeros_like(a)
+
+
+_call = Caller(implementation, lambda a: a, _zeros_like)
 
 
 @functools.cache
@@ -51,11 +69,10 @@ def _vjp(op: OpDecl) -> Callable[..., Any]:
         return implementation(op, *args)
 
     def fwd(*args: Any) -> tuple[Any, Any]:
-        out = implementation(op, *args)
-        outs = out if op.n_outputs > 1 else (out,)
+        outs = forward(op, args, stats=True)
         saved = op.saved(args, outs)
         tensors = {k: v for k, v in vars(saved).items() if k not in scalars}
-        return out, tensors
+        return op.unpack(outs[: op.n_outputs]), tensors
 
     scalars = {op.args[i].name for i in nondiff}
 

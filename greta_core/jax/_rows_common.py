@@ -1,40 +1,15 @@
-"""Shared by the JAX row ops: input checks and jax-triton launch arguments."""
+"""Shared by the JAX row ops: input checks (one copy, ``ops/_rows.py``) and the Triton rule."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from greta_core.errors import GretaInputError
+from greta_core.ops._rows import TRITON_DTYPE_NAMES as FLOAT_DTYPES
+from greta_core.ops._rows import check_array_float as check_float
+from greta_core.ops._rows import check_array_param as check_param
+from greta_core.ops._rows import check_array_rows as check_rows
 
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def check_float(op: str, name: str, a: Any, reference_ok: bool = True) -> None:
-    allowed = (*FLOAT_DTYPES, "float64") if reference_ok else FLOAT_DTYPES
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise GretaInputError(f"{op}: argument '{name}' must be an array, got {type(a).__name__}")
-    if str(a.dtype) not in allowed:
-        raise GretaInputError(
-            f"{op}: argument '{name}' has dtype {a.dtype}; expected one of: {', '.join(allowed)}"
-        )
-
-
-def check_rows(op: str, name: str, x: Any) -> None:
-    check_float(op, name, x)
-    if x.ndim < 1 or x.shape[-1] == 0:
-        raise GretaInputError(f"{op}: argument '{name}' needs a non-empty last dim, got {x.shape}")
-
-
-def check_param(op: str, name: str, w: Any, x: Any) -> None:
-    check_float(op, name, w)
-    if w.shape != (x.shape[-1],):
-        raise GretaInputError(
-            f"{op}: argument '{name}' has shape {w.shape}; expected ({x.shape[-1]},)"
-        )
-    if str(w.dtype) not in (str(x.dtype), "float32"):
-        raise GretaInputError(
-            f"{op}: argument '{name}' has dtype {w.dtype}; expected {x.dtype} or float32"
-        )
+__all__ = ["FLOAT_DTYPES", "check_float", "check_param", "check_rows", "triton_ok"]
 
 
 def triton_ok(*arrays: Any) -> bool:

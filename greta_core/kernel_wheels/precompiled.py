@@ -112,7 +112,14 @@ def _activate() -> bool:
     if not wheels:
         _say_once("none", "no GRETA kernel wheel installed: Triton compiles kernels on first use")
         return False
+    from greta_install.install.kernel_build import recorded_state
+
     for arch, package_dir in wheels:
+        if recorded_state(package_dir.parent, arch) == "differs":
+            # Verified once (greta warm / greta install recorded its content), changed since.
+            _unused[arch] = "changed since it was verified: run `greta warm` to check it again"
+            _say_once(f"changed:{arch}", "kernel wheel for %s changed since it was verified", arch)
+            continue
         manifest = read_manifest(package_dir)
         if manifest is None:
             _unused[arch] = "no readable manifest.json"

@@ -14,9 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from greta_core.kernels.rms_norm import fwd_variants, rms_norm_bwd_rows, weight_dtypes
-
-DTYPES = ("fp32", "fp16", "bf16")
+from greta_core.kernels.rms_norm import rms_norm_bwd_rows
 
 
 @triton.jit
@@ -95,58 +93,3 @@ def add_rms_norm_bwd_kernel(
         dy_ptr, s_ptr, w_ptr, rstd_ptr, ds_ptr, n_rows, n_cols, stride_dy, n_cols, stride_ds,
         dx_ptr, dw_partial_ptr, BLOCK_N, ONE_PASS, True,
     )  # fmt: skip
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core.configs.blocks import aot_variants
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    for dtype in DTYPES:
-        for wdtype in weight_dtypes(dtype):
-            for variant, constexprs, stat, options in fwd_variants(
-                "add_rms_norm", arch, dtype, "STORE_RSTD"
-            ):
-                specs.append(
-                    AotSpec(
-                        name=f"add_rms_norm_fwd[{dtype},w={wdtype},{variant}]",
-                        kernel=add_rms_norm_fwd_kernel,
-                        signature={
-                            "x_ptr": f"*{dtype}",
-                            "res_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "n_cols": "i32",
-                            "stride_x": "i32",
-                            "stride_r": "i32",
-                            "eps": "fp32",
-                            "y_ptr": f"*{dtype}",
-                            "s_ptr": f"*{dtype}",
-                            "rstd_ptr": stat,
-                        },
-                        constexprs=constexprs,
-                        options=options,
-                    )
-                )
-            for block, one_pass, options in aot_variants("add_rms_norm_bwd", arch):
-                specs.append(
-                    AotSpec(
-                        name=f"add_rms_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
-                        kernel=add_rms_norm_bwd_kernel,
-                        signature={
-                            "dy_ptr": f"*{dtype}",
-                            "ds_ptr": f"*{dtype}",
-                            "s_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "rstd_ptr": "*fp32",
-                            "n_rows": "i32",
-                            "n_cols": "i32",
-                            "stride_dy": "i32",
-                            "stride_ds": "i32",
-                            "dx_ptr": f"*{dtype}",
-                            "dw_partial_ptr": "*fp32",
-                        },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                        options=options,
-                    )
-                )
-    return specs

@@ -13,8 +13,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-DTYPES = ("fp32", "fp16", "bf16")
-
 
 @triton.jit
 def layer_norm_fwd_kernel(
@@ -157,60 +155,3 @@ def layer_norm_bwd_kernel(
                 tl.store(dw_row + cols, part + dy * xhat, mask=mask)
                 part = tl.load(db_row + cols, mask=mask, other=0.0)
                 tl.store(db_row + cols, part + dy, mask=mask)
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core.configs.blocks import aot_variants
-    from greta_core.kernels._aot import AotSpec
-    from greta_core.kernels.rms_norm import fwd_variants, weight_dtypes
-
-    specs = []
-    for dtype in DTYPES:
-        for wdtype in weight_dtypes(dtype):
-            for variant, constexprs, stat, options in fwd_variants(
-                "layer_norm", arch, dtype, "STORE_STATS"
-            ):
-                for has_bias in (True, False):
-                    specs.append(
-                        AotSpec(
-                            name=f"layer_norm_fwd[{dtype},w={wdtype},bias={has_bias},{variant}]",
-                            kernel=layer_norm_fwd_kernel,
-                            signature={
-                                "x_ptr": f"*{dtype}",
-                                "w_ptr": f"*{wdtype}",
-                                "b_ptr": f"*{wdtype}",
-                                "n_cols": "i32",
-                                "stride_x": "i32",
-                                "eps": "fp32",
-                                "y_ptr": f"*{dtype}",
-                                "mean_ptr": stat,
-                                "rstd_ptr": stat,
-                            },
-                            constexprs={**constexprs, "HAS_BIAS": has_bias},
-                            options=options,
-                        )
-                    )
-            for block, one_pass, options in aot_variants("layer_norm_bwd", arch):
-                specs.append(
-                    AotSpec(
-                        name=f"layer_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
-                        kernel=layer_norm_bwd_kernel,
-                        signature={
-                            "dy_ptr": f"*{dtype}",
-                            "x_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "mean_ptr": "*fp32",
-                            "rstd_ptr": "*fp32",
-                            "n_rows": "i32",
-                            "n_cols": "i32",
-                            "stride_dy": "i32",
-                            "stride_x": "i32",
-                            "dx_ptr": f"*{dtype}",
-                            "dw_partial_ptr": "*fp32",
-                            "db_partial_ptr": "*fp32",
-                        },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                        options=options,
-                    )
-                )
-    return specs

@@ -9,13 +9,8 @@ one fp32 partial row of dweight per program; ``col_sum`` adds the partials.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import triton
 import triton.language as tl
-
-DTYPES = ("fp32", "fp16", "bf16")
 
 
 @triton.jit
@@ -156,74 +151,3 @@ def rms_norm_bwd_kernel(
         dy_ptr, x_ptr, w_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
         dx_ptr, dw_partial_ptr, BLOCK_N, ONE_PASS, False,
     )  # fmt: skip
-
-
-def weight_dtypes(dtype: str) -> tuple[str, ...]:
-    """Weight may match x or be fp32 (mixed-precision models keep fp32 norm weights)."""
-    return (dtype,) if dtype == "fp32" else (dtype, "fp32")
-
-
-def fwd_variants(
-    op: str, arch: str, dtype: str, store_flag: str
-) -> Iterator[tuple[str, dict[str, Any], str, dict[str, Any]]]:
-    """(name part, constexprs, saved statistics' pointer type, options) for the AOT specs of
-    a norm's forward: every block the table can pick, with and without the stores of the
-    statistics its backward reads (constexpr `store_flag`; without them the plan passes y's
-    pointer for the statistics)."""
-    from greta_core.configs.blocks import aot_variants
-
-    for block, one_pass, options in aot_variants(op, arch):
-        for store, stat in ((True, "*fp32"), (False, f"*{dtype}")):
-            name = f"BLOCK_N={block},one_pass={one_pass},{store_flag.lower()}={store}"
-            yield name, {"BLOCK_N": block, "ONE_PASS": one_pass, store_flag: store}, stat, options
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core.configs.blocks import aot_variants
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    for dtype in DTYPES:
-        for wdtype in weight_dtypes(dtype):
-            for variant, constexprs, stat, options in fwd_variants(
-                "rms_norm", arch, dtype, "STORE_RSTD"
-            ):
-                specs.append(
-                    AotSpec(
-                        name=f"rms_norm_fwd[{dtype},w={wdtype},{variant}]",
-                        kernel=rms_norm_fwd_kernel,
-                        signature={
-                            "x_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "n_cols": "i32",
-                            "stride_x": "i32",
-                            "eps": "fp32",
-                            "y_ptr": f"*{dtype}",
-                            "rstd_ptr": stat,
-                        },
-                        constexprs=constexprs,
-                        options=options,
-                    )
-                )
-            for block, one_pass, options in aot_variants("rms_norm_bwd", arch):
-                specs.append(
-                    AotSpec(
-                        name=f"rms_norm_bwd[{dtype},w={wdtype},BLOCK_N={block},one_pass={one_pass}]",
-                        kernel=rms_norm_bwd_kernel,
-                        signature={
-                            "dy_ptr": f"*{dtype}",
-                            "x_ptr": f"*{dtype}",
-                            "w_ptr": f"*{wdtype}",
-                            "rstd_ptr": "*fp32",
-                            "n_rows": "i32",
-                            "n_cols": "i32",
-                            "stride_dy": "i32",
-                            "stride_x": "i32",
-                            "dx_ptr": f"*{dtype}",
-                            "dw_partial_ptr": "*fp32",
-                        },
-                        constexprs={"BLOCK_N": block, "ONE_PASS": one_pass},
-                        options=options,
-                    )
-                )
-    return specs

@@ -371,6 +371,8 @@ def _like(
     a contiguous input of the buffer's shape and dtype. The signature key fixes shapes,
     dtypes and strides, so what holds for this call holds for every call of the launch."""
     for tensor, position in zip(inputs, positions, strict=True):
+        if tensor is None:  # an absent optional tensor
+            continue
         if tuple(tensor.shape) == shape and tensor.dtype == dtype and tensor.is_contiguous():
             return position
     return None

@@ -168,3 +168,71 @@ def norm_bwd_plan(
         *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
     )
     return Plan(op, arch, buffers, (bwd, *sums) if n_rows else (), (0, *(g.index for g in grads)))
+
+
+# --- what the declared norms share (greta_core.ops.declare) -------------------------------
+
+
+def unflattened(*metas: Any) -> tuple[int, ...]:
+    """Positions among `metas` (:class:`~greta_core.ops.declare.Meta`) of the [..., N]
+    tensors that cannot be seen as [rows, N] without a copy: a declaration's ``copies``."""
+    return tuple(i for i, m in enumerate(metas) if row_stride(m.shape, m.strides) is None)
+
+
+def rows_stride(m: Any) -> int:
+    """The row stride of a [..., N] Meta that flattens (``unflattened`` copied the others)."""
+    stride = row_stride(m.shape, m.strides)
+    return m.shape[-1] if stride is None else stride
+
+
+def row_stats(stats: bool, n_rows: int, count: int) -> tuple[Buffer, ...]:
+    """A norm forward's saved statistics: `count` fp32 [rows] buffers, or none when no
+    backward follows (the plan then skips their stores)."""
+    return (Buffer((n_rows,), "float32"),) * count if stats else ()
+
+
+# --- JAX arrays' checks of the row ops (torch tensors: the validate functions) -------------
+
+
+def check_array_float(op: str, name: str, a: Any, reference_ok: bool = True) -> None:
+    allowed = (*TRITON_DTYPE_NAMES, "float64") if reference_ok else TRITON_DTYPE_NAMES
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise GretaInputError(f"{op}: argument '{name}' must be an array, got {type(a).__name__}")
+    if str(a.dtype) not in allowed:
+        raise GretaInputError(
+            f"{op}: argument '{name}' has dtype {a.dtype}; expected one of: {', '.join(allowed)}"
+        )
+
+
+def check_array_rows(op: str, name: str, x: Any) -> None:
+    check_array_float(op, name, x)
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise GretaInputError(f"{op}: argument '{name}' needs a non-empty last dim, got {x.shape}")
+
+
+def check_array_param(op: str, name: str, w: Any, x: Any) -> None:
+    check_array_float(op, name, w)
+    if w.shape != (x.shape[-1],):
+        raise GretaInputError(
+            f"{op}: argument '{name}' has shape {w.shape}; expected ({x.shape[-1]},)"
+        )
+    if str(w.dtype) not in (str(x.dtype), "float32"):
+        raise GretaInputError(
+            f"{op}: argument '{name}' has dtype {w.dtype}; expected {x.dtype} or float32"
+        )
+
+
+def aot_norm_grid(op: str, arch: str) -> list[tuple[Any, Any, Any]]:
+    """(x [rows, N], weight [N], a statistic fp32 [rows]) Metas for a norm's AOT cases:
+    every width whose plan picks a block the table can pick (``aot_widths``), every kernel
+    dtype, weights in x's dtype or fp32."""
+    from greta_core.configs.blocks import aot_widths
+    from greta_core.ops.declare import Meta
+
+    stat = Meta.contiguous((4,), "float32")
+    return [
+        (Meta.contiguous((4, n), dtype), Meta.contiguous((n,), wdtype), stat)
+        for n in aot_widths(op, arch)
+        for dtype in TRITON_DTYPE_NAMES
+        for wdtype in sorted({dtype, "float32"})
+    ]

@@ -1,56 +1,41 @@
-"""add_rms_norm: validation and the launch plans that the raw API, torch.ops.greta and JAX
-run. ``(y, s) = (rms_norm(x + residual) * weight, x + residual)``: the residual add of a
-pre-norm transformer fused into the next norm."""
+"""add_rms_norm: ``(y, s) = (rms_norm(x + residual) * weight, x + residual)``, the residual
+add of a pre-norm transformer fused into the next norm. The declarations of
+greta::add_rms_norm (its forward greta::add_rms_norm_fwd also returns the fp32 rstd per row)
+and of its backward's kernel op greta::add_rms_norm_bwd."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from greta_core import reference
 from greta_core.errors import GretaInputError
-from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel, add_rms_norm_fwd_kernel
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import forward_calls
-from greta_core.ops._plan import (
-    Buffer,
-    In,
-    Launch,
-    Out,
-    Plan,
-    Wrap,
-    dtype_name,
-    memo,
-    run,
-)
-from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import (
+    aot_norm_grid,
     arch_for,
     bwd_programs,
+    check_array_param,
+    check_array_rows,
     check_rows_input,
     check_vector,
     col_sum_launch,
     param_dtypes,
     row_plan,
-    row_stride,
-    rows_view,
+    row_stats,
+    rows_stride,
+    unflattened,
 )
-from greta_core.ops._validate import (
-    check_same_device,
-    check_same_shape,
-    check_tensor,
-)
+from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
+from greta_core.ops.declare import Backward, Meta, OpDecl, declare
+from greta_core.ops.rms_norm import check_stats
 
 OP = "add_rms_norm"
 _interp_compat.apply()
 
 
-def _stat_dtypes(reference: bool) -> tuple[Any, ...]:
-    import torch
-
-    return (torch.float32, torch.float64) if reference else (torch.float32,)
-
-
-def validate(x: Any, residual: Any, weight: Any, reference: bool = False) -> str:
+def validate(x: Any, residual: Any, weight: Any, eps: float = 1e-6, reference: bool = False) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_rows_input(OP, "residual", residual, reference)
@@ -70,108 +55,108 @@ def validate_bwd(dy: Any, ds: Any, s: Any, weight: Any, rstd: Any, reference: bo
         check_rows_input(OP, name, t, reference)
         check_tensor(OP, name, t, dtypes=(s.dtype,))
     check_same_shape(OP, dy=dy, ds=ds, s=s)
-    check_tensor(OP, "rstd", rstd, dtypes=_stat_dtypes(reference), contiguous=True)
-    if rstd.numel() != s.numel() // s.shape[-1]:
-        raise GretaInputError(
-            f"{OP}: argument 'rstd' has {rstd.numel()} elements; expected one per row "
-            f"({s.numel() // s.shape[-1]})"
-        )
+    check_stats(OP, s, reference, rstd=rstd)
     check_same_device(OP, dy=dy, ds=ds, s=s, weight=weight, rstd=rstd)
     return arch_for(OP, s, reference)
 
 
-@memo
-def plan_fwd(
-    shape: tuple[int, ...], stride_x: int, stride_r: int, dtype: str, eps: float, arch: str,
-    stats: bool = True,
-) -> Plan:  # fmt: skip
-    """Inputs (x2, residual2 [rows, N], weight); buffers: y, s (x's shape), rstd fp32 [rows]
-    (with `stats`: the backward needs it; a call no backward follows skips it and its store)."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+def check_arrays(x: Any, residual: Any, weight: Any, eps: float) -> None:
+    check_array_rows(OP, "x", x)
+    check_array_rows(OP, "residual", residual)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise GretaInputError(
+            f"add_rms_norm: argument 'residual' {residual.shape} {residual.dtype} must match "
+            f"'x' {x.shape} {x.dtype}"
+        )
+    check_array_param(OP, "weight", weight, x)
+
+
+# --- launch plans: (x, residual [..., N], weight) and (dy, ds, s, weight, rstd) -----------
+
+
+def plan_fwd(arch: str, x: Meta, residual: Meta, weight: Meta, eps: float, stats: bool) -> Plan:
+    """Buffers: y, s (x's shape), with `stats` rstd fp32 [rows]."""
+    from greta_core.kernels.add_rms_norm import add_rms_norm_fwd_kernel
+
+    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
     rp = row_plan(OP, arch, n_cols)
     launch = Launch(
         add_rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2), n_cols, stride_x, stride_r, eps, Out(0), Out(1),
+        (In(0), In(1), In(2), n_cols, rows_stride(x), rows_stride(residual), eps, Out(0), Out(1),
          Out(2 if stats else 0)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats}, rp.options,
     )  # fmt: skip
-    buffers = (Buffer(shape, dtype), Buffer(shape, dtype))
-    if stats:
-        buffers += (Buffer((n_rows,), "float32"),)
+    buffers = (Buffer(x.shape, x.dtype), Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 1))
     return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
-@memo
-def plan_bwd(
-    shape: tuple[int, ...], stride_dy: int, stride_ds: int, dtype: str, w_dtype: str, arch: str
-) -> Plan:
-    """Inputs (dy2, ds2, s2, weight, rstd); buffers: dx, fp32 dweight partials (scratch),
-    dweight [N]."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+def plan_bwd(arch: str, dy: Meta, ds: Meta, s: Meta, weight: Meta, rstd: Meta) -> Plan:
+    """Buffers: dx (also the residual's gradient), fp32 dweight partials (scratch), dweight."""
+    from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel
+
+    n_rows, n_cols = math.prod(s.shape[:-1]), s.shape[-1]
     rp = row_plan("add_rms_norm_bwd", arch, n_cols)
     programs = bwd_programs(arch, "add_rms_norm_bwd", n_rows, n_cols)
     bwd = Launch(
         add_rms_norm_bwd_kernel, (programs,),
-        (In(0), In(1), In(2), In(3), In(4), n_rows, n_cols, stride_dy, stride_ds, Out(0), Out(1)),
+        (In(0), In(1), In(2), In(3), In(4), n_rows, n_cols, rows_stride(dy), rows_stride(ds),
+         Out(0), Out(1)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
     )  # fmt: skip
     buffers = (
-        Buffer(shape, dtype),
+        Buffer(s.shape, s.dtype),
         Buffer((programs, n_cols), "float32"),
-        Buffer((n_cols,), w_dtype, zeroed=n_rows == 0),  # no rows: a zero gradient
+        Buffer((n_cols,), weight.dtype, zeroed=n_rows == 0),  # no rows: a zero gradient
     )
     launches = (bwd, col_sum_launch(arch, Out(1), programs, n_cols, Out(2))) if n_rows else ()
     return Plan("add_rms_norm_bwd", arch, buffers, launches, (0, 2))
 
 
-# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+# --- the declarations -------------------------------------------------------------------
 
 
-def _resolve_fwd(
-    x: Any, residual: Any, weight: Any, eps: float, stats: bool
-) -> tuple[Plan, bool, bool]:
-    """(plan, whether x / residual must be copied to be seen as [rows, N]) for one call
-    signature."""
-    arch = validate(x, residual, weight)
-    shape = tuple(x.shape)
-    sx = row_stride(shape, tuple(x.stride()))
-    sr = row_stride(shape, tuple(residual.stride()))
-    n = shape[-1]
-    plan = plan_fwd(
-        shape, n if sx is None else sx, n if sr is None else sr, dtype_name(x.dtype), eps, arch,
-        stats,
-    )  # fmt: skip
-    return plan, sx is None, sr is None
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    dy, ds = (call.dense(g, saved.out1) for g in grads)
+    dx, dw = call(ADD_RMS_NORM_BWD, dy, ds, saved.out1, saved.weight, saved.rstd)
+    return dx, dx, dw, None
 
 
-def _given_inputs(resolved: tuple[Plan, bool, bool]) -> tuple[Plan, tuple[int, ...]] | None:
-    plan, copy_x, copy_r = resolved
-    return None if copy_x or copy_r else (plan, (0, 1, 2))
+ADD_RMS_NORM_BWD = declare(OpDecl(
+    name="add_rms_norm_bwd",
+    schema="Tensor dy, Tensor ds, Tensor s, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
+    describe="the add_rms_norm backward: (dx, dweight); dx is the residual's gradient too",
+    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
+    plan=plan_bwd,
+    reference=reference.add_rms_norm_bwd,
+    copies=lambda dy, ds, *_: unflattened(dy, ds),
+    front=False,
+    aot_cases=lambda arch: [
+        (x, x, x, w, stat) for x, w, stat in aot_norm_grid("add_rms_norm_bwd", arch)
+    ],
+))  # fmt: skip
+
+ADD_RMS_NORM = declare(OpDecl(
+    name="add_rms_norm",
+    schema="Tensor x, Tensor residual, Tensor weight, float eps=1e-06 -> (Tensor, Tensor)",
+    describe="(RMSNorm(x + residual) * weight, x + residual) over the last dim",
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan_fwd,
+    reference=reference.add_rms_norm_fwd,
+    backward=Backward(_grads, saves=("weight", "rstd"), saves_outputs=(1,)),
+    check_arrays=check_arrays,
+    stats=("rstd",),
+    copies=lambda x, residual, _w: unflattened(x, residual),
+    fwd_defaults=False,
+    aot_cases=lambda arch: [
+        (x, x, w, 1e-6, stats) for x, w, _ in aot_norm_grid(OP, arch) for stats in (True, False)
+    ],
+))  # fmt: skip
+
+# The call caches the torch fronts take (y and s only: no backward follows) and tests reach.
+_fwd_call, _y_call = ADD_RMS_NORM.call_stats, ADD_RMS_NORM.call
 
 
-def _inputs(
-    resolved: tuple[Plan, bool, bool], args: tuple[Any, ...]
-) -> tuple[Plan, tuple[Any, ...]]:
-    (plan, copy_x, copy_r), (x, residual, weight, _) = resolved, args
-    return plan, (
-        rows_view(x) if copy_x else x,
-        rows_view(residual) if copy_r else residual,
-        weight,
-    )
-
-
-# y and s only (_y_call): the raw API and torch.ops.greta's no-grad path (see ops/_calls.py).
-_fwd_call, _y_call = forward_calls(_resolve_fwd, 3, _given_inputs, _inputs)
-
-
-def add_rms_norm_fwd(
-    x: Any, residual: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap
-) -> tuple[Any, Any, Any]:
-    """(y, s, rstd): s = x + residual, y = s * rstd * weight; rstd fp32 [rows].
-
-    Raises GretaInputError for a wrong shape, dtype, device or layout.
-    """
-    return _fwd_call.run(wrap, x, residual, weight, float(eps))
+# --- the raw API (torch tensors, no autograd) ----------------------------------------------
 
 
 def add_rms_norm(x: Any, residual: Any, weight: Any, eps: float = 1e-6) -> tuple[Any, Any]:
@@ -179,8 +164,17 @@ def add_rms_norm(x: Any, residual: Any, weight: Any, eps: float = 1e-6) -> tuple
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    y, s = _y_call.run(_no_wrap, x, residual, weight, float(eps))  # no rstd in this plan
-    return y, s
+    return ADD_RMS_NORM.raw(x, residual, weight, eps)
+
+
+def add_rms_norm_fwd(
+    x: Any, residual: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _identity
+) -> tuple[Any, Any, Any]:
+    """(y, s, rstd): s = x + residual, y = s * rstd * weight; rstd fp32 [rows].
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    return ADD_RMS_NORM.raw_fwd(x, residual, weight, eps, wrap=wrap)
 
 
 def add_rms_norm_if_eager(
@@ -188,20 +182,14 @@ def add_rms_norm_if_eager(
 ) -> tuple[Any, Any] | None:
     """:func:`add_rms_norm` for a call :func:`~greta_core.ops._calls.eager_raw` allows (the
     torch.ops front's hot path), else None: the caller then takes its torch op."""
-    return _y_call.if_eager(x, residual, weight, float(eps))  # (y, s): no rstd in this plan
+    return _y_call.if_eager(x, residual, weight, float(eps))
 
 
 def add_rms_norm_bwd(
-    dy: Any, ds: Any, s: Any, weight: Any, rstd: Any, wrap: Wrap = _no_wrap
+    dy: Any, ds: Any, s: Any, weight: Any, rstd: Any, wrap: Wrap = _identity
 ) -> tuple[Any, Any]:
     """(dx, dweight) for dy = dL/dy, ds = dL/ds; dx is also the residual's gradient.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate_bwd(dy, ds, s, weight, rstd)
-    dy2, ds2 = rows_view(dy), rows_view(ds)
-    plan = plan_bwd(
-        tuple(s.shape), dy2.stride(0), ds2.stride(0),
-        dtype_name(s.dtype), dtype_name(weight.dtype), arch,
-    )  # fmt: skip
-    return run(plan, (dy2, ds2, rows_view(s), weight, rstd), wrap=wrap)
+    return ADD_RMS_NORM_BWD.raw(dy, ds, s, weight, rstd, wrap=wrap)

@@ -23,6 +23,7 @@ See docs/en/architecture.md ("How to add an op").
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import types
 from collections.abc import Callable, Iterable
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from greta_core.errors import GretaConfigError, GretaInputError
-from greta_core.ops._calls import ForwardCall, tensors_as_given
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import In, Out, Plan, Wrap, _identity, dtype_name, memo
 
 
@@ -95,27 +96,44 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int"
 class Caller:
     """What a declared backward gets as `call`: ``call(op, *args)`` runs a declared op in
     the binding that differentiates; ``call.contiguous(t)`` is a dense copy of a strided
-    gradient where a kernel needs one (torch's ``.contiguous()``; JAX arrays already are)."""
+    gradient where a kernel needs one (torch's ``.contiguous()``; JAX arrays already are);
+    ``call.dense(t, like)`` is that, or zeros like `like` for an output that got no
+    gradient (torch passes None; JAX always passes zeros)."""
 
-    __slots__ = ("_run", "contiguous")
+    __slots__ = ("_run", "_zeros_like", "contiguous")
 
-    def __init__(self, run: Callable[..., Any], contiguous: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        contiguous: Callable[[Any], Any],
+        zeros_like: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._run = run
         self.contiguous = contiguous
+        self._zeros_like = zeros_like
 
     def __call__(self, op: OpDecl, *args: Any) -> Any:
         return self._run(op, *args)
+
+    def dense(self, t: Any, like: Any) -> Any:
+        if t is None:
+            if self._zeros_like is None:
+                raise GretaConfigError("this binding passes no None gradient")
+            return self._zeros_like(like)
+        return self.contiguous(t)
 
 
 @dataclass(frozen=True)
 class Backward:
     """How the op differentiates.
 
-    `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument.
+    `grads(call, grad_outputs, saved)` returns one gradient (or None) per forward argument;
+    `grad_outputs` has one gradient per output of the schema (statistics get none).
     `call` (a :class:`Caller`) runs declared ops in the binding that is differentiating (the
     torch op, the raw launch, the JAX implementation), so the backward is written once. `saved`
-    has the tensors named in `saves`, every non-tensor argument, and the forward's outputs
-    listed in `saves_outputs` as ``out0``, ``out1``...
+    has the arguments and statistics (:attr:`OpDecl.stats`) named in `saves`, every
+    non-tensor argument, and the forward's outputs listed in `saves_outputs` as ``out0``,
+    ``out1``...
     """
 
     grads: Callable[[Caller, tuple[Any, ...], Any], tuple[Any, ...]]
@@ -139,15 +157,30 @@ class OpDecl:
     backward: Backward | None = None
     # JAX arrays' checks (torch tensors go through `validate`); None: no extra checks.
     check_arrays: Callable[..., None] | None = None
-    # arch -> the (Metas..., scalars...) cases a kernel wheel precompiles.
+    # arch -> the (Metas..., scalars...) cases a kernel wheel precompiles (None for an absent
+    # optional tensor; with `stats`, each case ends with the plan's `stats` flag).
     aot_cases: Callable[[str], Iterable[tuple[Any, ...]]] | None = None
     kernel_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     uses_matrix_units: bool = False
     describe: str = ""  # one line for GretaCompute and reports
+    # Saved statistics (a norm's rstd): outputs of greta::<name>_fwd after the schema's,
+    # which the public op drops and the backward reads. With stats, `plan` takes a trailing
+    # flag `stats`: False plans neither their buffers nor their stores (a call no backward
+    # follows: the raw API, the no-grad front, the JAX primal).
+    stats: tuple[str, ...] = ()
+    # (*tensor Metas) -> positions of the tensor arguments the kernels cannot take as given
+    # (rows that do not flatten): those are passed as dense copies, planned as contiguous.
+    copies: Callable[..., Iterable[int]] | None = None
+    # False: greta::<name> is the triton_op itself, with no autograd and no front (a
+    # backward's kernel op, such as greta::rms_norm_bwd).
+    front: bool = True
+    # Whether greta::<name>_fwd's schema keeps the declared defaults.
+    fwd_defaults: bool = True
     args: tuple[Arg, ...] = field(init=False)
     n_outputs: int = field(init=False)
     n_tensors: int = field(init=False)
-    call: ForwardCall = field(init=False)
+    call: ForwardCall = field(init=False)  # the schema's outputs (no statistics)
+    call_stats: ForwardCall = field(init=False)  # with the statistics (a backward follows)
 
     def __post_init__(self) -> None:
         self.args, self.n_outputs = parse_schema(self.schema)
@@ -156,16 +189,50 @@ class OpDecl:
             raise GretaConfigError(f"{self.name}: tensor arguments come first in the schema")
         self.plan = memo(self.plan)
         # Validation and planning once per call signature (ops/_calls.py): the plan takes
-        # the call's tensors as given, so every signature may get a ready launch.
-        self.call = ForwardCall(self._resolve, self.n_tensors, *tensors_as_given(self.n_tensors))
+        # the call's tensors as given (unless `copies` says otherwise for one signature),
+        # so every such signature may get a ready launch.
+        positions = tuple(range(self.n_tensors))
+
+        def plan_inputs(resolved: tuple[Plan, tuple[int, ...]]) -> Any:
+            plan, copied = resolved
+            return None if copied else (plan, positions)
+
+        def inputs(resolved: tuple[Plan, tuple[int, ...]], args: tuple[Any, ...]) -> Any:
+            plan, copied = resolved
+            tensors = list(args[: self.n_tensors])
+            for i in copied:
+                tensors[i] = tensors[i].contiguous()
+            return plan, tuple(tensors)
+
+        calls = [
+            ForwardCall(
+                functools.partial(self._resolve, stats=stats), self.n_tensors, plan_inputs, inputs
+            )
+            for stats in ((False, True) if self.stats else (None,))
+        ]
+        self.call, self.call_stats = calls[0], calls[-1]
+
+    @property
+    def n_fwd_outputs(self) -> int:
+        """Outputs of greta::<name>_fwd: the schema's, then the statistics."""
+        return self.n_outputs + len(self.stats)
+
+    def plan_for(
+        self, arch: str, metas: Iterable[Meta | None], scalars: Iterable[Any], stats: bool = False
+    ) -> Plan:
+        """The plan of one call: `stats` plans the statistics too (ops that have them)."""
+        return self.plan(arch, *metas, *scalars, *((stats,) if self.stats else ()))
 
     # --- the raw launch ---------------------------------------------------------------
 
-    def _resolve(self, *args: Any) -> Plan:
+    def _resolve(self, *args: Any, stats: bool | None = None) -> tuple[Plan, tuple[int, ...]]:
         arch = self.validate(*args)
         n = self.n_tensors
         metas = [None if t is None else Meta.of(t) for t in args[:n]]
-        return self.plan(arch, *metas, *args[n:])
+        copied = tuple(self.copies(*metas)) if self.copies is not None else ()
+        for i in copied:
+            metas[i] = Meta.contiguous(metas[i].shape, metas[i].dtype)  # type: ignore[union-attr]
+        return self.plan_for(arch, metas, args[n:], bool(stats)), copied
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The full positional argument tuple: defaults filled, scalars converted."""
@@ -192,15 +259,25 @@ class OpDecl:
         autograd. Raises GretaInputError for a wrong shape, dtype, device or layout."""
         return self.unpack(self.call.run(wrap, *self.bind(args, kwargs)))
 
+    def raw_fwd(self, *args: Any, wrap: Wrap = _identity, **kwargs: Any) -> tuple[Any, ...]:
+        """:meth:`raw` with the statistics: every output of greta::<name>_fwd, as a tuple."""
+        return self.call_stats.run(wrap, *self.bind(args, kwargs))
+
     def unpack(self, outs: tuple[Any, ...]) -> Any:
         return outs[0] if self.n_outputs == 1 else outs
 
+    def unpack_fwd(self, outs: tuple[Any, ...]) -> Any:
+        return outs[0] if self.n_fwd_outputs == 1 else tuple(outs)
+
     def saved(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> types.SimpleNamespace:
-        """What the backward reads (see :class:`Backward`), by name."""
+        """What the backward reads (see :class:`Backward`), by name. `outputs`: every
+        output of the forward, statistics included."""
         assert self.backward is not None
         values = {a.name: v for a, v in zip(self.args, args, strict=True) if not a.is_tensor}
         names = {a.name: i for i, a in enumerate(self.args)}
-        values.update({n: args[names[n]] for n in self.backward.saves})
+        stats = {s: self.n_outputs + i for i, s in enumerate(self.stats)}
+        for n in self.backward.saves:
+            values[n] = outputs[stats[n]] if n in stats else args[names[n]]
         values.update({f"out{i}": outputs[i] for i in self.backward.saves_outputs})
         return types.SimpleNamespace(**values)
 
@@ -252,7 +329,7 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
 
     specs: dict[tuple[Any, ...], Any] = {}
     for case in op.aot_cases(arch) if op.aot_cases else ():
-        metas = tuple(c for c in case if isinstance(c, Meta))
+        metas = tuple(case[: op.n_tensors])  # None for an absent optional tensor
         plan = op.plan(arch, *case)
         for launch in plan.launches:
             signature = launch_signature(plan, launch, metas)

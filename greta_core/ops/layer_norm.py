@@ -1,38 +1,40 @@
-"""layer_norm: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+"""LayerNorm over the last dim: the declarations of greta::layer_norm (its forward
+greta::layer_norm_fwd also returns the fp32 mean and rstd per row the backward reads) and of
+its backward's kernel op greta::layer_norm_bwd."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from greta_core.kernels.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+from greta_core import reference
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import forward_calls
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
-from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import (
+    aot_norm_grid,
     arch_for,
+    check_array_param,
+    check_array_rows,
     check_rows_input,
     check_vector,
     norm_bwd_plan,
     param_dtypes,
-    row_layout,
     row_plan,
-    rows_view,
-    stat_dtypes,
+    row_stats,
+    rows_stride,
+    unflattened,
 )
-from greta_core.ops._validate import (
-    GretaInputError,
-    check_same_device,
-    check_same_shape,
-    check_tensor,
-)
+from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
+from greta_core.ops.declare import Backward, Meta, OpDecl, declare
+from greta_core.ops.rms_norm import check_stats
 
 OP = "layer_norm"
 _interp_compat.apply()
 
 
-def validate(x: Any, weight: Any, bias: Any | None, reference: bool = False) -> str:
+def validate(
+    x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, reference: bool = False
+) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
@@ -51,109 +53,102 @@ def validate_bwd(
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
-    rows = x.numel() // x.shape[-1]
-    for name, t in (("mean", mean), ("rstd", rstd)):
-        check_tensor(OP, name, t, dtypes=stat_dtypes(reference), contiguous=True)
-        if t.numel() != rows:
-            raise GretaInputError(
-                f"{OP}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"
-            )
+    check_stats(OP, x, reference, mean=mean, rstd=rstd)
     check_same_device(OP, dy=dy, x=x, mean=mean, rstd=rstd)
     return arch_for(OP, x, reference)
 
 
-# --- launch plans: inputs (x2 [rows, N], weight, bias) and (dy2, x2, weight, mean, rstd) --
+def check_arrays(x: Any, weight: Any, bias: Any | None, eps: float) -> None:
+    check_array_rows(OP, "x", x)
+    check_array_param(OP, "weight", weight, x)
+    if bias is not None:
+        check_array_param(OP, "bias", bias, x)
 
 
-@memo
-def plan_fwd(
-    shape: tuple[int, ...], stride_x: int, dtype: str, has_bias: bool, eps: float, arch: str,
-    stats: bool = True,
-) -> Plan:  # fmt: skip
-    """Buffers: y (x's shape and dtype), mean and rstd fp32 [rows] (with `stats`: the
-    backward needs them; a call no backward follows skips the buffers and the stores).
-    Without a bias the kernel gets the weight in its place (never read: HAS_BIAS is False)."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+# --- launch plans: (x [..., N], weight, bias or None) and (dy, x, weight, mean, rstd) -----
+
+
+def plan_fwd(arch: str, x: Meta, weight: Meta, bias: Meta | None, eps: float, stats: bool) -> Plan:
+    """Buffers: y (x's shape and dtype), with `stats` mean and rstd fp32 [rows]. Without a
+    bias the kernel gets the weight in its place (never read: HAS_BIAS is False)."""
+    from greta_core.kernels.layer_norm import layer_norm_fwd_kernel
+
+    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
     rp = row_plan(OP, arch, n_cols)
+    has_bias = bias is not None
     mean, rstd = (Out(1), Out(2)) if stats else (Out(0), Out(0))
     launch = Launch(
         layer_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2 if has_bias else 1), n_cols, stride_x, eps, Out(0), mean, rstd),
+        (In(0), In(1), In(2 if has_bias else 1), n_cols, rows_stride(x), eps, Out(0), mean, rstd),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "HAS_BIAS": has_bias,
          "STORE_STATS": stats},
         rp.options,
     )  # fmt: skip
-    buffers = (Buffer(shape, dtype),)
-    if stats:
-        buffers += (Buffer((n_rows,), "float32"),) * 2
+    buffers = (Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 2))
     return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
-@memo
-def plan_bwd(
-    shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
-) -> Plan:
-    """Inputs (dy2, x2, weight, mean, rstd); buffers: dx, fp32 partials, dweight, dbias."""
+def plan_bwd(arch: str, dy: Meta, x: Meta, weight: Meta, mean: Meta, rstd: Meta) -> Plan:
+    """Buffers: dx, fp32 partials, dweight, dbias (weight dtype); deterministic."""
+    from greta_core.kernels.layer_norm import layer_norm_bwd_kernel
+
     return norm_bwd_plan(
-        "layer_norm_bwd", layer_norm_bwd_kernel, 5, 2, shape, stride_dy, stride_x, dtype,
-        w_dtype, arch,
+        "layer_norm_bwd", layer_norm_bwd_kernel, 5, 2, x.shape, rows_stride(dy), rows_stride(x),
+        x.dtype, weight.dtype, arch,
     )  # fmt: skip
 
 
-# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+# --- the declarations -------------------------------------------------------------------
 
 
-def _inputs(x2: Any, weight: Any, bias: Any | None) -> tuple[Any, ...]:
-    return (x2, weight) if bias is None else (x2, weight, bias)
-
-
-def launch_fwd(
-    x2: Any, weight: Any, bias: Any | None, eps: float, y2: Any, mean: Any, rstd: Any,
-    arch: str, wrap: Wrap = _no_wrap,
-) -> None:  # fmt: skip
-    """Run the forward into preallocated y2 [rows, N], mean and rstd fp32 [rows]."""
-    plan = plan_fwd(
-        tuple(x2.shape), x2.stride(0), dtype_name(x2.dtype), bias is not None, float(eps), arch
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    (dy,) = grads
+    dx, dw, db = call(
+        LAYER_NORM_BWD, call.contiguous(dy), saved.x, saved.weight, saved.mean, saved.rstd
     )
-    run(plan, _inputs(x2, weight, bias), out=(y2, mean, rstd), wrap=wrap)
+    return dx, dw, (None if saved.bias is None else db), None
 
 
-def _resolve_fwd(
-    x: Any, weight: Any, bias: Any | None, eps: float, stats: bool
-) -> tuple[Plan, bool, bool]:
-    """(plan, whether x must be copied to be seen as [rows, N], whether there is a bias)
-    for one call signature."""
-    arch = validate(x, weight, bias)
-    shape, stride, copies = row_layout(x)
-    has_bias = bias is not None
-    plan = plan_fwd(shape, stride, dtype_name(x.dtype), has_bias, eps, arch, stats)
-    return plan, copies, has_bias
+LAYER_NORM_BWD = declare(OpDecl(
+    name="layer_norm_bwd",
+    schema="Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd"
+           " -> (Tensor, Tensor, Tensor)",
+    describe="the LayerNorm backward: (dx, dweight, dbias)",
+    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
+    plan=plan_bwd,
+    reference=reference.layer_norm_bwd,
+    copies=lambda dy, x, *_: unflattened(dy, x),
+    front=False,
+    aot_cases=lambda arch: [
+        (x, x, w, stat, stat) for x, w, stat in aot_norm_grid("layer_norm_bwd", arch)
+    ],
+))  # fmt: skip
+
+LAYER_NORM = declare(OpDecl(
+    name="layer_norm",
+    schema="Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05 -> Tensor",
+    describe="LayerNorm over the last dim",
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan_fwd,
+    reference=reference.layer_norm_fwd,
+    backward=Backward(_grads, saves=("x", "weight", "bias", "mean", "rstd")),
+    check_arrays=check_arrays,
+    stats=("mean", "rstd"),
+    copies=lambda x, *_: unflattened(x),
+    fwd_defaults=False,
+    aot_cases=lambda arch: [
+        (x, w, w if bias else None, 1e-5, stats)
+        for x, w, _ in aot_norm_grid(OP, arch)
+        for stats in (True, False)
+        for bias in (True, False)
+    ],
+))  # fmt: skip
+
+# The call caches the torch fronts take (y only: no backward follows) and tests reach.
+_fwd_call, _y_call = LAYER_NORM.call_stats, LAYER_NORM.call
 
 
-def _given_inputs(resolved: tuple[Plan, bool, bool]) -> tuple[Plan, tuple[int, ...]] | None:
-    plan, copies, has_bias = resolved
-    return None if copies else (plan, (0, 1, 2) if has_bias else (0, 1))
-
-
-def _ordinary_inputs(
-    resolved: tuple[Plan, bool, bool], args: tuple[Any, ...]
-) -> tuple[Plan, tuple[Any, ...]]:
-    (plan, copies, _), (x, weight, bias, _) = resolved, args
-    return plan, _inputs(rows_view(x) if copies else x, weight, bias)
-
-
-# y only (_y_call): the raw API and torch.ops.greta's no-grad path (see ops/_calls.py).
-_fwd_call, _y_call = forward_calls(_resolve_fwd, 3, _given_inputs, _ordinary_inputs)
-
-
-def layer_norm_fwd(
-    x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, wrap: Wrap = _no_wrap
-) -> tuple[Any, Any, Any]:
-    """(y, mean, rstd): y = (x - mean) * rstd * weight + bias; mean/rstd fp32 [rows].
-
-    Raises GretaInputError for a wrong shape, dtype, device or layout.
-    """
-    return _fwd_call.run(wrap, x, weight, bias, float(eps))
+# --- the raw API (torch tensors, no autograd) ----------------------------------------------
 
 
 def layer_norm(x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5) -> Any:
@@ -161,7 +156,17 @@ def layer_norm(x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5) 
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    return _y_call.run(_no_wrap, x, weight, bias, float(eps))[0]
+    return LAYER_NORM.raw(x, weight, bias, eps)
+
+
+def layer_norm_fwd(
+    x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, wrap: Wrap = _identity
+) -> tuple[Any, Any, Any]:
+    """(y, mean, rstd): y = (x - mean) * rstd * weight + bias; mean/rstd fp32 [rows].
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    return LAYER_NORM.raw_fwd(x, weight, bias, eps, wrap=wrap)
 
 
 def layer_norm_if_eager(
@@ -174,16 +179,10 @@ def layer_norm_if_eager(
 
 
 def layer_norm_bwd(
-    dy: Any, x: Any, weight: Any, mean: Any, rstd: Any, wrap: Wrap = _no_wrap
+    dy: Any, x: Any, weight: Any, mean: Any, rstd: Any, wrap: Wrap = _identity
 ) -> tuple[Any, Any, Any]:
     """(dx, dweight, dbias); deterministic (fixed-order partial sums). dbias in weight dtype.
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate_bwd(dy, x, weight, mean, rstd)
-    x2, dy2 = rows_view(x), rows_view(dy)
-    plan = plan_bwd(
-        tuple(x.shape), dy2.stride(0), x2.stride(0),
-        dtype_name(x.dtype), dtype_name(weight.dtype), arch,
-    )  # fmt: skip
-    return run(plan, (dy2, x2, weight, mean, rstd), wrap=wrap)
+    return LAYER_NORM_BWD.raw(dy, x, weight, mean, rstd, wrap=wrap)

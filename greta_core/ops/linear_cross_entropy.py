@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core import configs
-from greta_core.errors import GretaInputError
+from greta_core.errors import ConfigError, GretaInputError
 from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
@@ -75,18 +75,27 @@ def check_targets(target: Any, vocab: int, ignore_index: int) -> None:
         raise GretaInputError(bad_target_message(int(target[bad][0]), vocab, ignore_index))
 
 
-def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1) -> int:
+def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1, floor: float = 0.0) -> int:
     """Tokens per chunk: the chunk's logits take about `scale` times the memory `hidden`
     does (a power of two, at least 1). Fewer, larger chunks make fewer passes over the
-    [vocab, hidden] weight gradient (each chunk adds its share into all of it)."""
+    [vocab, hidden] weight gradient (each chunk adds its share into all of it).
+
+    With `floor` > 0 a chunk holds at least ``floor * hidden`` rows (capped at n_rows): its
+    logits then take at most `floor` times the weight gradient's memory, which exists anyway.
+    At few tokens the `scale` rule alone makes many thin chunks, each a full read and write of
+    the weight gradient and a GEMM too thin to fill the GPU; the floor bounds their count."""
     per_row = max(1, -(-vocab // max(hidden, 1)))
     rows = max(1, min(n_rows, -(-n_rows * max(1, scale) // per_row)))
+    if floor > 0:
+        rows = max(rows, min(n_rows, int(floor * hidden)))
     return 1 << (rows - 1).bit_length()
 
 
-def chunks(n_rows: int, vocab: int, hidden: int, scale: int = 1) -> list[tuple[int, int]]:
+def chunks(
+    n_rows: int, vocab: int, hidden: int, scale: int = 1, floor: float = 0.0
+) -> list[tuple[int, int]]:
     """[start, end) row ranges covering n_rows."""
-    step = chunk_rows(n_rows, vocab, hidden, scale)
+    step = chunk_rows(n_rows, vocab, hidden, scale, floor)
     return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
 
 
@@ -94,6 +103,65 @@ def chunk_scale(arch: str, vocab: int) -> int:
     """The config table's CHUNK_SCALE for this arch (memory of a logits chunk, in units of
     the hidden states' memory): a speed/memory trade measured by bench/fused_ops.py."""
     return int(configs.lookup(OP, arch, {"V": vocab}).get("CHUNK_SCALE", 1))
+
+
+def chunk_floor(arch: str, vocab: int) -> float:
+    """The config table's CHUNK_FLOOR for this arch (a chunk's least rows, in units of the
+    hidden size; 0: no floor): see :func:`chunk_rows`."""
+    return float(configs.lookup(OP, arch, {"V": vocab}).get("CHUNK_FLOOR", 0.0))
+
+
+# --- which implementation runs (the config table's "linear_cross_entropy_dispatch") ------
+
+DISPATCH = "linear_cross_entropy_dispatch"
+# Table backends -> what runs. "greta": the chunked Triton kernel above. "torch": torch's
+# unchunked linear + cross-entropy (torch.nn.functional.linear_cross_entropy with
+# options=None from torch 2.13, which is documented as exactly that; F.linear then
+# F.cross_entropy before). "torch-chunked": torch's own chunked path (options=
+# LinearCrossEntropyOptions(**core_options)), torch >= 2.13 only, reductions mean/sum only.
+BACKENDS = ("greta", "torch", "torch-chunked")
+# What observe records for each outcome (the "greta" backend records its kernel's own
+# implementation, "triton" or "triton-interpret", when it runs).
+CORE = "torch-core"
+CORE_CHUNKED = "torch-core-chunked"
+LINEAR_CE = "torch-linear-ce"
+# What the installed torch offers: "options" (F.linear_cross_entropy with an ``options``
+# argument), "plain" (F.linear_cross_entropy without it), "none" (torch < 2.13).
+CORE_APIS = ("options", "plain", "none")
+
+
+def dispatch_features(n_rows: int, vocab: int, hidden: int) -> dict[str, Any]:
+    """Features the dispatch rules match on. N_per_H (tokens / hidden size) is the memory of
+    the full [tokens, vocab] logits over the weight gradient's [vocab, hidden]: what an
+    unchunked backend costs beyond a chunked one, relative to the gradient every backend
+    holds."""
+    return {"N": n_rows, "V": vocab, "H": hidden, "N_per_H": n_rows / max(hidden, 1)}
+
+
+def dispatch_config(arch: str, n_rows: int, vocab: int, hidden: int) -> dict[str, Any]:
+    """The table's dispatch entry for this call (backend, core_options)."""
+    return configs.lookup(DISPATCH, arch, dispatch_features(n_rows, vocab, hidden))
+
+
+def choose(arch: str, n_rows: int, vocab: int, hidden: int, reduction: str, core_api: str) -> str:
+    """What runs this call: "greta" (the chunked kernel), CORE, CORE_CHUNKED or LINEAR_CE.
+    A pure function of the call's shape, the arch's table and what torch offers: where the
+    table asks for something this torch lacks, the nearest thing it has runs (torch's
+    unchunked path without core's op is F.linear + F.cross_entropy; a chunked path without
+    core's options, or for reduction "none", is GRETA's own)."""
+    if core_api not in CORE_APIS:
+        raise GretaInputError(f"core_api {core_api!r}; expected one of {', '.join(CORE_APIS)}")
+    backend = dispatch_config(arch, n_rows, vocab, hidden).get("backend", "greta")
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"config table for {arch}: {DISPATCH} backend {backend!r}; expected one of "
+            f"{', '.join(BACKENDS)}"
+        )
+    if backend == "torch":
+        return LINEAR_CE if core_api == "none" else CORE
+    if backend == "torch-chunked" and core_api == "options" and reduction != "none":
+        return CORE_CHUNKED
+    return "greta"
 
 
 @memo
@@ -129,7 +197,8 @@ def _chunked(
     loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
     dh = (hidden if dh_into_hidden else torch.empty_like(hidden)) if write_grad else None
     dw = torch.zeros_like(weight) if write_grad else None
-    for start, end in chunks(n_rows, vocab, hidden.shape[1], chunk_scale(arch, vocab)):
+    schedule = chunk_scale(arch, vocab), chunk_floor(arch, vocab)
+    for start, end in chunks(n_rows, vocab, hidden.shape[1], *schedule):
         h = hidden[start:end]
         logits = torch.mm(h, weight.t())
         plan = plan_rows(

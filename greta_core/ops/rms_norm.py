@@ -1,25 +1,29 @@
-"""rms_norm: validation and the launch plan that the raw API, torch.ops.greta and JAX run."""
+"""RMSNorm over the last dim: the declarations of greta::rms_norm (y; its forward
+greta::rms_norm_fwd also returns the fp32 rstd per row the backward reads) and of its
+backward's kernel op greta::rms_norm_bwd."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from greta_core.kernels.rms_norm import rms_norm_bwd_kernel, rms_norm_fwd_kernel
+from greta_core import reference
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import forward_calls
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
-from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import (
+    aot_norm_grid,
     arch_for,
+    check_array_param,
+    check_array_rows,
     check_rows_input,
     check_vector,
     norm_bwd_plan,
     param_dtypes,
-    row_layout,
     row_plan,
-    rows_view,
+    row_stats,
+    rows_stride,
     stat_dtypes,
+    unflattened,
 )
 from greta_core.ops._validate import (
     GretaInputError,
@@ -27,17 +31,29 @@ from greta_core.ops._validate import (
     check_same_shape,
     check_tensor,
 )
+from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
 OP = "rms_norm"
 _interp_compat.apply()
 
 
-def validate(x: Any, weight: Any, reference: bool = False) -> str:
+def validate(x: Any, weight: Any, eps: float = 1e-6, reference: bool = False) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
     check_rows_input(OP, "x", x, reference)
     check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
     check_same_device(OP, x=x, weight=weight)
     return arch_for(OP, x, reference)
+
+
+def check_stats(op: str, x: Any, reference: bool, **stats: Any) -> None:
+    """A norm's saved statistics: fp32 (float64 on the reference path), one per row."""
+    rows = x.numel() // x.shape[-1]
+    for name, t in stats.items():
+        check_tensor(op, name, t, dtypes=stat_dtypes(reference), contiguous=True)
+        if t.numel() != rows:
+            raise GretaInputError(
+                f"{op}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"
+            )
 
 
 def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = False) -> str:
@@ -47,88 +63,91 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
     check_rows_input(OP, "dy", dy, reference)
     check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
     check_same_shape(OP, dy=dy, x=x)
-    check_tensor(OP, "rstd", rstd, dtypes=stat_dtypes(reference), contiguous=True)
-    if rstd.numel() != x.numel() // x.shape[-1]:
-        raise GretaInputError(
-            f"{OP}: argument 'rstd' has {rstd.numel()} elements; expected one per row "
-            f"({x.numel() // x.shape[-1]})"
-        )
+    check_stats(OP, x, reference, rstd=rstd)
     check_same_device(OP, dy=dy, x=x, rstd=rstd)
     return arch_for(OP, x, reference)
 
 
-# --- launch plans: inputs (x2 [rows, N], weight [N]) and (dy2, x2, weight, rstd) ----------
+def check_arrays(x: Any, weight: Any, eps: float) -> None:
+    check_array_rows(OP, "x", x)
+    check_array_param(OP, "weight", weight, x)
 
 
-@memo
-def plan_fwd(
-    shape: tuple[int, ...], stride_x: int, dtype: str, eps: float, arch: str,
-    stats: bool = True,
-) -> Plan:  # fmt: skip
-    """Buffers: y (x's shape and dtype), rstd fp32 [rows] (with `stats`: the backward
-    needs it; a call no backward follows skips the buffer and the store)."""
-    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+# --- launch plans: (x [..., N], weight [N]) and (dy, x, weight, rstd) ---------------------
+
+
+def plan_fwd(arch: str, x: Meta, weight: Meta, eps: float, stats: bool) -> Plan:
+    """Buffers: y (x's shape and dtype), with `stats` rstd fp32 [rows] (without, the kernel
+    gets y's pointer for it and STORE_RSTD off)."""
+    from greta_core.kernels.rms_norm import rms_norm_fwd_kernel  # the declaration imports no Triton
+
+    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
     rp = row_plan(OP, arch, n_cols)
     launch = Launch(
         rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), n_cols, stride_x, eps, Out(0), Out(1 if stats else 0)),
+        (In(0), In(1), n_cols, rows_stride(x), eps, Out(0), Out(1 if stats else 0)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats},
         rp.options,
     )  # fmt: skip
-    buffers = (Buffer(shape, dtype),)
-    if stats:
-        buffers += (Buffer((n_rows,), "float32"),)
+    buffers = (Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 1))
     return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
-@memo
-def plan_bwd(
-    shape: tuple[int, ...], stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str
-) -> Plan:
-    """Inputs (dy2, x2, weight, rstd); buffers: dx (x's shape), fp32 partials, dweight."""
+def plan_bwd(arch: str, dy: Meta, x: Meta, weight: Meta, rstd: Meta) -> Plan:
+    """Buffers: dx (x's shape), fp32 partials, dweight; deterministic (fixed-order sums)."""
+    from greta_core.kernels.rms_norm import rms_norm_bwd_kernel
+
     return norm_bwd_plan(
-        "rms_norm_bwd", rms_norm_bwd_kernel, 4, 1, shape, stride_dy, stride_x, dtype, w_dtype, arch
-    )
+        "rms_norm_bwd", rms_norm_bwd_kernel, 4, 1, x.shape, rows_stride(dy), rows_stride(x),
+        x.dtype, weight.dtype, arch,
+    )  # fmt: skip
 
 
-# --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
+# --- the declarations -------------------------------------------------------------------
 
 
-def launch_fwd(
-    x2: Any, weight: Any, eps: float, y2: Any, rstd: Any, arch: str, wrap: Wrap = _no_wrap
-) -> None:
-    """Run the forward into preallocated y2 [rows, N] and rstd fp32 [rows]."""
-    plan = plan_fwd(tuple(x2.shape), x2.stride(0), dtype_name(x2.dtype), float(eps), arch)
-    run(plan, (x2, weight), out=(y2, rstd), wrap=wrap)
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    (dy,) = grads
+    dx, dw = call(RMS_NORM_BWD, call.contiguous(dy), saved.x, saved.weight, saved.rstd)
+    return dx, dw, None
 
 
-def _resolve_fwd(x: Any, weight: Any, eps: float, stats: bool) -> tuple[Plan, bool]:
-    """(plan, whether x must be copied to be seen as [rows, N]) for one call signature."""
-    arch = validate(x, weight)
-    shape, stride, copies = row_layout(x)
-    return plan_fwd(shape, stride, dtype_name(x.dtype), eps, arch, stats), copies
+RMS_NORM_BWD = declare(OpDecl(
+    name="rms_norm_bwd",
+    schema="Tensor dy, Tensor x, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
+    describe="the RMSNorm backward: (dx, dweight)",
+    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
+    plan=plan_bwd,
+    reference=reference.rms_norm_bwd,
+    copies=lambda dy, x, *_: unflattened(dy, x),
+    front=False,
+    aot_cases=lambda arch: [
+        (x, x, w, stat) for x, w, stat in aot_norm_grid("rms_norm_bwd", arch)
+    ],
+))  # fmt: skip
+
+RMS_NORM = declare(OpDecl(
+    name="rms_norm",
+    schema="Tensor x, Tensor weight, float eps=1e-06 -> Tensor",
+    describe="RMSNorm over the last dim",
+    validate=lambda *args, reference=False: validate(*args, reference=reference),
+    plan=plan_fwd,
+    reference=reference.rms_norm_fwd,
+    backward=Backward(_grads, saves=("x", "weight", "rstd")),
+    check_arrays=check_arrays,
+    stats=("rstd",),
+    copies=lambda x, _w: unflattened(x),
+    fwd_defaults=False,
+    aot_cases=lambda arch: [
+        (x, w, 1e-6, stats) for x, w, _ in aot_norm_grid(OP, arch) for stats in (True, False)
+    ],
+))  # fmt: skip
+
+# The call caches the torch fronts take (y only: no backward follows) and tests reach.
+_fwd_call, _y_call = RMS_NORM.call_stats, RMS_NORM.call
 
 
-def _given_inputs(resolved: tuple[Plan, bool]) -> tuple[Plan, tuple[int, ...]] | None:
-    plan, copies = resolved
-    return None if copies else (plan, (0, 1))
-
-
-def _inputs(resolved: tuple[Plan, bool], args: tuple[Any, ...]) -> tuple[Plan, tuple[Any, ...]]:
-    (plan, copies), (x, weight, _) = resolved, args
-    return plan, (rows_view(x) if copies else x, weight)
-
-
-# y only (_y_call): the raw API and torch.ops.greta's no-grad path (see ops/_calls.py).
-_fwd_call, _y_call = forward_calls(_resolve_fwd, 2, _given_inputs, _inputs)
-
-
-def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
-    """(y, rstd): y = x * rstd * weight over the last dim; rstd fp32 [rows].
-
-    Raises GretaInputError for a wrong shape, dtype, device or layout.
-    """
-    return _fwd_call.run(wrap, x, weight, float(eps))
+# --- the raw API (torch tensors, no autograd) ----------------------------------------------
 
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
@@ -136,7 +155,15 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    return _y_call.run(_no_wrap, x, weight, float(eps))[0]
+    return RMS_NORM.raw(x, weight, eps)
+
+
+def rms_norm_fwd(x: Any, weight: Any, eps: float = 1e-6, wrap: Wrap = _identity) -> tuple[Any, Any]:
+    """(y, rstd): y = x * rstd * weight over the last dim; rstd fp32 [rows].
+
+    Raises GretaInputError for a wrong shape, dtype, device or layout.
+    """
+    return RMS_NORM.raw_fwd(x, weight, eps, wrap=wrap)
 
 
 def rms_norm_if_eager(x: Any, weight: Any, eps: float = 1e-6) -> Any | None:
@@ -146,15 +173,11 @@ def rms_norm_if_eager(x: Any, weight: Any, eps: float = 1e-6) -> Any | None:
     return None if done is None else done[0]
 
 
-def rms_norm_bwd(dy: Any, x: Any, weight: Any, rstd: Any, wrap: Wrap = _no_wrap) -> tuple[Any, Any]:
+def rms_norm_bwd(
+    dy: Any, x: Any, weight: Any, rstd: Any, wrap: Wrap = _identity
+) -> tuple[Any, Any]:
     """(dx, dweight) for dy = dL/dy; deterministic (fixed-order partial sums).
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    arch = validate_bwd(dy, x, weight, rstd)
-    x2, dy2 = rows_view(x), rows_view(dy)
-    plan = plan_bwd(
-        tuple(x.shape), dy2.stride(0), x2.stride(0),
-        dtype_name(x.dtype), dtype_name(weight.dtype), arch,
-    )  # fmt: skip
-    return run(plan, (dy2, x2, weight, rstd), wrap=wrap)
+    return RMS_NORM_BWD.raw(dy, x, weight, rstd, wrap=wrap)

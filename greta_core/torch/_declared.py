@@ -37,32 +37,41 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 # The public front: an eager backward (no create_graph) takes its hot path too.
-_torch_call = Caller(lambda op, *args: getattr(torch.ops.greta, op.name)(*args), _contiguous)
-_raw_call = Caller(lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous)
+_torch_call = Caller(
+    lambda op, *args: getattr(torch.ops.greta, op.name)(*args), _contiguous, torch.zeros_like
+)
+_raw_call = Caller(
+    lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous, torch.zeros_like
+)
 
 
 _TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int}
 
 
 def _signature(op: OpDecl) -> inspect.Signature:
-    """The Python signature torch.library infers the triton_op's schema from."""
+    """The Python signature torch.library infers the triton_op's schema from: the declared
+    arguments (defaults as `fwd_defaults` says), every output of the forward."""
     params = []
     for a in op.args:
         annotation = _TYPES[a.type.rstrip("?")]
         if a.type.endswith("?"):
             annotation = Optional[annotation]  # noqa: UP045  (infer_schema reads typing forms)
-        default = a.default if a.has_default else inspect.Parameter.empty
+        keep = a.has_default and (op.fwd_defaults or not op.front)
+        default = a.default if keep else inspect.Parameter.empty
         params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         default=default, annotation=annotation))  # fmt: skip
-    out = torch.Tensor if op.n_outputs == 1 else tuple[(torch.Tensor,) * op.n_outputs]
+    n_out = op.n_fwd_outputs
+    out = torch.Tensor if n_out == 1 else tuple[(torch.Tensor,) * n_out]
     return inspect.Signature(params, return_annotation=out)
 
 
 def register(op: OpDecl) -> Any:
-    """Define greta::<name>_fwd and greta::<name> for `op`; returns the triton_op."""
+    """Define greta::<name>_fwd and greta::<name> for `op` (with ``front=False``: the
+    triton_op greta::<name> alone); returns the triton_op."""
     n = op.n_tensors
     kernel_dtypes = tuple(getattr(torch, d) for d in op.kernel_dtypes)
     out_schema = op.schema.partition("->")[2].strip()
+    n_out = op.n_outputs
 
     def reference(*args: Any) -> Any:
         op.validate(*args, reference=True)
@@ -70,36 +79,50 @@ def register(op: OpDecl) -> Any:
         return op.reference(*args)
 
     n_args = len(op.args)
+    defaults = tuple(a.default for a in op.args)
+    # The dispatcher drops trailing arguments equal to their defaults (and torch.library
+    # passes one left at its default by keyword): those are filled here, typed by the
+    # schema already, without binding every call afresh.
+    first_default = n_args
+    while first_default and op.args[first_default - 1].has_default:
+        first_default -= 1
 
     def full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        # torch.library passes an argument the caller left at its default by keyword.
-        return args if len(args) == n_args and not kwargs else op.bind(args, kwargs)
+        if not kwargs:
+            given = len(args)
+            if given == n_args:
+                return args
+            if first_default <= given < n_args:
+                return args + defaults[given:]
+        return op.bind(args, kwargs)
 
     def fwd(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
         x = args[0]
         if x.device.type == "cpu" or x.dtype not in kernel_dtypes:
             return reference(*args)
-        return op.unpack(op.call.run(wrap_triton, *args))
+        return op.unpack_fwd(op.call_stats.run(wrap_triton, *args))
 
     def fwd_cpu(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
         if run_triton_on_cpu(*args[:n]) and args[0].dtype in kernel_dtypes:
-            return op.unpack(op.call.run(_identity, *args))
+            return op.unpack_fwd(op.call_stats.run(_identity, *args))
         return reference(*args)
 
     fwd.__signature__ = _signature(op)  # type: ignore[attr-defined]
-    fwd_op = triton_op(f"greta::{op.name}_fwd", fwd, mutates_args=())
+    fwd_op = triton_op(f"greta::{op.name}{'_fwd' if op.front else ''}", fwd, mutates_args=())
     fwd_op.register_kernel("cpu")(fwd_cpu)
+    if not op.front:
+        return fwd_op
 
     backward = op.backward
     if backward is not None:
 
         def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-            _save(ctx, op, inputs, output if op.n_outputs > 1 else (output,))
+            _save(ctx, op, inputs, output if op.n_fwd_outputs > 1 else (output,))
 
         def grads(ctx: Any, *grad_outputs: Any) -> tuple:
-            return tuple(backward.grads(_torch_call, grad_outputs, _saved(ctx)))
+            return tuple(backward.grads(_torch_call, grad_outputs[:n_out], _saved(ctx)))
 
         fwd_op.register_autograd(grads, setup_context=setup_context)
         eager = _eager_function(op)
@@ -114,6 +137,8 @@ def register(op: OpDecl) -> Any:
                 return op.unpack(done)
             if backward is not None and _calls.eager_autograd(*args[:n]):
                 return eager.apply(*args)
+        if op.stats:  # the statistics stay behind, for the backward
+            return op.unpack(fwd_op(*args)[:n_out])
         return fwd_op(*args)
 
     # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
@@ -123,13 +148,15 @@ def register(op: OpDecl) -> Any:
 
 def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
     """Keep what the declared backward reads: tensors through save_for_backward (version
-    checks), the rest on ctx."""
+    checks), the rest on ctx. The statistics, outputs of the triton_op, and the declared
+    non-differentiable outputs are marked so."""
     saved = vars(op.saved(args, outs))
     tensors = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
     ctx.save_for_backward(*tensors.values())
     ctx.names = tuple(tensors)
     ctx.rest = {k: v for k, v in saved.items() if k not in tensors}
-    for i in op.backward.nondiff_outputs:  # type: ignore[union-attr]
+    nondiff = {*op.backward.nondiff_outputs, *range(op.n_outputs, len(outs))}  # type: ignore[union-attr]
+    for i in sorted(nondiff):
         ctx.mark_non_differentiable(outs[i])
 
 
@@ -139,18 +166,39 @@ def _saved(ctx: Any) -> types.SimpleNamespace:
 
 def _eager_function(op: OpDecl) -> type:
     """The eager training path: a ``torch.autograd.Function`` whose forward takes ``ctx``
-    (no ``setup_context``: ``apply`` then binds no defaults through ``inspect.signature``)."""
+    (no ``setup_context``: ``apply`` then binds no defaults through ``inspect.signature``).
+
+    What the backward reads (``OpDecl.saved``'s names) is picked by position from the
+    arguments and outputs, decided here once: a per-call namespace and dicts cost host time
+    on the path this function exists to make cheap."""
     backward = op.backward
     assert backward is not None
+    n_args, n_out = len(op.args), op.n_outputs
+    at = {a.name: i for i, a in enumerate(op.args)}
+    at.update({s: n_args + n_out + i for i, s in enumerate(op.stats)})
+    tensor_names = (*backward.saves, *(f"out{i}" for i in backward.saves_outputs))
+    tensor_at = (*(at[s] for s in backward.saves), *(n_args + i for i in backward.saves_outputs))
+    scalar_names = tuple(a.name for a in op.args if not a.is_tensor)
+    scalar_at = tuple(i for i, a in enumerate(op.args) if not a.is_tensor)
+    nondiff = tuple(i for i in backward.nondiff_outputs if i < n_out)
+    run = op.call_stats.run
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outs = op.call.run(_identity, *args)
-        _save(ctx, op, args, outs)
-        return op.unpack(outs)
+        outs = run(_identity, *args)
+        src = (*args, *outs)
+        ctx.save_for_backward(*[src[i] for i in tensor_at])  # None: an absent optional
+        ctx.scalars = [args[i] for i in scalar_at]
+        for i in nondiff:
+            ctx.mark_non_differentiable(outs[i])
+        return outs[0] if n_out == 1 else tuple(outs[:n_out])
 
     @once_differentiable
     def grads(ctx: Any, *grad_outputs: Any) -> tuple:
-        return tuple(backward.grads(_raw_call, grad_outputs, _saved(ctx)))
+        saved = types.SimpleNamespace(
+            **dict(zip(tensor_names, ctx.saved_tensors, strict=True)),
+            **dict(zip(scalar_names, ctx.scalars, strict=True)),
+        )
+        return tuple(backward.grads(_raw_call, grad_outputs, saved))
 
     # Named after the triton_op it stands in for (its grad_fn reads "<name>_eagerBackward").
     return type(

@@ -26,5 +26,7 @@ def takes_reference(
 ) -> bool:
     """True when a triton_op body runs the torch reference: CPU tensors (and tracing on the
     CPU), and dtypes the kernels do not take on any device (float64 for gradcheck; the
-    reference's validation rejects int/bool), so CPU and GPU share one dtype rule."""
-    return t.device.type == "cpu" or t.dtype not in kernel_dtypes
+    reference's validation rejects int/bool), so CPU and GPU share one dtype rule. Meta
+    tensors take it too: the reference is torch ops, which give a meta result of the right
+    shape and dtype, where a launch would try to copy data a meta tensor does not have."""
+    return t.device.type in ("cpu", "meta") or t.dtype not in kernel_dtypes

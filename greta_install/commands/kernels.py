@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             kb.write_index([built.path], args.index)
             print(f"index: {args.index} (serve it and set GRETA_KERNEL_INDEX to its URL)")
         if not args.no_install:
-            kb.install_wheel(python, built.path)
+            kb.install_wheel(python, built.path, arch=arch)
     except kb.KernelBuildError as exc:
         print(f"greta kernels: {exc}", file=sys.stderr)
         return 1

@@ -15,12 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from greta_install.commandline import LocationError, location
     from greta_install.detection.detect import detect
     from greta_install.detection.snapshot import write_snapshot
     from greta_install.detection.system_view import LiveSystem, SnapshotSystem
 
     try:
+        # A 120 KB name echoed whole in "cannot write ...": refused first, in one short line.
+        location(args.directory, "DIR")
         files = write_snapshot(LiveSystem(), args.directory)
+    except LocationError as exc:
+        print(f"greta snapshot: {exc}", file=sys.stderr)
+        return 2
     except FileExistsError as exc:
         print(f"greta snapshot: {exc}", file=sys.stderr)
         return 2

@@ -282,25 +282,56 @@ def check_confined(path: Path, packages: Iterable[str]) -> None:
     """The wheel installs only into its own top-level packages and its dist-info: no `.pth`
     (runs at every interpreter start), no scripts or data, no files of other packages."""
     facts = read_wheel(path)
-    allowed = set(packages)
     for member in facts.members:
-        parts = member.split("/")
-        if any(p in ("", ".", "..") for p in parts) or member.startswith("/") or "\\" in member:
-            raise WheelError(f"{path.name}: member {member!r} has an unsafe path")
-        head = parts[0]
-        if head == facts.dist_info:
-            if parts[-1] == "entry_points.txt":
-                raise WheelError(f"{path.name}: declares entry points (scripts); refused")
+        check_member(path.name, member, facts.dist_info, packages)
+
+
+def check_member(
+    label: str, member: str, dist_info: str, packages: Iterable[str], installed: bool = False
+) -> None:
+    """`check_confined`'s rule for one file: a wheel member, or (`installed`) a RECORD row
+    of an installed distribution (paths relative to its site-packages)."""
+    allowed = set(packages)
+    parts = member.split("/")
+    if any(p in ("", ".", "..") for p in parts) or member.startswith("/") or "\\" in member:
+        raise WheelError(f"{label}: member {member!r} has an unsafe path")
+    head = parts[0]
+    if head == dist_info:
+        if parts[-1] == "entry_points.txt":
+            raise WheelError(f"{label}: declares entry points (scripts); refused")
+        return
+    if head.endswith(".data"):
+        raise WheelError(f"{label}: installs {member} outside its package (.data); refused")
+    if len(parts) == 1 or head not in allowed:
+        where = "installed" if installed else "installs"
+        raise WheelError(
+            f"{label}: {where} {member} outside its own package "
+            f"({', '.join(sorted(allowed))}); refused"
+        )
+    if posixpath.splitext(member)[1].lower() == ".pth":
+        raise WheelError(f"{label}: contains {member} (.pth files run code); refused")
+
+
+def installed_record(info: Path) -> dict[str, str]:
+    """An installed distribution's RECORD: path (relative to its site-packages, as written)
+    -> its "sha256=..." digest ("" when the row has none); WheelError when unreadable."""
+    try:
+        with open(info / "RECORD", "rb") as fh:
+            raw = fh.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise WheelError(f"{info.name}: no readable RECORD ({exc})") from None
+    if len(raw) > MAX_RECORD_BYTES:
+        raise WheelError(f"{info.name}/RECORD is over {MAX_RECORD_BYTES} bytes")
+    rows: dict[str, str] = {}
+    for row in csv.reader(io.StringIO(raw.decode("utf-8", "replace"))):
+        if not row or not row[0]:
             continue
-        if head.endswith(".data"):
-            raise WheelError(f"{path.name}: installs {member} outside its package (.data); refused")
-        if len(parts) == 1 or head not in allowed:
-            raise WheelError(
-                f"{path.name}: installs {member} outside its own package "
-                f"({', '.join(sorted(allowed))}); refused"
-            )
-        if posixpath.splitext(member)[1].lower() == ".pth":
-            raise WheelError(f"{path.name}: contains {member} (.pth files run code); refused")
+        if len(row) != 3:
+            raise WheelError(f"{info.name}: malformed RECORD row {row[:3]!r}")
+        rows[row[0]] = row[1]
+        if len(rows) > MAX_MEMBERS:
+            raise WheelError(f"{info.name}: RECORD names over {MAX_MEMBERS} files")
+    return rows
 
 
 def read_member_text(path: Path, member: str, cap: int = MAX_METADATA_BYTES) -> str | None:

@@ -158,7 +158,12 @@ def save_record(record: HashRecord, path: Path) -> None:
 
 def user_record_path() -> Path:
     """The user's record: every file this user has trusted, whatever the environment."""
-    override = os.environ.get("GRETA_HASH_RECORD")
+    from greta_install.commandline import LocationError, env_location
+
+    try:
+        override = env_location("GRETA_HASH_RECORD")
+    except LocationError as exc:
+        raise HashRecordError(str(exc)) from None
     if override:
         return Path(override)
     import platformdirs

@@ -131,12 +131,20 @@ class DownloadError(GretaError, OSError):
     pass
 
 
+class PlainHttpError(DownloadError):
+    """A URL over plain http without --allow-http."""
+
+
+class TooLargeError(DownloadError):
+    """A response over its size limit (the download is cut there)."""
+
+
 def check_url(url: str, allow_http: bool) -> None:
     scheme = urllib.parse.urlparse(url).scheme
     if scheme == "https" or (scheme == "http" and allow_http):
         return
     if scheme == "http":
-        raise DownloadError(f"{url}: plain http is refused (use https, or pass --allow-http)")
+        raise PlainHttpError(f"{url}: plain http is refused (use https, or pass --allow-http)")
     raise DownloadError(f"{url}: unsupported URL scheme {scheme!r}")
 
 
@@ -159,7 +167,7 @@ def fetch(
                 check_url(final, allow_http)  # a redirect must not downgrade to http
             length = response.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > max_bytes:
-                raise DownloadError(f"{url}: {length} bytes, over the {max_bytes}-byte limit")
+                raise TooLargeError(f"{url}: {length} bytes, over the {max_bytes}-byte limit")
             while True:
                 if time.monotonic() > deadline:
                     raise DownloadError(f"{url}: did not finish in {deadline_s:.0f} s")
@@ -172,7 +180,7 @@ def fetch(
                     break
                 total += len(chunk)
                 if total > max_bytes:
-                    raise DownloadError(f"{url}: over the {max_bytes}-byte limit")
+                    raise TooLargeError(f"{url}: over the {max_bytes}-byte limit")
                 sink(chunk)
     except DownloadError:
         raise
@@ -199,52 +207,129 @@ def fetch_text(url: str, allow_http: bool) -> str:
 def find_kernel_wheel(
     source: str | None, requirement: str | None, allow_http: bool = False
 ) -> KernelLookup:
-    """Look for the kernel wheel in a local directory or a simple index (no download)."""
+    """Look for the kernel wheel in a local directory or a simple index (no download).
+
+    Both kinds of source follow one rule (`_choose`): where the source has a SHA256SUMS,
+    only the wheels it lists are chosen; a wheel with a build tag is chosen only when
+    SHA256SUMS lists it. A wheel left out is left out with the reason in `problem`."""
     if source is None or requirement is None:
         return KernelLookup(source)
     name, _, version = requirement.partition("==")
     if "://" in source and not source.startswith("file://"):
-        page = f"{source.rstrip('/')}/{name}/"
-        try:
-            html = fetch_text(page, allow_http)
-        except DownloadError as exc:
-            return KernelLookup(source, problem=f"kernel index {page} unreachable ({exc})")
-        parser = IndexLinks()
-        parser.feed(html)
-        for href in parser.links:
-            url = urllib.parse.urljoin(page, href)
-            parsed = urllib.parse.urlparse(url)
-            filename = urllib.parse.unquote(parsed.path.rsplit("/", 1)[-1])
-            if _is_wheel_of(filename, name, version):
-                sha = (
-                    parsed.fragment.split("=", 1)[1]
-                    if parsed.fragment.startswith("sha256=")
-                    else None
-                )
-                try:
-                    check_url(url, allow_http)
-                except DownloadError as exc:
-                    return KernelLookup(source, problem=str(exc))
-                return KernelLookup(source, url.split("#")[0], sha)
-        return KernelLookup(source, problem=f"{requirement} is not on {source}")
+        return _find_on_index(source, requirement, name, version, allow_http)
     directory = Path(source[len("file://") :] if source.startswith("file://") else source)
     if not directory.is_dir():
         return KernelLookup(source, problem=f"kernel wheel directory {directory} does not exist")
     sums = _read_sha256sums(directory / "SHA256SUMS")
-    matching = [w for w in sorted(directory.glob("*.whl")) if _is_wheel_of(w.name, name, version)]
-    if sums:
-        # A folder with SHA256SUMS serves what it lists: another build of the same version
-        # (a build tag, a file dropped in beside) is never chosen over, or instead of, it.
-        listed = [w for w in matching if w.name in sums]
-        if not listed and matching:
-            return KernelLookup(
-                source,
-                problem=f"{matching[0].name} in {directory} is not listed in its SHA256SUMS",
+    found = [
+        _Candidate(w.name, str(w), None)
+        for w in sorted(directory.glob("*.whl"))
+        if _is_wheel_of(w.name, name, version)
+    ]
+    return _choose(source, requirement, f"in {directory}", found, sums, [])
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    filename: str
+    location: str  # a path or an https URL
+    sha256: str | None  # from the index page's #sha256= fragment
+
+
+def _find_on_index(
+    source: str, requirement: str, name: str, version: str, allow_http: bool
+) -> KernelLookup:
+    page = f"{source.rstrip('/')}/{name}/"
+    not_used = "so no kernel wheel is taken from it"
+    try:
+        html = fetch_text(page, allow_http)
+    except PlainHttpError:
+        return KernelLookup(
+            source,
+            problem=f"kernel index {source}: plain http is refused (use https, or pass "
+            f"--allow-http), {not_used}",
+        )
+    except TooLargeError:
+        return KernelLookup(
+            source,
+            problem=f"kernel index page {page} is over the {boundedio.PAGE_MAX_BYTES}-byte "
+            f"limit for an index page: not read, {not_used}",
+        )
+    except DownloadError as exc:
+        return KernelLookup(source, problem=f"kernel index {page} unreachable ({exc})")
+    parser = IndexLinks()
+    parser.feed(html)
+    found: list[_Candidate] = []
+    dropped: list[str] = []
+    for href in parser.links:
+        url = urllib.parse.urljoin(page, href)
+        parsed = urllib.parse.urlparse(url)
+        filename = urllib.parse.unquote(parsed.path.rsplit("/", 1)[-1])
+        if not _is_wheel_of(filename, name, version):
+            continue
+        sha = parsed.fragment.split("=", 1)[1] if parsed.fragment.startswith("sha256=") else None
+        scheme = parsed.scheme.lower()
+        if scheme == "file":
+            dropped.append(
+                f"{filename} is linked as a local file ({url.split('#')[0][:200]}): an index "
+                "may link only https files; dropped"
             )
-        matching = listed
-    for wheel in matching:
-        return KernelLookup(source, str(wheel), sums.get(wheel.name))
-    return KernelLookup(source, problem=f"{requirement} is not in {directory}")
+        elif scheme == "http" and not allow_http:
+            dropped.append(
+                f"{filename} is linked over plain http: dropped (use https, or pass --allow-http)"
+            )
+        elif scheme not in ("https", "http"):
+            dropped.append(f"{filename} is linked with the URL scheme {scheme!r}: dropped")
+        else:
+            found.append(_Candidate(filename, url.split("#")[0], sha))
+    sums: dict[str, str] = {}
+    sums_url = f"{source.rstrip('/')}/SHA256SUMS"
+    parts: list[bytes] = []
+    try:
+        fetch(
+            sums_url, parts.append, max_bytes=boundedio.SUMS_MAX_BYTES,
+            deadline_s=INDEX_PAGE_TIMEOUT_S, allow_http=allow_http,
+        )  # fmt: skip
+        sums = _parse_sha256sums(b"".join(parts).decode("utf-8", errors="replace"))
+    except DownloadError:
+        pass  # no SHA256SUMS (or none readable): build-tagged wheels are then not chosen
+    return _choose(source, requirement, f"on {source}", found, sums, dropped)
+
+
+def _choose(
+    source: str,
+    requirement: str,
+    where: str,
+    found: list[_Candidate],
+    sums: dict[str, str],
+    dropped: list[str],
+) -> KernelLookup:
+    """The one choice among the wheels a source offers for `requirement` (see
+    find_kernel_wheel); the first reason a wheel was dropped when none is left."""
+    dropped = list(dropped)
+    chosen: list[_Candidate] = []
+    for cand in found:
+        listed = sums.get(cand.filename)
+        build = parse_wheel_filename(cand.filename)[2]
+        if sums and listed is None:
+            dropped.append(f"{cand.filename} {where} is not listed in its SHA256SUMS")
+        elif build and listed is None:
+            dropped.append(
+                f"{cand.filename} {where} has a build tag ({build[0]}{build[1]}) and no "
+                "SHA256SUMS lists it: not chosen"
+            )
+        elif listed and cand.sha256 and cand.sha256.lower() != listed:
+            dropped.append(
+                f"{cand.filename} {where}: its index page says sha256:{cand.sha256[:64]}, "
+                f"SHA256SUMS says sha256:{listed}; dropped"
+            )
+        else:
+            chosen.append(_Candidate(cand.filename, cand.location, cand.sha256 or listed))
+    if chosen:
+        return KernelLookup(source, chosen[0].location, chosen[0].sha256)
+    if dropped:
+        return KernelLookup(source, problem=dropped[0])
+    return KernelLookup(source, problem=f"{requirement} is not {where}")
 
 
 def _is_wheel_of(filename: str, name: str, version: str) -> bool:
@@ -257,11 +342,14 @@ def _is_wheel_of(filename: str, name: str, version: str) -> bool:
 
 def _read_sha256sums(path: Path) -> dict[str, str]:
     try:
-        lines = boundedio.read_text(path, boundedio.SUMS_MAX_BYTES).splitlines()
+        return _parse_sha256sums(boundedio.read_text(path, boundedio.SUMS_MAX_BYTES))
     except (OSError, UnicodeDecodeError):
         return {}
+
+
+def _parse_sha256sums(text: str) -> dict[str, str]:
     sums = {}
-    for line in lines:
+    for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and len(parts[0]) == 64:
             sums[parts[1].lstrip("*")] = parts[0].lower()
@@ -277,6 +365,11 @@ def kernel_package(requirement: str) -> str:
     return str(canonicalize_name(name)).replace("-", "_")
 
 
+def locked_triton(plan: InstallPlan) -> str | None:
+    """The Triton version the plan installs (a kernel wheel must be built with it)."""
+    return next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
+
+
 def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
     """RECORD, content and manifest of a staged kernel wheel; InstallError naming the
     problem. Returns its manifest."""
@@ -285,9 +378,8 @@ def verify_kernel_wheel(path: Path, plan: InstallPlan) -> dict[str, object]:
     kw = plan.kernel_wheel
     assert kw.requirement is not None and kw.arch is not None
     name = kw.requirement.partition("==")[0]
-    locked = next((p.version for p in plan.packages if p.name in TRITON_NAMES), None)
     try:
-        return verify_wheel(path, kw.arch, locked)
+        return verify_wheel(path, kw.arch, locked_triton(plan))
     except KernelWheelRefused as exc:
         raise InstallError(name, str(exc)) from None
 

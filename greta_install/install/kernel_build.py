@@ -39,7 +39,14 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from greta_install.commandline import ISOLATED, NEUTRAL_CWD, parse_progress, python_module
+from greta_install.commandline import (
+    ISOLATED,
+    NEUTRAL_CWD,
+    LocationError,
+    env_location,
+    parse_progress,
+    python_module,
+)
 from greta_install.errors import GretaError
 from greta_install.kernel_names import distribution_name as kernel_wheel_name
 from greta_install.version import __version__
@@ -62,26 +69,23 @@ class KernelWheelRefused(GretaError, ValueError):
 MAX_UNCOMPRESSED_BYTES = 512 * 1024 * 1024
 
 
-def verify_wheel(path: Path, arch: str, locked_triton: str | None = None) -> dict[str, Any]:
+def verify_wheel(
+    path: Path, arch: str, locked_triton: str | None = None, fingerprint: str | None = None
+) -> dict[str, Any]:
     """The one check of a kernel wheel before it is installed, whatever brought it (an index,
     a folder, the build cache, a fresh build): unpacked size under the cap, RECORD hashes,
     nothing outside its own package (no .pth, scripts or data), a manifest for `arch` naming
-    the Triton it was built with (matching `locked_triton` when the lock pins one).
-    Returns the manifest; KernelWheelRefused otherwise."""
-    from packaging.version import InvalidVersion, Version
-
+    the Triton it was built with (matching `locked_triton` when the lock pins one, and
+    `fingerprint`, the installed Triton's build, when the caller knows it).
+    Returns the manifest; KernelWheelRefused otherwise. `verify_installed` holds an
+    installed kernel wheel to the same rules."""
     from greta_install.environment import wheelfiles
 
     package = kernel_wheel_name(arch).replace("-", "_")
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-        unpacked = sum(i.file_size for i in infos)
-        if unpacked > MAX_UNCOMPRESSED_BYTES:
-            raise KernelWheelRefused(
-                f"{path.name}: unpacks to {unpacked} bytes, over the "
-                f"{MAX_UNCOMPRESSED_BYTES}-byte limit; refused"
-            )
+        _check_size(path.name, sum(i.file_size for i in infos))
         wheelfiles.check_confined(path, [package])
         wheelfiles.check_record(path)
         raw = wheelfiles.read_member_text(path, f"{package}/manifest.json")
@@ -89,6 +93,22 @@ def verify_wheel(path: Path, arch: str, locked_triton: str | None = None) -> dic
         raise KernelWheelRefused(f"refused: {exc}") from None
     if raw is None:
         raise KernelWheelRefused(f"refused: {path.name} has no {package}/manifest.json")
+    return _check_manifest(raw, arch, locked_triton, fingerprint)
+
+
+def _check_size(name: str, unpacked: int) -> None:
+    if unpacked > MAX_UNCOMPRESSED_BYTES:
+        raise KernelWheelRefused(
+            f"{name}: unpacks to {unpacked} bytes, over the "
+            f"{MAX_UNCOMPRESSED_BYTES}-byte limit; refused"
+        )
+
+
+def _check_manifest(
+    raw: str, arch: str, locked_triton: str | None, fingerprint: str | None
+) -> dict[str, Any]:
+    from packaging.version import InvalidVersion, Version
+
     try:
         manifest = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -116,7 +136,160 @@ def verify_wheel(path: Path, arch: str, locked_triton: str | None = None) -> dic
         raise KernelWheelRefused(
             f"refused: built with Triton {built_with}, the lock installs Triton {locked_triton}"
         )
+    if fingerprint is not None and manifest.get("triton_fingerprint") != fingerprint:
+        raise KernelWheelRefused(
+            f"refused: built for the Triton build "
+            f"{str(manifest.get('triton_fingerprint'))[:40]!r}, the installed one is {fingerprint}"
+        )
     return manifest
+
+
+# --- an installed kernel wheel (`greta warm` and anything that loads one) -----------------
+
+INSTALLED_KEY = "installed:{dist_info}"  # its entry in the environment's hash record
+
+
+@dataclass(frozen=True)
+class InstalledWheel:
+    dist_info: Path
+    manifest: dict[str, Any]
+    digest: str  # "sha256:<hex>" over its package files' RECORD paths and hashes
+
+
+def verify_installed(site: Path, arch: str, locked_triton: str | None = None) -> InstalledWheel:
+    """`verify_wheel`'s rules for the kernel wheel of `arch` installed in `site` (pip may
+    have put it there by hand, past every check): one dist-info whose RECORD names only
+    its package and itself (no .pth, scripts or data), every package file listed with a
+    matching sha256 and nothing else in the package (bytecode caches aside), the size cap,
+    the manifest. KernelWheelRefused otherwise."""
+    from greta_install.environment import wheelfiles
+
+    package = kernel_wheel_name(arch).replace("-", "_")
+    infos = wheelfiles.installed_dist_infos(site, [kernel_wheel_name(arch)])
+    if len(infos) != 1:
+        raise KernelWheelRefused(
+            f"refused: {len(infos)} installed distributions of {kernel_wheel_name(arch)} "
+            f"in {site} (want 1)"
+        )
+    info = infos[0]
+    try:
+        rows = wheelfiles.installed_record(info)
+        listed: dict[str, str] = {}
+        for member, digest in rows.items():
+            wheelfiles.check_member(info.name, member, info.name, [package], installed=True)
+            if member.split("/")[0] == package:
+                listed[member] = digest
+        total = 0
+        root = site / package
+        present = set()
+        # os.walk never descends a linked folder (a link loop cannot hang it); links are
+        # refused, and the walk stops at the member cap.
+        for folder, dirs, files in os.walk(root, followlinks=False):
+            for name in [*dirs, *files]:
+                path = Path(folder) / name
+                if path.is_symlink():
+                    raise wheelfiles.WheelError(f"{path.relative_to(site)} is a symbolic link")
+                if name in dirs:
+                    continue
+                member = path.relative_to(site).as_posix()
+                if member not in listed and path.parent.name == "__pycache__":
+                    continue  # written by Python when it imports the package
+                present.add(member)
+                if len(present) > wheelfiles.MAX_MEMBERS or member not in listed:
+                    raise wheelfiles.WheelError(f"{member} is not in {info.name}/RECORD")
+                total += path.stat().st_size
+        _check_size(info.name, total)
+        for member, digest in listed.items():
+            if member not in present:
+                raise wheelfiles.WheelError(f"{info.name}/RECORD names {member}, which is missing")
+            if not digest and member.endswith(".pyc"):
+                continue  # installers list the bytecode they compile without a hash
+            if digest != _record_digest_of(site / member):
+                raise wheelfiles.WheelError(f"{member} does not match its RECORD hash")
+        raw = _read_small(root / "manifest.json")
+    except (wheelfiles.WheelError, OSError, UnicodeDecodeError) as exc:
+        raise KernelWheelRefused(f"refused: {exc}") from None
+    manifest = _check_manifest(raw, arch, locked_triton, None)
+    return InstalledWheel(info, manifest, _content_digest(listed))
+
+
+def _record_digest_of(path: Path) -> str:
+    """wheelfiles.record_digest of a file, read in blocks."""
+    import base64
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def _content_digest(listed: dict[str, str]) -> str:
+    """What an installed kernel wheel holds, from its RECORD rows (bytecode aside)."""
+    blob = "".join(f"{m},{d}\n" for m, d in sorted(listed.items()) if not m.endswith(".pyc"))
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def recorded_state(site: Path, arch: str) -> str:
+    """How the installed kernel wheel of `arch` stands against the environment's hash record,
+    read cheaply (its RECORD, not its files) where it is loaded at run time: "matches" (the
+    content GRETA verified), "differs" (changed since: not to be loaded), or "unrecorded"."""
+    from greta_install.environment import wheelfiles
+    from greta_install.install import hashrecord
+
+    package = kernel_wheel_name(arch).replace("-", "_")
+    infos = wheelfiles.installed_dist_infos(site, [kernel_wheel_name(arch)])
+    if len(infos) != 1:
+        return "differs"
+    try:
+        record = hashrecord.load_record(hashrecord.env_record_path(site))
+        entry = record.expected(INSTALLED_KEY.format(dist_info=infos[0].name))
+        if entry is None:
+            return "unrecorded"
+        rows = wheelfiles.installed_record(infos[0])
+    except (hashrecord.HashRecordError, wheelfiles.WheelError, OSError):
+        return "differs"
+    listed = {m: d for m, d in rows.items() if m.split("/")[0] == package}
+    return "matches" if entry.sha256 == _content_digest(listed) else "differs"
+
+
+def _read_small(path: Path) -> str:
+    from greta_install import boundedio
+    from greta_install.environment import wheelfiles
+
+    return boundedio.read_text(path, wheelfiles.MAX_METADATA_BYTES)
+
+
+def trust_installed(site: Path, arch: str, *, vouch: bool, log: Log = print) -> InstalledWheel:
+    """`verify_installed`, then trust on first use in the environment's hash record, like
+    packages: `vouch` (GRETA installed this wheel just now, after `verify_wheel`) records
+    its content; otherwise content other than the recorded one is refused, and a wheel
+    seen for the first time is recorded. KernelWheelRefused when refused."""
+    from greta_install.install import hashrecord
+
+    wheel = verify_installed(site, arch)
+    key = INSTALLED_KEY.format(dist_info=wheel.dist_info.name)
+    path = hashrecord.env_record_path(site)
+    version = wheel.dist_info.name[: -len(".dist-info")].rpartition("-")[2]
+    entry = hashrecord.Entry(
+        kernel_wheel_name(arch), version, wheel.digest,
+        "installed kernel wheel", "greta install" if vouch else "greta warm (first use)",
+    )  # fmt: skip
+    try:
+        record = hashrecord.load_record(path)
+        if vouch:
+            record.entries[key] = entry
+        elif record.check(key, wheel.digest) is not None:
+            return wheel
+        else:
+            record.add(key, entry)
+            log(f"FIRST USE installed kernel wheel {wheel.dist_info.name}: {wheel.digest} recorded")
+        hashrecord.save_record(record, path)
+    except hashrecord.HashRecordError as exc:
+        raise KernelWheelRefused(f"refused: {exc}") from None
+    except OSError as exc:  # a read-only environment: checked, not recorded
+        log(f"warning: cannot record the kernel wheel's hash in {path}: {exc}")
+    return wheel
 
 
 @dataclass(frozen=True)
@@ -186,7 +359,10 @@ def cache_key(arch: str, fingerprint: str, source_hash: str) -> str:
 
 
 def cache_root() -> Path:
-    override = os.environ.get("GRETA_KERNEL_CACHE")
+    try:
+        override = env_location("GRETA_KERNEL_CACHE")
+    except LocationError as exc:
+        raise KernelBuildError(str(exc)) from None
     if override:
         return Path(override)
     import platformdirs
@@ -231,8 +407,13 @@ def build_or_reuse(
     use_cache: bool = True,
     log: Log = print,
     timeout: float = BUILD_TIMEOUT_S,
+    locked_triton: str | None = None,
 ) -> BuiltWheel:
-    """The kernel wheel of `arch` for the Triton installed in `python`'s environment."""
+    """The kernel wheel of `arch` for the Triton installed in `python`'s environment.
+
+    Whatever it returns passed `verify_wheel` for that Triton's build (and `locked_triton`)
+    and its trust-on-first-use hash: a cached wheel that fails either is rebuilt, never
+    returned; a fresh build that fails is KernelBuildError."""
     start = time.perf_counter()
     fingerprint = triton_fingerprint(python)
     entry = cache_root() / cache_key(arch, fingerprint, greta_source_hash())
@@ -240,7 +421,8 @@ def build_or_reuse(
         found = cached_wheel(entry, arch)
         if found is not None:
             try:
-                verify_wheel(found, arch)
+                verify_wheel(found, arch, locked_triton, fingerprint)
+                _trust_cached(entry, found, built=False, log=log)
             except KernelWheelRefused as exc:  # tampered or torn: rebuilt, never installed
                 log(f"kernel wheel for {arch}: the cached build {found} is {exc}; rebuilding it")
                 shutil.rmtree(entry, ignore_errors=True)
@@ -263,7 +445,7 @@ def build_or_reuse(
         if wheel is None:
             raise KernelBuildError(f"greta build-kernels wrote no intact wheel for {arch}")
         try:
-            verify_wheel(wheel, arch)
+            verify_wheel(wheel, arch, locked_triton, fingerprint)
         except KernelWheelRefused as exc:
             raise KernelBuildError(f"the kernel wheel built for {arch} is {exc}") from None
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -272,9 +454,36 @@ def build_or_reuse(
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)  # the cache entry appears whole or not at all
     final = entry / wheel.name
+    _trust_cached(entry, final, built=True, log=log)
     seconds = time.perf_counter() - start
     log(f"kernel wheel for {arch} built in {seconds:.0f}s, cached in {entry}")
     return BuiltWheel(final, arch, _sha256(final), False, seconds)
+
+
+def _trust_cached(entry: Path, wheel: Path, *, built: bool, log: Log) -> None:
+    """Trust on first use for the build cache, in the user's hash record: a wheel built here
+    is recorded under its cache entry (its inputs: arch, Triton build, GRETA source); a
+    cached one must still have that hash (KernelWheelRefused: rebuilt)."""
+    from greta_install.install import hashrecord
+
+    key = f"kernel-cache:{entry.name}:{wheel.name}"
+    sha = "sha256:" + _sha256(wheel)
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    made = hashrecord.Entry(str(name), str(version), sha, "built here", f"greta cache {entry.name}")
+    path = hashrecord.user_record_path()
+    try:
+        record = hashrecord.load_record(path)
+        if built:
+            record.entries[key] = made  # built just now: the cache entry's new content
+        elif record.check(key, sha) is not None:
+            return
+        else:
+            record.add(key, made)
+        hashrecord.save_record(record, path)
+    except hashrecord.HashRecordError as exc:
+        raise KernelWheelRefused(f"refused: {exc}") from None
+    except OSError as exc:
+        log(f"warning: cannot record the kernel wheel's hash in {path}: {exc}")
 
 
 def build_argv(python: str, arch: str, out: str, jobs: int = 0) -> list[str]:
@@ -364,8 +573,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = None) -> None:
-    """Install one kernel wheel into `python`'s environment, offline, hash-checked."""
+def install_wheel(
+    python: str, wheel: Path, log: Log = print, uv: str | None = None, arch: str | None = None
+) -> None:
+    """Install one kernel wheel into `python`'s environment, offline, hash-checked; with
+    `arch`, then vouch for what was installed (`trust_installed`) so `greta warm` holds it
+    to that content."""
     wheel = wheel.absolute()  # pip runs from NEUTRAL_CWD
     sha = _sha256(wheel)
     name, version, _, _ = parse_wheel_filename(wheel.name)
@@ -386,6 +599,13 @@ def install_wheel(python: str, wheel: Path, log: Log = print, uv: str | None = N
         tail = (proc.stderr or proc.stdout).strip()[-800:]
         raise KernelBuildError(f"installing {wheel.name} failed: {tail}")
     log(f"installed {wheel.name} (sha256:{sha})")
+    if arch is not None:
+        from greta_install.environment.tools import site_packages_of
+
+        try:
+            trust_installed(site_packages_of(python), arch, vouch=True, log=log)
+        except (KernelWheelRefused, GretaError, OSError) as exc:
+            raise KernelBuildError(f"installed {wheel.name}, but it is {exc}") from None
 
 
 def write_index(wheels: list[Path], out: Path) -> Path:

@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
             try:
                 built = kernel_build.build_or_reuse(python, arch, log=log)
                 kernel_build.install_wheel(
-                    python, built.path, log, uv=find_uv() if not _has_pip(python) else None
-                )
+                    python, built.path, log, uv=find_uv() if not _has_pip(python) else None,
+                    arch=arch,
+                )  # fmt: skip
                 results["kernels"] = {
                     "wheel": built.path.name,
                     "sha256": built.sha256,

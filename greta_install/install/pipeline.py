@@ -497,21 +497,73 @@ def _undo(txn: Transaction, site: Path) -> str:
     return f" ({'; '.join(done)})" if done else " (nothing had changed)"
 
 
-CHECKPOINT_ENV = "GRETA_TEST_CHECKPOINT"
+# Test hooks are armed by a file, never by a variable alone. A lock's `# greta-env:` lines
+# and greta-env.json can only set variables (and the allowlist refuses GRETA_TEST_* and any
+# value that is a path), never create a file; so even a variable that slipped through
+# cannot make an install wait. The harness writes the file in its own tmp dir: a regular
+# file of this user, not writable by others, holding {"greta_test_hooks": 1, ...}, a key
+# GRETA never writes anywhere else.
+HOOKS_ENV = "GRETA_TEST_HOOKS"
+HOOKS_KEY = "greta_test_hooks"
+_HOOKS_MAX_BYTES = 4096
+
+
+def armed_test_hooks() -> dict[str, object]:
+    """The armed test hooks: {} unless GRETA_TEST_HOOKS names a hooks file as above."""
+    import json
+    import stat
+
+    path = os.environ.get(HOOKS_ENV)
+    if not path or not os.path.isabs(path):
+        return {}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return {}
+    try:
+        info = os.fstat(fd)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        ):
+            return {}
+        raw = os.read(fd, _HOOKS_MAX_BYTES + 1)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    try:
+        hooks = json.loads(raw) if len(raw) <= _HOOKS_MAX_BYTES else None
+    except (ValueError, RecursionError):
+        return {}
+    if (
+        not isinstance(hooks, dict)
+        or type(hooks.get(HOOKS_KEY)) is not int
+        or hooks[HOOKS_KEY] != 1
+    ):
+        return {}
+    return hooks
 
 
 def _checkpoint(name: str) -> None:
-    """Test hook: with GRETA_TEST_CHECKPOINT=<name>, announce the point and wait there,
-    so the reliability tests can kill GRETA at an exact point of the commit, or (with
-    GRETA_TEST_CHECKPOINT_RELEASE=<file>) go on once the test creates that file."""
-    if os.environ.get(CHECKPOINT_ENV) == name:
-        print(f"greta-checkpoint: {name}", file=sys.stderr, flush=True)
-        import time
+    """Test hook: with an armed hooks file naming `checkpoint` <name>, announce the point
+    and wait there (`wait` seconds), so the reliability tests can kill GRETA at an exact
+    point of the commit, or go on once the file named by `release` exists."""
+    hooks = armed_test_hooks()
+    if not hooks or hooks.get("checkpoint") != name:
+        return
+    print(f"greta-checkpoint: {name}", file=sys.stderr, flush=True)
+    import time
 
-        deadline = time.monotonic() + float(os.environ.get("GRETA_TEST_CHECKPOINT_WAIT", "30"))
-        release = os.environ.get("GRETA_TEST_CHECKPOINT_RELEASE")
-        while time.monotonic() < deadline and not (release and os.path.exists(release)):
-            time.sleep(0.05)
+    wait = hooks.get("wait", 30)
+    release = hooks.get("release")
+    wait_s = float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else 30.0
+    deadline = time.monotonic() + min(max(wait_s, 0.0), 600.0)
+    while time.monotonic() < deadline and not (
+        isinstance(release, str) and os.path.exists(release)
+    ):
+        time.sleep(0.05)
 
 
 def bad_python_reason(text: str) -> str:

@@ -13,6 +13,7 @@ import re
 import sys
 from typing import Any
 
+from greta_install import commandline
 from greta_install.boundedio import LOCK_MAX_BYTES, read_text
 from greta_install.environment.tools import find_uv, has_pip, python_version_of
 from greta_install.install import installer as inst
@@ -241,10 +242,14 @@ def prepare(request: InstallRequest) -> Prepared:
     }
     try:
         first = planning.build_plan(matrix, lock, **common)
-        source = request.kernel_wheels or os.environ.get(inst.KERNEL_ENV) or None
+        source = (
+            commandline.location(request.kernel_wheels, "--kernel-wheels")
+            if request.kernel_wheels
+            else commandline.env_location(inst.KERNEL_ENV)
+        )
         lookup = inst.find_kernel_wheel(source, first.kernel_wheel.requirement, request.allow_http)
         plan = planning.build_plan(matrix, lock, kernel=lookup, **common)
-    except (planning.PlanError, MatrixError) as exc:
+    except (planning.PlanError, MatrixError, commandline.LocationError) as exc:
         raise InstallFailed(str(exc), 2) from None
     if why_not and not request.target and explicit is None:
         plan.warnings.insert(0, f"{why_not}: planning for target {target}")

@@ -37,12 +37,15 @@ class KernelBuild:
         arch = ctx.plan.kernel_wheel.arch
         assert arch is not None
         try:
-            built = kernel_build.build_or_reuse(ctx.executable, arch, log=ctx.log)
+            # Verified there for this Triton and the lock's (a cached wheel that fails is
+            # rebuilt, not an install failure).
+            built = kernel_build.build_or_reuse(
+                ctx.executable, arch, log=ctx.log, locked_triton=installer.locked_triton(ctx.plan)
+            )
         except kernel_build.KernelBuildError as exc:
             raise StepFailed(
                 self.name, f"{exc}. Kernels compile on first use instead (JIT)"
             ) from None
-        installer.verify_kernel_wheel(built.path, ctx.plan)
         ctx.install_wheels([built.path], [f"sha256:{built.sha256}"])
         ctx.results[self.name] = {
             "wheel": built.path.name,

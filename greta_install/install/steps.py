@@ -79,6 +79,16 @@ class WarmLaunchers:
     def run(self, ctx: CommitContext) -> None:
         ctx.log("building the kernel wheel's host launchers (greta warm)")
         ctx.results[self.name] = False
+        kw = ctx.plan.kernel_wheel
+        if kw.arch and (kw.status == "found" or ctx.results.get("kernel-build")):
+            # Installed by this run after verify_wheel: vouch for its installed content, so
+            # `greta warm` (which checks it again) holds it, and any later change, to it.
+            from greta_install.install import kernel_build
+
+            try:
+                kernel_build.trust_installed(ctx.site_packages, kw.arch, vouch=True, log=ctx.log)
+            except kernel_build.KernelWheelRefused as exc:
+                raise StepFailed(self.name, f"the installed kernel wheel is {exc}") from None
         try:
             proc = ctx.python(self.argv("")[2:], self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:

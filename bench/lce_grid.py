@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""Linear cross-entropy, forward + backward, over a grid of token counts x vocabularies x
+hidden sizes: GRETA against torch core's ``F.linear_cross_entropy`` (default and memory-lean
+options), Liger-Kernel and the naive linear + float32 cross-entropy, on one GPU.
+
+Per cell and variant: the median time of forward + backward (``triton.testing.do_bench``),
+the peak memory above the inputs (the gradients included, as bench/fused_ops.py counts it),
+and the relative error of the loss and of both gradients against a float32 reference (chunked
+torch on float32 copies of the same bf16 inputs). Variants:
+
+- ``core``: ``F.linear_cross_entropy(..., options=None)`` (torch >= 2.13: linear + CE);
+- ``core-lean``: ``options=LinearCrossEntropyOptions()`` (torch's chunked path, its defaults);
+- ``core-lean-compact``: ``LinearCrossEntropyOptions(acc_policy="compact")`` where the
+  field exists;
+- ``liger``: ``LigerFusedLinearCrossEntropyLoss``;
+- ``naive``: ``F.cross_entropy(F.linear(h, w).float(), t)`` (transformers' loss);
+- ``greta``: ``torch.ops.greta.linear_cross_entropy`` as dispatched by the config table
+  (the ``impl`` column says what ran);
+- ``greta-kernel``: GRETA's chunked kernel forced (the table's chunk schedule);
+- ``greta-kernel-nofloor``: the kernel with CHUNK_FLOOR 0 (the schedule before issue 26).
+
+Each cell's ``verdict`` applies issue 26's criterion to ``greta``: at or below the fastest
+torch-core time (within TIME_TOL) at or below Liger's memory (within MEM_TOL), or delegating
+("delegates": the table sent the call to torch, "delegates-over-memory" where that took more than MEM_TOL over Liger's memory). At the end the script prints the N/H
+threshold below which torch's unchunked path won at a memory within MEM_TOL of Liger's: the
+``N_per_H_max`` of the table rule these numbers support.
+
+Cells run largest-last and stop being started after ``--budget-s`` seconds (the rows so far
+are written after every cell): split the grid with --tokens/--vocabs/--hiddens to fit a
+device call. A cell that runs out of memory is a row with status "oom".
+
+    python bench/lce_grid.py --out DIR                       # the full grid (~6 min, H100)
+    python bench/lce_grid.py --out DIR --tokens 512,2048 --variants greta,core,liger
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
+    sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
+
+VARIANTS = (
+    "core", "core-lean", "core-lean-compact", "liger", "naive",
+    "greta", "greta-kernel", "greta-kernel-nofloor",
+)  # fmt: skip
+CORE_VARIANTS = ("core", "core-lean", "core-lean-compact")
+TOKENS = (512, 2048, 8192, 32768)
+VOCABS = (32000, 128256, 262144)
+HIDDENS = (2048, 4096)
+FIELDS = (
+    "tokens", "vocab", "hidden", "variant", "status", "reason", "impl", "ms", "extra_gib",
+    "loss_rel_err", "dh_rel_err", "dw_rel_err",
+)  # fmt: skip
+SUMMARY_FIELDS = (
+    "tokens", "vocab", "hidden", "n_per_h", "greta_impl", "greta_ms", "best_core", "best_core_ms",
+    "greta_vs_core", "greta_gib", "liger_gib", "greta_vs_liger_mem", "verdict",
+)  # fmt: skip
+# Timing noise of a median of do_bench on one GPU: a GRETA time within 3% of core's counts
+# as "at core's time".
+TIME_TOL = 0.03
+# Memory "at Liger's": within 12%. Issue 26 calls GRETA's 0.64 / 0.58 GiB (1.10x) and
+# 1.57 / 1.43 GiB (1.10x) at Liger's memory; 2% more for the caching allocator's rounding.
+MEM_TOL = 0.12
+IGNORE = -100
+
+
+def _inputs(n: int, h: int, v: int, device: str = "cuda", seed: int = 0) -> tuple[Any, Any, Any]:
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(n, h, generator=gen, device=device, dtype=torch.bfloat16)
+    weight = torch.randn(v, h, generator=gen, device=device, dtype=torch.float32) * h**-0.5
+    target = torch.randint(0, v, (n,), generator=gen, device=device)
+    target[::7] = IGNORE
+    return hidden, weight.to(torch.bfloat16), target
+
+
+def reference(hidden: Any, weight: Any, target: Any, rows: int = 1024) -> tuple[float, Any, Any]:
+    """(loss, dhidden, dweight) of the mean loss in float32 from the bf16 inputs, chunked
+    so the float32 logits never exist whole (a [32768, 262144] float32 tensor is 32 GiB)."""
+    import torch
+
+    h32, w32 = hidden.float(), weight.float()
+    n_valid = max(1, int((target != IGNORE).sum()))
+    loss = torch.zeros((), dtype=torch.float64, device=hidden.device)
+    dh = torch.empty_like(h32)
+    dw = torch.zeros_like(w32)
+    for s in range(0, hidden.shape[0], rows):
+        t = target[s : s + rows]
+        logits = h32[s : s + rows] @ w32.t()
+        lse = torch.logsumexp(logits, dim=1)
+        valid = t != IGNORE
+        picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+        loss += ((lse - picked) * valid).double().sum()
+        grad = torch.softmax(logits, dim=1)
+        del logits
+        grad[valid, t[valid]] -= 1.0
+        grad *= (valid.float() / n_valid).unsqueeze(1)
+        dh[s : s + rows] = grad @ w32
+        dw.addmm_(grad.t(), h32[s : s + rows])
+        del grad
+    return float(loss / n_valid), dh, dw
+
+
+def _options(**fields: Any) -> Any:
+    """torch's LinearCrossEntropyOptions with the fields this torch has (None: no class)."""
+    import dataclasses
+
+    import torch
+
+    cls = getattr(torch.nn, "LinearCrossEntropyOptions", None) or getattr(
+        torch.nn.functional, "LinearCrossEntropyOptions", None
+    )
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if any(k not in names for k in fields):
+        return None
+    return cls(**fields)
+
+
+def variant_fn(variant: str) -> tuple[Callable[..., Any] | None, str]:
+    """(loss function of (hidden, weight, target), reason when there is none)."""
+    import torch
+    import torch.nn.functional as F
+
+    core = getattr(F, "linear_cross_entropy", None)
+    if variant in CORE_VARIANTS:
+        if core is None:
+            return None, f"torch {torch.__version__} has no F.linear_cross_entropy (>= 2.13)"
+        opts = {"core": None, "core-lean": _options(),
+                "core-lean-compact": _options(acc_policy="compact")}[variant]  # fmt: skip
+        if variant != "core" and opts is None:
+            return None, f"torch {torch.__version__}: no LinearCrossEntropyOptions for {variant}"
+        kw = {} if opts is None else {"options": opts}
+        return (lambda h, w, t: core(h, w, t, ignore_index=IGNORE, **kw)), ""
+    if variant == "naive":
+        return (lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t, ignore_index=IGNORE)), ""
+    if variant == "liger":
+        try:
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        except Exception as exc:
+            return None, f"liger_kernel not importable: {exc.__class__.__name__}: {exc}"[:200]
+        loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)
+        return (lambda h, w, t: loss(w, h, t)), ""
+    import greta_core.torch  # noqa: F401
+    from greta_core import configs
+
+    op = torch.ops.greta.linear_cross_entropy
+    if variant == "greta":
+        return (lambda h, w, t: op(h, w, t, IGNORE, "mean")), ""
+    override: dict[str, dict[str, Any]] = {"linear_cross_entropy_dispatch": {"backend": "greta"}}
+    if variant == "greta-kernel-nofloor":
+        override["linear_cross_entropy"] = {"CHUNK_FLOOR": 0.0}
+
+    def forced(h: Any, w: Any, t: Any) -> Any:
+        with configs.Override(override):
+            return op(h, w, t, IGNORE, "mean")
+
+    return forced, ""
+
+
+def _rel(got: Any, want: Any) -> float:
+    return float((got.float() - want).norm() / want.norm().clamp(min=1e-30))
+
+
+def _median_ms(fn: Callable[[], Any], runs: int = 3) -> float:
+    """CPU stand-in for do_bench (the CPU test of this script): median of a few calls."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_cell(
+    n: int, h: int, v: int, variants: list[str], device: str = "cuda"
+) -> list[dict[str, Any]]:
+    import torch
+
+    from greta_core import observe
+
+    on_gpu = device != "cpu"
+    if on_gpu:
+        from triton.testing import do_bench
+    hidden, weight, target = _inputs(n, h, v, device)
+    ref_loss, ref_dh, ref_dw = reference(hidden, weight, target)
+    rows = []
+    for variant in variants:
+        row: dict[str, Any] = {"tokens": n, "vocab": v, "hidden": h, "variant": variant}
+        fn, reason = variant_fn(variant)
+        if fn is None:
+            rows.append({**row, "status": "skipped", "reason": reason})
+            continue
+        hg, wg = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+
+        def step(fn: Callable[..., Any] = fn, hg: Any = hg, wg: Any = wg) -> tuple[Any, ...]:
+            loss = fn(hg, wg, target)
+            return (loss, *torch.autograd.grad(loss, (hg, wg)))
+
+        try:
+            observe.reset()
+            loss, dh, dw = step()
+            row["impl"] = observe.last_implementation("linear_cross_entropy") or variant
+            row["loss_rel_err"] = abs(float(loss.detach()) - ref_loss) / abs(ref_loss)
+            row["dh_rel_err"], row["dw_rel_err"] = _rel(dh, ref_dh), _rel(dw, ref_dw)
+            del loss, dh, dw
+            if on_gpu:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                row["extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                row["ms"] = do_bench(step, warmup=5, rep=40, return_mode="median")
+            else:
+                row["ms"] = _median_ms(step)
+            row["status"] = "ok"
+        except torch.cuda.OutOfMemoryError as exc:
+            row.update(status="oom", reason=str(exc).splitlines()[0][:200])
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            row.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}"[:300])
+        del hg, wg
+        if on_gpu:
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell: GRETA (as dispatched) against the fastest torch-core variant and
+    Liger's memory, with issue 26's verdict."""
+    cells: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["tokens"], r["vocab"], r["hidden"]), {})[r["variant"]] = r
+    out = []
+    for (n, v, h), by in sorted(cells.items()):
+        ok = {k: r for k, r in by.items() if r.get("status") == "ok"}
+        greta, liger = ok.get("greta"), ok.get("liger")
+        cores = [ok[k] for k in CORE_VARIANTS if k in ok]
+        best = min(cores, key=lambda r: r["ms"]) if cores else None
+        s: dict[str, Any] = {"tokens": n, "vocab": v, "hidden": h, "n_per_h": n / h}
+        if greta:
+            s.update(greta_impl=greta.get("impl"), greta_ms=greta["ms"])
+            s["greta_gib"] = greta.get("extra_gib")
+        if best:
+            s.update(best_core=best["variant"], best_core_ms=best["ms"])
+        if liger:
+            s["liger_gib"] = liger.get("extra_gib")
+        if greta and best:
+            s["greta_vs_core"] = greta["ms"] / best["ms"]
+        if s.get("greta_gib") is not None and s.get("liger_gib"):
+            s["greta_vs_liger_mem"] = s["greta_gib"] / s["liger_gib"]
+        s["verdict"] = verdict(s)
+        out.append(s)
+    return out
+
+
+def verdict(s: dict[str, Any]) -> str:
+    """issue 26's criterion for one cell (a summary row)."""
+    if "greta_ms" not in s:
+        return "no-greta"
+    impl = s.get("greta_impl") or ""
+    fast = "greta_vs_core" not in s or s["greta_vs_core"] <= 1 + TIME_TOL
+    lean = "greta_vs_liger_mem" not in s or s["greta_vs_liger_mem"] <= 1 + MEM_TOL
+    if impl.startswith("torch"):
+        return "delegates" if lean else "delegates-over-memory"
+    if fast and lean:
+        return "ahead" if "greta_vs_core" in s else "no-core"
+    return "slower" if lean else ("over-memory" if fast else "slower+over-memory")
+
+
+def suggested_threshold(rows: list[dict[str, Any]]) -> float | None:
+    """The largest N/H at which torch core's unchunked path beat GRETA's kernel with a memory
+    within MEM_TOL of Liger's, provided it did so at every smaller N/H measured; None when it
+    never did."""
+    cells: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            cells.setdefault((r["tokens"], r["vocab"], r["hidden"]), {})[r["variant"]] = r
+    wins: dict[float, bool] = {}
+    for (n, _v, h), by in cells.items():
+        core, kernel, liger = by.get("core"), by.get("greta-kernel"), by.get("liger")
+        if not (core and kernel and liger) or None in (
+            core.get("extra_gib"),
+            liger.get("extra_gib"),
+        ):
+            continue
+        win = core["ms"] < kernel["ms"] and core["extra_gib"] <= liger["extra_gib"] * (1 + MEM_TOL)
+        ratio = n / h
+        wins[ratio] = wins.get(ratio, True) and win
+    best = None
+    for ratio in sorted(wins):
+        if not wins[ratio]:
+            break
+        best = ratio
+    return best
+
+
+def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hiddens = sorted({s["hidden"] for s in summary})
+    fig, axes = plt.subplots(2, len(hiddens), figsize=(6 * len(hiddens), 7), squeeze=False)
+    for j, h in enumerate(hiddens):
+        for v in sorted({s["vocab"] for s in summary if s["hidden"] == h}):
+            pts = [s for s in summary if s["hidden"] == h and s["vocab"] == v]
+            for i, key in enumerate(("greta_vs_core", "greta_vs_liger_mem")):
+                xs = [s["tokens"] for s in pts if key in s]
+                ys = [s[key] for s in pts if key in s]
+                if xs:
+                    axes[i][j].plot(xs, ys, marker="o", label=f"vocab {v}")
+        axes[0][j].set_title(f"hidden {h}: GRETA time / fastest torch core", fontsize=9)
+        axes[1][j].set_title(f"hidden {h}: GRETA extra memory / Liger's", fontsize=9)
+        for i, line in ((0, 1 + TIME_TOL), (1, 1 + MEM_TOL)):
+            axes[i][j].axhline(line, color="grey", linestyle="--", linewidth=0.8)
+            axes[i][j].set_xscale("log", base=2)
+            axes[i][j].set_xlabel("tokens")
+            axes[i][j].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="result folder")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--vocabs", default=",".join(map(str, VOCABS)))
+    parser.add_argument("--hiddens", default=",".join(map(str, HIDDENS)))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--budget-s", type=float, default=360.0,
+        help="start no new cell after this many seconds (default 360)",
+    )  # fmt: skip
+    parser.add_argument("--append", action="store_true", help="keep the rows already in --out")
+    parser.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"),
+        help="cpu: the format check on tiny shapes (no memory columns, plain timings)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(
+            f"unknown variant(s): {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}"
+        )
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("lce_grid: needs a CUDA/ROCm GPU (--device cpu: the format check)", file=sys.stderr)
+        return 2
+    from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.report import write_csv, write_json
+    from greta_core.torch.linear_cross_entropy import core_api
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    meta = collect("lce_grid", args.device)
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        meta["versions"]["liger_kernel"] = version("liger-kernel")
+    meta["torch_core_api"] = core_api()
+    meta["time_tol"], meta["mem_tol"] = TIME_TOL, MEM_TOL
+    command = command_line("bench/lce_grid.py", sys.argv[1:] if argv is None else argv, out / "x")
+    rows: list[dict[str, Any]] = []
+    previous = out / "lce_grid.json"
+    cells = sorted(
+        (
+            (n, h, v)
+            for n in _ints(args.tokens)
+            for h in _ints(args.hiddens)
+            for v in _ints(args.vocabs)
+        ),
+        key=lambda c: c[0] * c[1] * c[2],
+    )
+    if args.append and previous.is_file():
+        keep = {(n, v, h) for n, h, v in cells}
+        rows = [
+            r for r in json.loads(previous.read_text())["rows"]
+            if (r["tokens"], r["vocab"], r["hidden"]) not in keep
+        ]  # fmt: skip
+    t_start = time.time()
+    skipped_cells = []
+    for n, h, v in cells:
+        if time.time() - t_start > args.budget_s:
+            skipped_cells.append(f"{n}x{h}x{v}")
+            continue
+        t0 = time.time()
+        rows += run_cell(n, h, v, variants, args.device)
+        summary = summarize(rows)
+        doc = {"metadata": meta, "command": command, "rows": rows, "summary": summary,
+               "not_run_budget": skipped_cells, "suggested_N_per_H_max": suggested_threshold(rows)}  # fmt: skip
+        write_json(out / "lce_grid.json", doc)
+        write_csv(out / "lce_grid.csv", rows, FIELDS)
+        write_csv(out / "lce_grid_summary.csv", summary, SUMMARY_FIELDS)
+        print(f"cell {n}x{h}x{v}: {time.time() - t0:.1f} s", flush=True)
+    if skipped_cells:
+        doc["not_run_budget"] = skipped_cells
+        write_json(out / "lce_grid.json", doc)
+        print(f"not run (--budget-s {args.budget_s:.0f}): {', '.join(skipped_cells)}")
+    summary = summarize(rows)
+    try:
+        plot(
+            out / "lce_grid.png", summary, f"linear cross-entropy fwd+bwd ({meta.get('gpu_name')})"
+        )
+    except Exception as exc:  # matplotlib missing: the numbers are written already
+        print(f"no PNG: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+    print(f"\n{'tokens':>6} {'hidden':>6} {'vocab':>6} {'variant':22s} {'status':7s} "
+          f"{'ms':>8} {'GiB':>6} {'loss_err':>8} {'dw_err':>8} impl")  # fmt: skip
+    for r in rows:
+        print(
+            f"{r['tokens']:6d} {r['hidden']:6d} {r['vocab']:6d} {r['variant']:22s} "
+            f"{r['status']:7s} {r.get('ms', math.nan):8.2f} {r.get('extra_gib', math.nan):6.2f} "
+            f"{r.get('loss_rel_err', math.nan):8.1e} {r.get('dw_rel_err', math.nan):8.1e} "
+            f"{r.get('impl', r.get('reason', ''))}"
+        )
+    print(
+        f"\n{'tokens':>6} {'hidden':>6} {'vocab':>6} {'impl':18s} {'t/core':>7} {'mem/liger':>9} verdict"
+    )
+    for s in summary:
+        print(
+            f"{s['tokens']:6d} {s['hidden']:6d} {s['vocab']:6d} {s.get('greta_impl') or '-':18s} "
+            f"{s.get('greta_vs_core', math.nan):7.2f} {s.get('greta_vs_liger_mem', math.nan):9.2f} "
+            f"{s['verdict']}"
+        )
+    print(f"suggested N_per_H_max for torch's unchunked path: {suggested_threshold(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""bench/lce_grid.py without a GPU: its float32 reference, one cell's rows on CPU (no timing
+asserts), the per-cell verdict and the threshold it suggests for the dispatch table."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from _script_module import load_script
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return load_script("bench/lce_grid.py", "lce_grid_bench")
+
+
+def test_reference_matches_float64_autograd(grid) -> None:
+    hidden, weight, target = grid._inputs(20, 16, 50, device="cpu")
+    loss, dh, dw = grid.reference(hidden, weight, target, rows=7)  # 3 chunks, one short
+    h = hidden.double().requires_grad_()
+    w = weight.double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(h @ w.t(), target, ignore_index=grid.IGNORE)
+    want_dh, want_dw = torch.autograd.grad(want, (h, w))
+    # float32 maths over 50 classes and 20 rows: float32 rounding, far below 1e-5 relative.
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    torch.testing.assert_close(dh.double(), want_dh, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(dw.double(), want_dw, rtol=1e-5, atol=1e-7)
+
+
+def test_one_cell_on_cpu_gives_a_row_per_variant(grid) -> None:
+    variants = ["core", "core-lean", "naive", "greta", "greta-kernel", "greta-kernel-nofloor"]
+    rows = grid.run_cell(24, 16, 40, variants, device="cpu")
+    assert [r["variant"] for r in rows] == variants
+    by = {r["variant"]: r for r in rows}
+    assert all(r["status"] == "ok" for r in rows), rows
+    # bf16 inputs, float32 reference: every implementation within bf16 rounding (2^-8) of it.
+    for r in rows:
+        assert r["loss_rel_err"] < 2**-7 and r["dh_rel_err"] < 2**-5 and r["dw_rel_err"] < 2**-5
+    # The CPU's table dispatches nothing: GRETA ran its kernel (through the interpreter).
+    assert by["greta"]["impl"] == "triton-interpret"
+    assert by["greta-kernel"]["impl"] == "triton-interpret"
+    assert by["core"]["impl"] == "core"
+
+
+def _row(n, variant, ms, gib, impl=None, h=4096, v=128256):
+    return {"tokens": n, "hidden": h, "vocab": v, "variant": variant, "status": "ok",
+            "ms": ms, "extra_gib": gib, "impl": impl or variant}  # fmt: skip
+
+
+def test_verdicts_follow_issue_26s_criterion(grid) -> None:
+    rows = [
+        # 512 tokens: the table delegated (memory within 12% of Liger's); 1024: delegated
+        # at 20% more memory than Liger.
+        _row(512, "greta", 3.0, 1.1, "torch-core"), _row(512, "core", 3.0, 1.1),
+        _row(512, "liger", 9.0, 1.0),
+        _row(1024, "greta", 5.0, 1.2, "torch-core"), _row(1024, "liger", 19.0, 1.0),
+        # 2048: GRETA's kernel, slower than core, at Liger's memory.
+        _row(2048, "greta", 15.0, 1.05, "triton"), _row(2048, "core", 10.4, 1.48),
+        _row(2048, "core-lean", 30.0, 2.0), _row(2048, "liger", 60.6, 1.01),
+        # 8192: ahead of the fastest core variant (within 3%), memory within 12% of Liger's.
+        _row(8192, "greta", 23.0, 0.64, "triton"), _row(8192, "core", 22.8, 5.87),
+        _row(8192, "liger", 34.7, 0.58),
+        # 16384: fast but 20% over Liger's memory.
+        _row(16384, "greta", 90.0, 1.72, "triton"), _row(16384, "core", 99.5, 13.9),
+        _row(16384, "liger", 108.3, 1.43),
+    ]  # fmt: skip
+    verdicts = {s["tokens"]: s["verdict"] for s in grid.summarize(rows)}
+    assert verdicts == {
+        512: "delegates", 1024: "delegates-over-memory", 2048: "slower", 8192: "ahead",
+        16384: "over-memory",
+    }  # fmt: skip
+    best = {s["tokens"]: s.get("best_core") for s in grid.summarize(rows)}
+    assert best[2048] == "core"
+
+
+def test_suggested_threshold_is_the_last_n_per_h_where_core_won_within_memory(grid) -> None:
+    def cell(n, core_ms, core_gib, kernel_ms):
+        return [_row(n, "core", core_ms, core_gib), _row(n, "greta-kernel", kernel_ms, 1.0),
+                _row(n, "liger", 1.0, 1.0)]  # fmt: skip
+
+    # N/H 0.125 won (memory 1.05 <= 1.12), 0.25 lost on memory although faster, 0.5 won
+    # again: not below every smaller ratio, so 0.125 is the threshold.
+    rows = cell(512, 2.0, 1.05, 3.0) + cell(1024, 4.0, 1.2, 6.0) + cell(2048, 5.0, 1.05, 9.0)
+    assert grid.suggested_threshold(rows) == 0.125
+    assert grid.suggested_threshold(cell(512, 4.0, 1.0, 3.0)) is None
+
+
+def test_unknown_variant_is_refused_in_one_line(grid, capsys) -> None:
+    with pytest.raises(SystemExit):
+        grid.main(["--out", "unused", "--variants", "greta,cudnn"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown variant(s): cudnn" in err
+
+
+def test_main_on_cpu_writes_rows_summary_and_the_table(grid, tmp_path, capsys) -> None:
+    out = tmp_path / "lce"
+    args = ["--device", "cpu", "--out", str(out), "--tokens", "16,32", "--vocabs", "40",
+            "--hiddens", "16", "--variants", "core,naive,greta"]  # fmt: skip
+    assert grid.main(args) == 0
+    doc = json.loads((out / "lce_grid.json").read_text())
+    assert [(r["tokens"], r["variant"], r["status"]) for r in doc["rows"]] == [
+        (16, "core", "ok"), (16, "naive", "ok"), (16, "greta", "ok"),
+        (32, "core", "ok"), (32, "naive", "ok"), (32, "greta", "ok"),
+    ]  # fmt: skip
+    ms = {(r["tokens"], r["variant"]): r["ms"] for r in doc["rows"]}
+    for s in doc["summary"]:
+        n = s["tokens"]
+        assert s["greta_impl"] == "triton-interpret" and s["best_core"] == "core"
+        assert s["greta_vs_core"] == pytest.approx(ms[(n, "greta")] / ms[(n, "core")])
+        assert "greta_vs_liger_mem" not in s  # no Liger, no memory columns on CPU
+    assert {s["tokens"] for s in doc["summary"]} == {16, 32}
+    assert doc["metadata"]["device"] == "cpu" and doc["metadata"]["torch_core_api"]
+    assert doc["command"].startswith("python bench/lce_grid.py --device cpu --out <out> ")
+    with (out / "lce_grid.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 6
+    assert (out / "lce_grid_summary.csv").is_file()
+    printed = capsys.readouterr().out
+    assert "suggested N_per_H_max" in printed.splitlines()[-1]
