@@ -36,8 +36,28 @@ sys.path.insert(0, str(ROOT))
 from greta_core.bench.metadata import command_line, git_commit  # noqa: E402
 from greta_install.commandline import parse_progress  # noqa: E402
 
-FIELDS = ("arch", "jobs", "ok", "kernels", "wall_s", "cpu_s", "peak_rss_mib",
-          "first_line_s", "first_progress_s", "loadavg_before", "loadavg_after", "wheel_sha256")  # fmt: skip
+FIELDS = ("arch", "jobs", "ok", "kernels", "wall_s", "cpu_s", "compile_cpu_s", "peak_rss_mib",
+          "first_line_s", "first_progress_s", "last_progress_s", "loadavg_before",
+          "loadavg_after", "wheel_bytes", "wheel_sha256")  # fmt: skip
+
+
+def per_module(outcomes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per kernel module: kernels, and the workers' wall and CPU seconds inside the compiles
+    (what the dry run's per-kernel estimate is taken from)."""
+    out: dict[str, dict[str, float]] = {}
+    for outcome in outcomes:
+        for row in outcome.get("results", []):
+            m = out.setdefault(
+                row["module"], {"kernels": 0, "compile_s": 0.0, "compile_cpu_s": 0.0}
+            )
+            m["kernels"] += 1
+            m["compile_s"] += row.get("seconds", 0.0)
+            m["compile_cpu_s"] += row.get("cpu_seconds", 0.0)
+    for m in out.values():
+        m["compile_s"] = round(m["compile_s"], 2)
+        m["compile_cpu_s"] = round(m["compile_cpu_s"], 2)
+        m["cpu_s_per_kernel"] = round(m["compile_cpu_s"] / max(m["kernels"], 1), 3)
+    return dict(sorted(out.items()))
 
 
 def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]:
@@ -56,10 +76,11 @@ def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]
             "SOURCE_DATE_EPOCH": "1700000000",
             "PYTHONUNBUFFERED": "1",
         }
-        load_before = os.getloadavg()[0]
+        load_all_before = os.getloadavg()
+        load_before = load_all_before[0]
         usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        first_line = first_progress = None
+        first_line = first_progress = last_progress = None
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -68,14 +89,16 @@ def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]
         for line in proc.stdout:
             now = time.perf_counter() - start
             first_line = now if first_line is None else first_line
-            if first_progress is None and parse_progress(line) is not None:
-                first_progress = now
+            if parse_progress(line) is not None:
+                first_progress = now if first_progress is None else first_progress
+                last_progress = now
             log.append(line)
         proc.wait()
         wall = time.perf_counter() - start
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         wheels = sorted(out.glob("*.whl"))
         outcomes = json.loads(report.read_text()) if report.is_file() else []
+        modules = per_module(outcomes)
         sys.stdout.write(log[-1] if log else "")
         return {
             "arch": arch,
@@ -91,9 +114,15 @@ def one_run(arch: str, jobs: int, kernels: str, variants: str) -> dict[str, Any]
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "first_line_s": round(first_line, 2) if first_line is not None else None,
             "first_progress_s": round(first_progress, 2) if first_progress is not None else None,
+            # After the last kernel: putting the wheel together (serial, in the parent).
+            "last_progress_s": round(last_progress, 2) if last_progress is not None else None,
+            "compile_cpu_s": round(sum(m["compile_cpu_s"] for m in modules.values()), 2),
+            "per_module": modules,
             "loadavg_before": round(load_before, 2),
+            "loadavg_1_5_15_before": [round(v, 2) for v in load_all_before],
             "loadavg_after": round(os.getloadavg()[0], 2),
             "wheel_sha256": hashlib.sha256(wheels[0].read_bytes()).hexdigest() if wheels else "",
+            "wheel_bytes": wheels[0].stat().st_size if wheels else 0,
             # The last lines, the run's temporary directory left out of them.
             "tail": [line.rstrip().replace(work, "<tmp>") for line in log[-4:]],
         }
@@ -109,6 +138,7 @@ def main() -> int:
     args = parser.parse_args()
     import triton
 
+    commit = git_commit()["commit"]  # the code the runs build, read before they start
     runs = []
     for jobs in [int(j) for j in args.jobs.split(",") if j.strip()]:
         print(f"--- {args.arch} --jobs {jobs}", flush=True)
@@ -118,7 +148,7 @@ def main() -> int:
         "bench": "kernel_build",
         "command": command_line("bench/kernel_build.py", sys.argv[1:], args.out),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": git_commit()["commit"],
+        "commit": commit,
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

@@ -153,6 +153,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import MockTensor
+from greta_core import observe
 from greta_core.kernel_wheels import precompiled
 from greta_core.kernel_wheels.aot import _TargetDriver, target_for
 from greta_core.kernels.vec_add import vec_add_kernel
@@ -172,6 +173,7 @@ print(json.dumps({{
     "active": active,
     "aligned": call(4096, {tuned}), "ragged": call(1000, {tuned}),
     "shipped_block": call(4096, {shipped}), "other_block": call(4096, 128),
+    "code": observe.kernel_code_counts(),
 }}))
 """
 
@@ -202,6 +204,8 @@ def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
     # shipped table's, not any other; those compile as usual.
     assert result["shipped_block"] is False
     assert result["other_block"] is False
+    # The fallback is visible: two specialisations served by the wheel, two compiled.
+    assert result["code"] == {"vec_add_kernel": {"precompiled": 2, "compiled": 2}}
 
 
 def test_purelib_is_where_pip_put_it(venv: Path) -> None:

@@ -210,7 +210,7 @@ def build_all(
                 if error:
                     module_errors[arch].append({"module": module, "arch": arch, "error": error})
                 for index, (name, has_ints) in enumerate(specs):
-                    for variant in variants_of(has_ints, variants):
+                    for variant in variants_of(has_ints, variants, module):
                         tasks.append(
                             buildpool.Task(
                                 arch, module, index, name, variant, staging[arch], tables[arch]
@@ -229,12 +229,30 @@ def build_all(
     return [outcomes[arch] for arch in archs]
 
 
-# What one kernel costs to build and ship, measured by bench/kernel_build.py on the 2-core
-# CI machine (gfx942, Triton 3.6: bench/results/kernel_build/): CPU seconds and wheel bytes
-# per compiled kernel (gfx942_i24.json: 685 CPU-s for 1764 kernels). Estimates for the dry
-# run only; a real build reports what it took.
-EST_CPU_S_PER_KERNEL = 0.39
-EST_BYTES_PER_KERNEL = 12_000
+# What a kernel costs to build and ship, measured by bench/kernel_build.py on the 2-core CI
+# machine (gfx942, Triton 3.6, commit 8f968b7, load average 3-7: "per_module" and
+# "wheel_bytes" in bench/results/kernel_build/gfx942.json): the workers' CPU seconds per
+# compiled kernel of each module (a matrix-unit kernel costs eight times a norm), and wheel
+# bytes per kernel (11.28 MB / 867).
+# Modules not measured take EST_CPU_S_DEFAULT. EST_FIXED_CPU_S is per build (that run's CPU
+# outside the compiles): each worker's start and first compile (Triton's specialiser imports
+# torch there) and the parent's packaging. Estimates for the dry run only; a real build
+# reports what it took.
+EST_CPU_S_PER_KERNEL: dict[str, float] = {
+    "add_rms_norm": 0.193, "attention": 1.591, "attention_bwd": 1.288, "col_sum": 0.158,
+    "kv_cache": 0.176, "layer_norm": 0.199, "linear_cross_entropy": 0.23, "matmul": 0.653,
+    "rms_norm": 0.197, "rope": 0.607, "softmax": 0.142, "swiglu": 0.107, "vec_add": 0.065,
+}  # fmt: skip
+EST_CPU_S_DEFAULT = 0.4
+EST_FIXED_CPU_S = 8.0
+EST_BYTES_PER_KERNEL = 13_000
+
+
+def estimate_cpu_s(per_module: dict[str, int]) -> float:
+    """CPU seconds a build of these kernel counts takes (EST_CPU_S_PER_KERNEL)."""
+    return EST_FIXED_CPU_S + sum(
+        n * EST_CPU_S_PER_KERNEL.get(m, EST_CPU_S_DEFAULT) for m, n in per_module.items()
+    )
 
 
 def plan_counts(
@@ -257,7 +275,9 @@ def plan_counts(
         finally:
             configs.build_with_table(arch, None)
         per_module = {
-            item.module: sum(len(variants_of(has_int_args(s), variants)) for s in item.specs)
+            item.module: sum(
+                len(variants_of(has_int_args(s), variants, item.module)) for s in item.specs
+            )
             for item in found
         }
         errors = {item.module: item.error for item in found if item.error}
@@ -272,13 +292,14 @@ def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
 
     jobs = buildpool.resolve_jobs(jobs)
     n = row["kernels"]
-    seconds = n * EST_CPU_S_PER_KERNEL / jobs
+    cpu = estimate_cpu_s(row["per_module"])
+    seconds = cpu / jobs  # cores to itself; other work on the machine stretches it
     size_mb = n * EST_BYTES_PER_KERNEL / 1e6
     modules = ", ".join(f"{m} {c}" for m, c in sorted(row["per_module"].items()) if c)
     errors = "".join(f"\n  module {m}: {e}" for m, e in row["errors"].items())
     return (
-        f"{row['arch']}: {n} kernels, estimated {seconds:.0f} s on {jobs} worker(s), "
-        f"~{size_mb:.1f} MB ({modules}){errors}"
+        f"{row['arch']}: {n} kernels, estimated {seconds:.0f} s on {jobs} worker(s) "
+        f"({cpu:.0f} CPU-s), ~{size_mb:.1f} MB ({modules}){errors}"
     )
 
 

@@ -49,18 +49,6 @@ def _read_json(text: str, origin: str) -> dict[str, Any]:
 _building: dict[str, str] = {}
 
 
-def build_with_table(arch: str, text: str | None) -> None:
-    """Make `text` the config table of `arch` in this process (None: back to the usual
-    lookup). Used by ``greta build-kernels`` workers: a tuned wheel compiles exactly the
-    block variants its own table can request."""
-    if text is None:
-        _building.pop(arch, None)
-    else:
-        _read_json(text, f"the table built into the {arch} wheel")
-        _building[arch] = text
-    load_table.cache_clear()
-
-
 @functools.lru_cache(maxsize=32)
 def load_table(arch: str) -> dict[str, Any]:
     """The config table for `arch`: the one a wheel build ships (``build_with_table``), else
@@ -130,6 +118,25 @@ def lookup(op: str, arch: str, features: Features | None = None) -> dict[str, An
             config.update(rule["config"])
             break
     return config
+
+
+_table_lookup = lookup
+
+
+def build_with_table(arch: str, text: str | None) -> None:
+    """Make `text` the config table of `arch` in this process (None: back to the usual
+    lookup). Used by ``greta build-kernels`` workers: a tuned wheel compiles exactly the
+    block variants its own table can request."""
+    global lookup
+    if text is None:
+        _building.pop(arch, None)
+    else:
+        _read_json(text, f"the table built into the {arch} wheel")
+        _building[arch] = text
+    load_table.cache_clear()
+    # Plans and call caches are keyed on ``configs.lookup`` itself: a new object under a
+    # built table leaves every plan made from another table unreachable.
+    lookup = functools.partial(_table_lookup) if _building else _table_lookup
 
 
 class Override:

@@ -33,14 +33,39 @@ def row_block(config: Mapping[str, Any], n_cols: int) -> tuple[int, bool]:
     return config["LOOP_BLOCK_N"], False
 
 
+# Row widths of the models GRETA precompiles the norms for: a norm's row is the model's
+# hidden size, a per-head q/k norm's head_dim or a low-rank projection's rank. Head dims 64
+# (GPT-2, BERT), 128 (Llama, Qwen3), 256 (Gemma 3); ranks 512 (DeepSeek-V3 kv) and 1536 (its
+# q); hidden sizes 768 (GPT-2, BERT-base), 1024 (Qwen3-0.6B), 1536 (Qwen2.5-1.5B), 2048
+# (Llama-3.2-1B), 2560 (Qwen3-4B), 3072 (Llama-3.2-3B), 3584 (Qwen2.5-7B, Gemma-2-9B), 4096
+# (Llama-3.1-8B, Mistral-7B), 5120 (Qwen2.5-14B/32B), 7168 (DeepSeek-V3), 8192
+# (Llama-3.1-70B), 16384 (Llama-3.1-405B). All are multiples of 16, so the norms precompile
+# the "aligned" int specialisation only (``kernel_wheels.aot.precompiled_int_variants``). A
+# width whose block is not among these (on gfx942: 1-32 or over 16384 columns) or an odd width
+# compiles on first use (``observe.kernel_code_counts`` counts those compiles).
+MODEL_ROW_WIDTHS: tuple[int, ...] = (
+    64, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 7168, 8192, 16384,
+)  # fmt: skip
+
+# Row ops whose rows are a model width (the norms, forward and backward): their kernel wheel
+# holds the blocks the table maps MODEL_ROW_WIDTHS to. Softmax rows are sequence or
+# vocabulary lengths (any width): every block the table can pick, both int specialisations.
+MODEL_WIDTH_OPS: frozenset[str] = frozenset({"rms_norm", "add_rms_norm", "layer_norm"})
+
+
+def _family(op: str) -> str:
+    return op.removesuffix("_bwd")
+
+
 def aot_widths(op: str, arch: str) -> list[int]:
-    """Row widths whose plans pick every block the table can pick (see aot_variants)."""
+    """The row widths whose blocks `op`'s precompiled specs cover on `arch`."""
+    if _family(op) in MODEL_WIDTH_OPS:
+        return list(MODEL_ROW_WIDTHS)
     from greta_core import configs
 
     config = configs.lookup(op, arch, {})
     widths = []
-    # From the smallest block up: short rows are real (per-head q/k norms over a head_dim of
-    # 64 or 128) and a block the wheel lacks is a JIT compile on the user's first call.
+    # From the smallest block up: a block the wheel lacks is a JIT compile on first call.
     block = MIN_BLOCK_N
     while block <= config["MAX_BLOCK_N"]:
         widths.append(block)
@@ -50,14 +75,17 @@ def aot_widths(op: str, arch: str) -> list[int]:
 
 
 def aot_variants(op: str, arch: str) -> list[tuple[int, bool, dict[str, Any]]]:
-    """(BLOCK_N, ONE_PASS, launch options) for every block the table can pick: AOT specs."""
+    """(BLOCK_N, ONE_PASS, launch options) the table picks for each of `aot_widths`, each once,
+    in width order: the row ops' AOT specs."""
     from greta_core import configs
 
-    out = []
+    out: list[tuple[int, bool, dict[str, Any]]] = []
     for n in aot_widths(op, arch):
         cfg = configs.lookup(op, arch, {"N": n})
         block_n, one_pass = row_block(cfg, n)
-        out.append((block_n, one_pass, configs.launch_options(cfg, arch)))
+        variant = (block_n, one_pass, configs.launch_options(cfg, arch))
+        if variant not in out:
+            out.append(variant)
     return out
 
 

@@ -70,6 +70,7 @@ class CompileResult:
     ok: bool
     seconds: float
     error: str = ""
+    cpu_seconds: float = 0.0  # this process's CPU time for the compile (wall is `seconds`)
     key: str = ""  # Triton cache key (hex); the directory is its base32 form
     uses_matrix_units: bool = False
     matrix_instructions: list[str] = field(default_factory=list)
@@ -217,9 +218,30 @@ def has_int_args(spec: Any) -> bool:
     return any(ty in _ALIGNED_INT for ty in spec.signature.values())
 
 
-def variants_of(has_ints: bool, variants: Sequence[str]) -> list[str]:
-    """The variants compiled for a spec: "ragged" only differs from "aligned" for int args."""
-    return [v for v in variants if v != "ragged" or has_ints]
+# Kernel modules whose calls never pass every int ragged, so their wheel entries are
+# "aligned" only. Attention: the forward passes the strides of its contiguous result, the
+# backward those of o and do (the forward's result, or a permutation of a contiguous tensor):
+# multiples of HEAD_DIM (64 or 128) either way. RoPE passes the strides of its contiguous
+# result too: with a head_dim divisible by 16 some int always is (tests/test_precompiled_set.py).
+_ALIGNED_ONLY_MODULES: frozenset[str] = frozenset({"attention", "attention_bwd", "rope"})
+
+
+def precompiled_int_variants(module: str) -> tuple[str, ...]:
+    """The int specialisations a kernel module's wheel entries cover: "aligned" only for the
+    model-width norms (``configs.blocks.MODEL_ROW_WIDTHS`` are multiples of 16) and for
+    the modules no call reaches with every int ragged; both for the rest."""
+    from greta_core.configs.blocks import MODEL_WIDTH_OPS
+
+    if module in MODEL_WIDTH_OPS or module in _ALIGNED_ONLY_MODULES:
+        return ("aligned",)
+    return VARIANTS
+
+
+def variants_of(has_ints: bool, variants: Sequence[str], module: str = "") -> list[str]:
+    """The variants compiled for a spec of kernel `module`: "ragged" only differs from
+    "aligned" for int args, and only those `precompiled_int_variants` covers."""
+    covered = precompiled_int_variants(module)
+    return [v for v in variants if (v != "ragged" or has_ints) and v in covered]
 
 
 def _stand_in(name: str, ty: str, ints: dict[str, int]) -> Any:
@@ -254,7 +276,7 @@ def compile_spec(spec: Any, module: str, arch: str, variant: str) -> CompileResu
         seconds=0.0,
         uses_matrix_units=spec.uses_matrix_units,
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
         names = list(fn.arg_names)
         unknown = (set(spec.signature) | set(spec.constexprs)) - set(names)
@@ -290,6 +312,7 @@ def compile_spec(spec: Any, module: str, arch: str, variant: str) -> CompileResu
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
     result.seconds = round(time.perf_counter() - start, 4)
+    result.cpu_seconds = round(time.process_time() - cpu_start, 4)
     return result
 
 
@@ -389,7 +412,7 @@ def run_aot(
                         {"module": found.module, "arch": arch, "error": found.error}
                     )
                 for spec in found.specs:
-                    for variant in variants_of(has_int_args(spec), variants):
+                    for variant in variants_of(has_int_args(spec), variants, found.module):
                         res = compile_spec(spec, found.module, arch, variant)
                         results.append(res)
                         if progress:

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from greta_core import observe
 from greta_install.kernel_names import distribution_name, package_name, wheel_archs
 
 logger = logging.getLogger("greta")
@@ -293,11 +294,13 @@ class WheelCacheManager:
                 return None  # an incomplete entry is a miss, never a half-loaded kernel
             group[child] = str(path)
         _say_once(f"hit:{filename}", "%s: precompiled code from the kernel wheel", filename[:-5])
+        observe.record_kernel_code(filename[: -len(".json")], "precompiled")
         return group
 
     def _explain_miss(self, kernel: str) -> None:
         if kernel in {"cuda_utils", "hip_utils", "__triton_launcher"}:
             return
+        observe.record_kernel_code(kernel, "compiled")
         try:
             fingerprint = current_triton_fingerprint()
         except Exception:

@@ -302,9 +302,11 @@ class BuiltWheel:
 
 
 # Everything in greta_core that decides what a kernel wheel compiles, beside the tables:
-# the kernels, the block choices of each table entry, and the AOT compiler (variants,
-# stand-in values, specialisation).
-SOURCE_FILES: tuple[str, ...] = ("kernels/*.py", "configs/blocks.py", "kernel_wheels/aot.py")
+# the kernels, the block choices of each table entry, the AOT compiler (variants, stand-in
+# values, specialisation) and the ops (a declared op's AOT specs come from its plans' cases).
+SOURCE_FILES: tuple[str, ...] = (
+    "kernels/*.py", "configs/blocks.py", "kernel_wheels/aot.py", "ops/*.py",
+)  # fmt: skip
 
 
 def greta_source_hash(table_text: str | None = None) -> str:
