@@ -58,7 +58,7 @@ def timed_build(name, *args, **kwargs):
     finally:
         builds.append((name, time.time() - t))
 build._build = timed_build
-from greta_core.kernel_wheels.tune import SPACES
+from greta_core.bench.tune import SPACES
 problem = SPACES[op].problems[0]
 call = problem.make(torch, "cuda")
 torch.cuda.synchronize()

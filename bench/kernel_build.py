@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from greta_core.bench.metadata import command_line, git_commit  # noqa: E402
-from greta_install.kernel_build import parse_progress  # noqa: E402
+from greta_install.commandline import parse_progress  # noqa: E402
 
 FIELDS = ("arch", "jobs", "ok", "kernels", "wall_s", "cpu_s", "compile_cpu_s", "peak_rss_mib",
           "first_line_s", "first_progress_s", "last_progress_s", "loadavg_before",

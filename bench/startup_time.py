@@ -1,6 +1,6 @@
 """Wall time of the commands a new user runs first: `import torch`, `import greta_core.torch`,
 `greta smoke`, `greta doctor`, each a fresh process of this environment's Python, and whether
-the installed frameworks had bytecode (greta_install.bytecode) when it ran.
+the installed frameworks had bytecode (greta_install.environment.bytecode) when it ran.
 
     python bench/startup_time.py --repeats 1 --out bench/results/startup/cpu.json
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from greta_core.bench.metadata import header  # noqa: E402
-from greta_install import bytecode  # noqa: E402
+from greta_install.environment import bytecode  # noqa: E402
 
 COMMANDS: dict[str, list[str]] = {
     "import torch": ["-c", "import torch"],

@@ -1,4 +1,5 @@
-"""The command lines `greta install` runs, built in one place (pure).
+"""The command lines `greta install` runs, built in one place (pure), and the progress
+line its kernel-build child prints back.
 
 `--dry-run` shows exactly these argv lists (with `<stage>` for the staging directory);
 the installer runs exactly these. Python children run isolated (`-I`): neither the
@@ -8,6 +9,7 @@ current directory nor PYTHON* variables can put a `pip/__main__.py` on their pat
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 from greta_install.errors import GretaError
 
 if TYPE_CHECKING:
-    from greta_install.plan import InstallPlan, PlannedPackage
+    from greta_install.plan.install_plan import InstallPlan, PlannedPackage
 
 STAGE = "<stage>"  # placeholder for the temporary staging directory in shown commands
 ISOLATED = "-I"  # ignore PYTHON* variables, the user site and the current directory
@@ -162,3 +164,21 @@ def substitute(argv: Sequence[str], stage: str) -> list[str]:
 
 def shell(argv: Sequence[str]) -> str:
     return shlex.join(argv)
+
+
+# The kernel build runs as a child (`greta build-kernels`, greta_core) and the installer
+# relays its progress: the line's format is their contract, so it lives here, below both,
+# and neither side imports the other for it.
+def progress_line(done: int, total: int, detail: str, width: int = 24) -> str:
+    """``[#####...] k/N detail``: the build's progress line, also what `parse_progress` reads."""
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {detail}"
+
+
+_PROGRESS = re.compile(r"^\[[#.]+\] (\d+)/(\d+) ")
+
+
+def parse_progress(line: str) -> tuple[int, int] | None:
+    """(done, total) of a `progress_line`, None for any other line."""
+    match = _PROGRESS.match(line)
+    return (int(match.group(1)), int(match.group(2))) if match else None

@@ -51,7 +51,7 @@ def _matrix_text() -> str:
     from importlib import resources
     from pathlib import Path
 
-    try:  # the installed package's copy (see greta_install.lockfile.lock_resource_dir)
+    try:  # the installed package's copy (see greta_install.locks.lockfile.lock_resource_dir)
         return resources.files("greta_install.lockdata").joinpath("matrix.toml").read_text()
     except ModuleNotFoundError:  # a source checkout: lock/ beside the package
         return (Path(__file__).resolve().parent.parent / "lock" / "matrix.toml").read_text()

@@ -92,7 +92,7 @@ def locked_pins(lock_path: Path, names: list[str]) -> dict[str, tuple[str, tuple
     """name -> (version, sha256 hex digests) for `names`, read from the lock file."""
     from packaging.utils import canonicalize_name
 
-    from greta_install.lockfile import parse_lock
+    from greta_install.locks.lockfile import parse_lock
 
     lock = parse_lock(lock_path.read_text(), origin=str(lock_path))
     by_name = {p.name: p for p in lock.for_python(lock.python).packages}
@@ -181,7 +181,7 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def _all_pins(lock_path: Path) -> dict[str, str]:
-    from greta_install.lockfile import parse_lock
+    from greta_install.locks.lockfile import parse_lock
 
     lock = parse_lock(lock_path.read_text(), origin=str(lock_path))
     return {p.name: p.version for p in lock.for_python(lock.python).packages}

@@ -224,7 +224,7 @@ def wait_for(
 def arm_checkpoint(
     directory: Path, checkpoint: str, wait: float, release: Path | None = None
 ) -> dict[str, str]:
-    """The environment that arms GRETA's checkpoint hook (greta_install.pipeline.armed_test_hooks):
+    """The environment that arms GRETA's checkpoint hook (greta_install.install.pipeline.armed_test_hooks):
     a hooks file of this user in the test's own directory, named by GRETA_TEST_HOOKS."""
     path = directory / f"greta-test-hooks-{checkpoint}.json"
     hooks = {"greta_test_hooks": 1, "checkpoint": checkpoint, "wait": wait}

@@ -101,7 +101,8 @@ SHARED_WHEEL_VEC_ADD_BLOCK = 512
 
 def build_shared_wheel(out: Path, jobs: int, progress: Any = None) -> dict:
     """`build_all`'s outcome for the shared wheel's arch, kernels and table, into `out`."""
-    from greta_core.commands.build_kernels import build_all, shipped_table
+    from greta_core.commands.build_kernels import build_all
+    from greta_core.configs import shipped_table
 
     table = json.loads(shipped_table(SHARED_WHEEL_ARCH))
     table["ops"]["vec_add"]["default"]["BLOCK"] = SHARED_WHEEL_VEC_ADD_BLOCK

@@ -82,7 +82,7 @@ def test_a_tuned_table_changes_the_norm_specs_with_it() -> None:
     """The rms_norm specs follow the table the wheel ships: a smaller one-pass limit moves
     the widest model rows to the loop block, and no other block appears."""
     os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest's; the specs compile nothing
-    from greta_core.commands.build_kernels import shipped_table
+    from greta_core.configs import shipped_table
     from greta_core.kernel_wheels.aot import discover
 
     table = json.loads(shipped_table("gfx942"))

@@ -15,14 +15,16 @@ import pytest
 
 from greta_core import arch as runtime_arch
 from greta_core.kernel_wheels import aot
-from greta_install import archs, kernel_build, kernel_names, routing
+from greta_install import archs, kernel_names
 from greta_install.doctor.checks.gpu import needed_override
 from greta_install.doctor.facts import Facts
 from greta_install.doctor.gfx import SIBLING_OVERRIDES, UNOFFICIAL_OVERRIDES
-from greta_install.lockfile import load_lock
-from greta_install.matrix import load_matrix
+from greta_install.install import kernel_build
+from greta_install.locks import routing
+from greta_install.locks.lockfile import load_lock
+from greta_install.locks.matrix import load_matrix
 from greta_install.model import Detection, Gpu
-from greta_install.plan import build_plan
+from greta_install.plan.install_plan import build_plan
 
 MATRIX = load_matrix()
 TABLES = Path(runtime_arch.__file__).parent / "configs" / "tables"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from greta_install import bytecode
 from greta_install.doctor.checks import CHECKS
 from greta_install.doctor.facts import Facts, PythonInfo
 from greta_install.doctor.runner import run_check
+from greta_install.environment import bytecode
 
 BY_ID = {c.id: c for c in CHECKS}
 

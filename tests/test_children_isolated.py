@@ -96,8 +96,8 @@ def test_build_kernels_and_warm_children_run_the_installed_greta(
 ) -> None:
     """`python -m greta build-kernels` (the install's kernel-build step) and `python -m greta
     warm` (`--only kernels`), started from the hostile directory: the real GRETA answers."""
-    from greta_install import kernel_build
-    from greta_install.commands import install_only
+    from greta_install.install import kernel_build
+    from greta_install.install import only as install_only
 
     where, marker = hostile
     monkeypatch.chdir(where)

@@ -22,7 +22,7 @@ from _install_helpers import (
     snapshot,
 )
 
-from greta_install.lockfile import Lock, LockedPackage, format_lock
+from greta_install.locks.lockfile import Lock, LockedPackage, format_lock
 
 pytestmark = pytest.mark.slow
 

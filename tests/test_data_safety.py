@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 import pytest
 from _install_helpers import REPO, make_kernel_wheel, make_wheel
 
-from greta_install import envfix, installer, tools
-from greta_install.lockfile import LockError, parse_lock
-from greta_install.system_view import LiveSystem, SnapshotSystem
+from greta_install.detection.system_view import LiveSystem, SnapshotSystem
+from greta_install.environment import envfix, tools
+from greta_install.install import installer
+from greta_install.locks.lockfile import LockError, parse_lock
 
 if TYPE_CHECKING:
-    from greta_install import wheelfiles
+    from greta_install.environment import wheelfiles
 
 # The modules issue 11 added (boundedio, transaction, wheelfiles) are imported by the tests
 # that use them, so the file's other tests also run against older code
@@ -171,7 +172,8 @@ def test_environment_markers_are_honoured() -> None:
 def test_a_lock_for_another_target_is_refused_unless_forced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from greta_install import pipeline, planning
+    from greta_install.install import pipeline
+    from greta_install.install import prepare as planning
 
     path = tmp_path / "mi300x.txt"
     path.write_text(_packaged("mi300x", "3.11"))
@@ -218,7 +220,7 @@ def test_snapshot_never_follows_a_symlink_out(tmp_path: Path) -> None:
     machine = tmp_path / "machine"
     (machine / "opt" / "rocm" / ".info").mkdir(parents=True)
     (machine / "opt" / "rocm" / ".info" / "version").symlink_to(secret)
-    from greta_install.snapshot import write_snapshot
+    from greta_install.detection.snapshot import write_snapshot
 
     out = tmp_path / "snap"
     files = write_snapshot(LiveSystem(root=str(machine)), out)
@@ -366,7 +368,7 @@ def _state(root: Path) -> dict[str, str]:
 
 
 def _scheme(env: Path) -> wheelfiles.Scheme:
-    from greta_install import wheelfiles
+    from greta_install.environment import wheelfiles
 
     site = env / "lib" / "python3.11" / "site-packages"
     paths = {"purelib": site, "platlib": site, "scripts": env / "bin", "data": env}
@@ -374,7 +376,7 @@ def _scheme(env: Path) -> wheelfiles.Scheme:
 
 
 def test_undo_removes_exactly_its_own_files_even_without_a_dist_info(tmp_path: Path) -> None:
-    from greta_install import transaction
+    from greta_install.install import transaction
 
     env = tmp_path / "env"
     scheme = _scheme(env)
@@ -405,7 +407,7 @@ def test_undo_removes_exactly_its_own_files_even_without_a_dist_info(tmp_path: P
 
 
 def test_recover_finishes_an_undo_after_a_kill(tmp_path: Path) -> None:
-    from greta_install import transaction
+    from greta_install.install import transaction
 
     env = tmp_path / "env"
     scheme = _scheme(env)
@@ -431,7 +433,7 @@ def test_recover_finishes_an_undo_after_a_kill(tmp_path: Path) -> None:
 def test_put_back_across_filesystems_and_identical_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from greta_install import transaction
+    from greta_install.install import transaction
 
     original, copy = tmp_path / "a.py", tmp_path / "copy"
     original.write_text("new")
@@ -500,7 +502,7 @@ def test_undo_restores_a_directory_the_install_replaced_by_a_file(tmp_path: Path
     """uv replaced the alpha/ package directory by a wheel's *file* named alpha."""
     import shutil
 
-    from greta_install import transaction
+    from greta_install.install import transaction
 
     env = tmp_path / "env"
     scheme = _scheme(env)
@@ -530,7 +532,7 @@ def test_doctor_reports_a_bad_env_file() -> None:
 
 
 def test_stale_stages_of_dead_installs_are_swept(tmp_path: Path) -> None:
-    from greta_install import transaction
+    from greta_install.install import transaction
 
     dead = tmp_path / "greta-stage-dead"
     (dead / ".work").mkdir(parents=True)

@@ -17,10 +17,9 @@ from fake_view import FakeView
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from greta_install.detect import conclude
-from greta_install.evidence import gather
-from greta_install.model import TARGETS
-from greta_install.parsers import (
+from greta_install.detection.detect import conclude
+from greta_install.detection.evidence import gather
+from greta_install.detection.parsers import (
     amd_smi,
     drm,
     kfd,
@@ -31,7 +30,8 @@ from greta_install.parsers import (
     rocm_version,
     rocminfo,
 )
-from greta_install.parsers.common import Parsed
+from greta_install.detection.parsers.common import Parsed
+from greta_install.model import TARGETS
 
 FUZZ = settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
@@ -166,8 +166,8 @@ def test_binary_junk_is_reported_per_source(source: str) -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in SNAPSHOTS.iterdir() if p.is_dir()))
 def test_truncated_snapshot_files_still_detect(name: str, tmp_path: Path) -> None:
     """Every file of a real snapshot cut in half: detection still answers."""
-    from greta_install.detect import detect
-    from greta_install.system_view import SnapshotSystem
+    from greta_install.detection.detect import detect
+    from greta_install.detection.system_view import SnapshotSystem
 
     for src in (SNAPSHOTS / name).rglob("*"):
         if src.is_file() and src.name != "expected.json":

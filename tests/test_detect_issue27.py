@@ -14,14 +14,14 @@ import pytest
 from conftest import SNAPSHOTS
 
 from greta_install import archs
-from greta_install.detect import _pick_primary, conclude, detect
-from greta_install.evidence import Evidence
-from greta_install.lockfile import load_lock
-from greta_install.matrix import load_matrix
+from greta_install.detection.detect import _pick_primary, conclude, detect
+from greta_install.detection.evidence import Evidence
+from greta_install.detection.parsers import amd_smi, rocm_smi
+from greta_install.detection.system_view import SnapshotSystem
+from greta_install.locks.lockfile import load_lock
+from greta_install.locks.matrix import load_matrix
 from greta_install.model import Gpu
-from greta_install.parsers import amd_smi, rocm_smi
-from greta_install.plan import build_plan
-from greta_install.system_view import SnapshotSystem
+from greta_install.plan.install_plan import build_plan
 
 
 def _detect(name: str, root: Path = SNAPSHOTS):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fake_view import FakeView
 
-from greta_install.detect import detect
+from greta_install.detection.detect import detect
 
 NODES = "/sys/class/kfd/kfd/topology/nodes"
 

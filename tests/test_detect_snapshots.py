@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import SNAPSHOTS, load_expected, snapshot_names
 
-from greta_install.detect import detect
+from greta_install.detection.detect import detect
+from greta_install.detection.system_view import SnapshotSystem
 from greta_install.model import TARGETS, Detection
-from greta_install.system_view import SnapshotSystem
 
 
 def _detect(name: str) -> Detection:

@@ -41,7 +41,7 @@ ROCM_ARCHS = [
 ROCM_INDEX = "https://download.pytorch.org/whl/rocm6.2"
 
 
-# --- small fakes for the lock (greta_install.lockfile is another helper's module) ---------
+# --- small fakes for the lock (greta_install.locks.lockfile is another helper's module) ---------
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from conftest import SNAPSHOTS, snapshot_names
 
 from greta.cli import build_parser
 from greta_install.commands import doctor as doctor_command
+from greta_install.detection.system_view import LiveSystem
 from greta_install.doctor import collect
 from greta_install.doctor.runner import run_checks
-from greta_install.system_view import LiveSystem
 
 ROOT = Path(__file__).resolve().parent.parent
 STATUSES = {"ok", "warn", "fail", "skip"}

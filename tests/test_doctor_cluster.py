@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from greta_install.commands.doctor_collective import in_job, parse_sizes
+from greta_install.detection.system_view import SnapshotSystem
 from greta_install.doctor.cluster import cluster_findings
 from greta_install.doctor.cluster_facts import (
     OverlayView,
@@ -36,8 +36,8 @@ from greta_install.doctor.collective import (
     local_link,
     rdma_gbits,
 )
+from greta_install.doctor.collective_run import in_job, parse_sizes
 from greta_install.doctor.collective_worker import judge_stall
-from greta_install.system_view import SnapshotSystem
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30

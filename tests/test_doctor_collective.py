@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from greta_install.commands.doctor_collective import human, plan
 from greta_install.doctor.collective import CollectiveRun, free_port, run_collective
+from greta_install.doctor.collective_run import human, plan
 from greta_install.doctor.collective_worker import bus_bandwidth
 from greta_install.doctor.model import CheckResult
 

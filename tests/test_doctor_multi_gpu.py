@@ -11,6 +11,15 @@ import pytest
 from conftest import DATA, SNAPSHOTS
 from fake_view import FakeView
 
+from greta_install.detection.parsers.pcie import bridges_above, parse_lspci_vvv
+from greta_install.detection.parsers.topology import (
+    parse_amd_smi_topology,
+    parse_nvidia_p2p,
+    parse_nvidia_topo,
+    parse_rocm_smi_topo,
+)
+from greta_install.detection.snapshot import write_snapshot
+from greta_install.detection.system_view import SnapshotSystem
 from greta_install.doctor.checks import CHECKS
 from greta_install.doctor.checks import multi_gpu as mg
 from greta_install.doctor.collect import collect_facts
@@ -18,15 +27,6 @@ from greta_install.doctor.facts import Facts
 from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
 from greta_install.doctor.runner import run_check
 from greta_install.model import Detection, Gpu
-from greta_install.parsers.pcie import bridges_above, parse_lspci_vvv
-from greta_install.parsers.topology import (
-    parse_amd_smi_topology,
-    parse_nvidia_p2p,
-    parse_nvidia_topo,
-    parse_rocm_smi_topo,
-)
-from greta_install.snapshot import write_snapshot
-from greta_install.system_view import SnapshotSystem
 
 MULTI = DATA / "multi_gpu"
 CHECK = {c.id: c for c in CHECKS}

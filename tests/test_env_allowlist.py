@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from _install_helpers import REPO
 
-from greta_install import envfix
-from greta_install.lockfile import LockError, parse_lock
+from greta_install.environment import envfix
+from greta_install.locks.lockfile import LockError, parse_lock
 
 LOCK = (REPO / "lock" / "targets" / "cpu-py311.txt").read_text()
 LINE = "# greta-env: TRITON_INTERPRET=1"

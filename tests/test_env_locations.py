@@ -13,7 +13,8 @@ import pytest
 from _install_helpers import REPO
 
 from greta_core.kernel_wheels.cache import cache_root as runtime_cache_root
-from greta_install import commandline, hashrecord, kernel_build
+from greta_install import commandline
+from greta_install.install import hashrecord, kernel_build
 
 BAD = ["https://index.example/\nsimple", "https://x\x01y/simple", "/srv/wheels\x7f", "\ttab"]
 # Each case of the one rule is checked in-process; two of them end to end.

@@ -14,15 +14,15 @@ PACKAGES = ("greta", "greta_install", "greta_core")
 # Classes that stay outside GretaError on purpose (or until their owner moves them).
 NOT_GRETA = {
     # A signal relayed as KeyboardInterrupt: `except Exception` must not swallow it.
-    "Interrupted": "greta_install/transaction.py",
+    "Interrupted": "greta_install/install/transaction.py",
 }
 # Builtin raises that never leave GRETA: caught a few lines on, or in a child program
 # whose failures are reported as text.
 INTERNAL_RAISES = {
-    ("greta_install/smoke.py", "TimeoutExpired"),  # caught in the same function
+    ("greta_install/install/smoke.py", "TimeoutExpired"),  # caught in the same function
     ("greta_install/commands/smoke.py", "ValueError"),  # an argparse type: a usage error
-    ("greta_install/smoke_child.py", "AssertionError"),  # a child program's step failure
-    ("greta_install/smoke_child.py", "RuntimeError"),
+    ("greta_install/install/smoke_child.py", "AssertionError"),  # a child program's step failure
+    ("greta_install/install/smoke_child.py", "RuntimeError"),
     # SIGTERM relayed as an exit so the `finally` that kills the ranks' groups runs.
     ("greta_install/doctor/collective.py", "SystemExit"),
 }

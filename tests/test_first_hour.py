@@ -83,8 +83,8 @@ def test_target_is_case_insensitive_and_arch_implies_its_target() -> None:
 
 
 def test_a_foreign_target_dry_run_is_not_ready_and_names_the_flag() -> None:
-    from greta_install.detect import detect
-    from greta_install.system_view import open_view
+    from greta_install.detection.detect import detect
+    from greta_install.detection.system_view import open_view
 
     here = detect(open_view(None)).target
     foreign = "radeon" if here == "mi300x" else "mi300x"
@@ -96,8 +96,9 @@ def test_a_foreign_target_dry_run_is_not_ready_and_names_the_flag() -> None:
 def test_save_wheelhouse_on_a_matching_environment_does_not_reinstall(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from greta_install import pipeline, planning
     from greta_install.commands import install
+    from greta_install.install import pipeline
+    from greta_install.install import prepare as planning
 
     parser = argparse.ArgumentParser()
     install.add_arguments(parser)

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from _install_helpers import Index, make_wheel
 
-from greta_install import hashrecord, lockgen
-from greta_install.installer import Downloader, InstallError, stage_plan
-from greta_install.matrix import parse_matrix
-from greta_install.plan import (
+from greta_install.install import hashrecord
+from greta_install.install.installer import Downloader, InstallError, stage_plan
+from greta_install.locks import lockgen
+from greta_install.locks.matrix import parse_matrix
+from greta_install.plan.install_plan import (
     HASH_RECORDED,
     HASH_TOFU,
     HASH_VERIFIED,

@@ -366,8 +366,8 @@ class _WarmContext:
 
 
 def test_install_step_runs_warm_and_only_warns_when_it_cannot(tmp_path: Path) -> None:
-    from greta_install.pipeline import StepFailed
-    from greta_install.steps import WarmLaunchers
+    from greta_install.install.pipeline import StepFailed
+    from greta_install.install.steps import WarmLaunchers
 
     step = WarmLaunchers()
     assert step.required is False  # a failure is a warning, never an undone install
@@ -404,7 +404,7 @@ def test_warm_cli_reports_each_wheel_and_never_stamps_a_failure(
 
     import triton
 
-    from greta_install.wheelfiles import record_digest
+    from greta_install.environment.wheelfiles import record_digest
 
     def install(name: str, changes: dict[str, bytes]) -> Path:
         """The wheel as pip leaves it, with `changes` (package file -> bytes) made as another

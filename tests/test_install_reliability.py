@@ -36,8 +36,8 @@ from _install_helpers import (
     wait_for,
 )
 
-from greta_install.lockfile import Lock, LockedPackage, format_lock
-from greta_install.tools import find_uv
+from greta_install.environment.tools import find_uv
+from greta_install.locks.lockfile import Lock, LockedPackage, format_lock
 
 OLD_ALPHA = make_wheel("alpha-pkg", "1.0")
 NEW = dict(

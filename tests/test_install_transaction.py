@@ -32,9 +32,9 @@ from _install_helpers import (
     wait_for,
 )
 
-from greta_install import installer as inst
-from greta_install.lockfile import Lock, LockedPackage, format_lock
-from greta_install.tools import find_uv
+from greta_install.environment.tools import find_uv
+from greta_install.install import installer as inst
+from greta_install.locks.lockfile import Lock, LockedPackage, format_lock
 
 pytestmark = pytest.mark.slow
 

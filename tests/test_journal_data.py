@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from _install_helpers import REPO, make_wheel
 
-from greta_install import transaction, wheelfiles
+from greta_install.environment import wheelfiles
+from greta_install.install import transaction
 
 
 def _scheme(env: Path) -> wheelfiles.Scheme:

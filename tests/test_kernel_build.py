@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from _install_helpers import Index, make_kernel_wheel
 
-from greta_install import kernel_build as kb
-from greta_install.installer import find_kernel_wheel
+from greta_install.install import kernel_build as kb
+from greta_install.install.installer import find_kernel_wheel
 
 
 def test_cache_key_changes_with_each_input() -> None:

@@ -19,7 +19,8 @@ import pytest
 from conftest import build_shared_wheel
 
 from greta_core.kernel_wheels import buildpool
-from greta_install import kernel_build as kb
+from greta_install import commandline
+from greta_install.install import kernel_build as kb
 
 
 def _alive(pid: int) -> bool:
@@ -202,5 +203,5 @@ def test_a_build_past_its_time_is_killed_with_its_workers(
 def test_the_build_command_leaves_the_job_count_to_the_build_unless_given() -> None:
     assert "--jobs" not in kb.build_argv("python", "sm_90", "out")
     assert kb.build_argv("python", "sm_90", "out", 4)[-2:] == ["--jobs", "4"]
-    assert kb.parse_progress(kb.progress_line(7, 756, "gfx942 x ok")) == (7, 756)
-    assert kb.parse_progress("gfx942: FAILED: no kernel compiled") is None
+    assert commandline.parse_progress(commandline.progress_line(7, 756, "gfx942 x ok")) == (7, 756)
+    assert commandline.parse_progress("gfx942: FAILED: no kernel compiled") is None

@@ -20,7 +20,7 @@ import pytest
 from _install_helpers import REPO, make_kernel_wheel
 
 from greta_install import boundedio
-from greta_install.installer import find_kernel_wheel
+from greta_install.install.installer import find_kernel_wheel
 
 ARCH = "gfx942"
 REQ = "greta-kernels-gfx942==0.1.0"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _install_helpers import make_kernel_wheel, make_wheel
 
-from greta_install import kernel_build as kb
+from greta_install.install import kernel_build as kb
 
 ARCH = "gfx942"
 PKG = "greta_kernels_gfx942"
@@ -165,7 +165,7 @@ def test_a_fresh_build_that_fails_the_check_is_an_error(
 
 def test_a_folder_with_sha256sums_serves_only_what_it_lists(tmp_path: Path) -> None:
     """A wheel with a build tag that SHA256SUMS does not list was chosen."""
-    from greta_install.installer import find_kernel_wheel
+    from greta_install.install.installer import find_kernel_wheel
 
     name, data = make_kernel_wheel(ARCH)
     tagged = name.replace("-0.1.0-", "-0.1.0-1zz-")

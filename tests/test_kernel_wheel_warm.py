@@ -20,8 +20,9 @@ from types import SimpleNamespace
 import pytest
 from _install_helpers import REPO, make_kernel_wheel, make_wheel
 
-from greta_install import hashrecord, wheelfiles
-from greta_install import kernel_build as kb
+from greta_install.environment import wheelfiles
+from greta_install.install import hashrecord
+from greta_install.install import kernel_build as kb
 
 ARCH = "gfx942"
 PKG = "greta_kernels_gfx942"
@@ -251,7 +252,7 @@ def test_a_cached_wheel_whose_hash_changed_since_its_build_is_rebuilt(
 
 
 def test_the_install_step_builds_for_the_locked_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    from greta_install import step_kernels
+    from greta_install.install import step_kernels
 
     seen: dict[str, object] = {}
 
@@ -276,7 +277,7 @@ def test_the_install_vouches_only_for_a_kernel_wheel_it_installed(
 ) -> None:
     """The warm step records the installed content only when this run installed the wheel
     (found on a source, or built); a wheel left there from before is left to `greta warm`."""
-    from greta_install import steps
+    from greta_install.install import steps
 
     vouched: list[Path] = []
     monkeypatch.setattr(kb, "trust_installed", lambda site, arch, **kw: vouched.append(site))
@@ -347,8 +348,9 @@ def test_greta_kernels_and_install_only_vouch_for_what_they_install(
     """`install_wheel(..., arch=)` records the installed content; both commands pass it."""
     import argparse
 
-    from greta_install import tools
-    from greta_install.commands import install_only, kernels
+    from greta_install.commands import kernels
+    from greta_install.environment import tools
+    from greta_install.install import only as install_only
 
     site = _install(tmp_path / "site", _good())
     wheel = tmp_path / _good()[0]

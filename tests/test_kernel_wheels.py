@@ -145,7 +145,7 @@ def test_configs_lookup_prefers_the_wheel_table(venv: Path) -> None:
         capture_output=True,
         text=True,
     )
-    from greta_core.commands.build_kernels import shipped_table
+    from greta_core.configs import shipped_table
 
     shipped_1100 = json.loads(shipped_table("gfx1100"))["ops"]["vec_add"]["default"]["BLOCK"]
     assert out.stdout.split() == [str(TUNED_BLOCK), str(shipped_1100)]
@@ -186,7 +186,7 @@ def test_jit_takes_the_precompiled_code(venv: Path, tmp_path: Path) -> None:
     # The dev environment's triton + this repository + the freshly installed wheel.
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     env["PYTHONPATH"] = _pythonpath(ROOT, _site_packages(venv))
-    from greta_core.commands.build_kernels import shipped_table
+    from greta_core.configs import shipped_table
 
     shipped = json.loads(shipped_table(ARCH))["ops"]["vec_add"]["default"]["BLOCK"]
     assert shipped != TUNED_BLOCK

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from greta_install import lockgen
-from greta_install.lockfile import parse_lock
-from greta_install.matrix import Matrix, Pin, TargetSpec
-from greta_install.tools import find_uv
+from greta_install.environment.tools import find_uv
+from greta_install.locks import lockgen
+from greta_install.locks.lockfile import parse_lock
+from greta_install.locks.matrix import Matrix, Pin, TargetSpec
 
 CUTOFF = "2026-11-22T00:00:00Z"
 BEFORE = "2026-10-01T12:00:00Z"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from greta_install import docsgen, lockgen
-from greta_install.lockfile import (
+from greta_install.locks import docsgen, lockgen
+from greta_install.locks.lockfile import (
     Lock,
     LockedPackage,
     LockError,
@@ -19,7 +19,7 @@ from greta_install.lockfile import (
     load_lock,
     parse_lock,
 )
-from greta_install.matrix import load_matrix
+from greta_install.locks.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS_DIR = REPO / "lock" / "targets"
@@ -225,7 +225,7 @@ def test_lock_check_command_passes_on_the_committed_tree() -> None:
 @pytest.mark.network
 @pytest.mark.slow
 def test_fresh_resolution_matches_a_committed_lock() -> None:
-    from greta_install.tools import find_uv
+    from greta_install.environment.tools import find_uv
 
     uv = find_uv()
     if uv is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from greta_install.matrix import TRITON_DISTRIBUTIONS, MatrixError, load_matrix, parse_matrix
+from greta_install.locks.matrix import TRITON_DISTRIBUTIONS, MatrixError, load_matrix, parse_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_TEXT = (REPO / "lock" / "matrix.toml").read_text(encoding="utf-8")

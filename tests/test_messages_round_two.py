@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _install_helpers import REPO
 
-from greta_install import hashrecord, installer
+from greta_install.install import hashrecord, installer
 
 
 def _greta(*args: str) -> subprocess.CompletedProcess[str]:

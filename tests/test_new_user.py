@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 from _install_helpers import REPO, copy_venv, create_venv, python_of
 
-from greta_install import envfix, hashrecord, noop
 from greta_install.commands import uninstall
-from greta_install.installer import downloader_for
-from greta_install.plan import InstallPlan, KernelWheel, PlannedPackage
+from greta_install.environment import envfix
+from greta_install.install import hashrecord
+from greta_install.install.installer import downloader_for
+from greta_install.plan import noop
+from greta_install.plan.install_plan import InstallPlan, KernelWheel, PlannedPackage
 
 
 def test_pip_less_uv_venv_downloads_with_pip_run_by_uv() -> None:

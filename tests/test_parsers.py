@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from conftest import SNAPSHOTS
 
-from greta_install import archs, pci_ids
-from greta_install.parsers import (
+from greta_install import archs
+from greta_install.detection import pci_ids
+from greta_install.detection.parsers import (
     amd_smi,
     drm,
     kfd,
@@ -16,7 +17,7 @@ from greta_install.parsers import (
     rocm_version,
     rocminfo,
 )
-from greta_install.parsers.common import bus_from_location, clean, pci_bus
+from greta_install.detection.parsers.common import bus_from_location, clean, pci_bus
 
 KFD_GPU = """\
 cpu_cores_count 0
@@ -331,7 +332,7 @@ c4:00.0 Display controller: Advanced Micro Devices, Inc. [AMD/ATI] Phoenix1 (rev
 
 
 def test_lspci_without_nn_still_finds_amd_gpus_whose_name_identifies_them() -> None:
-    from greta_install import pci_ids
+    from greta_install.detection import pci_ids
 
     result = lspci.parse(LSPCI_NAMES_ONLY)
     got = {d.slot: (d.device_id, d.class_code) for d in result.records}
@@ -352,7 +353,7 @@ def test_lspci_without_nn_still_finds_amd_gpus_whose_name_identifies_them() -> N
 def test_detection_from_lspci_without_nn() -> None:
     from fake_view import FakeView
 
-    from greta_install.detect import detect
+    from greta_install.detection.detect import detect
 
     det = detect(FakeView(tools={"lspci": LSPCI_NAMES_ONLY.splitlines()[0] + "\n"}))
     assert det.target == "radeon" and det.arch == "gfx1100"

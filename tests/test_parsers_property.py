@@ -17,10 +17,10 @@ from fake_view import FakeView
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from greta_install.detect import conclude
-from greta_install.evidence import gather
-from greta_install.parsers import amd_smi, lspci, nvidia_smi, rocm_smi, rocminfo
-from greta_install.parsers.common import Parsed
+from greta_install.detection.detect import conclude
+from greta_install.detection.evidence import gather
+from greta_install.detection.parsers import amd_smi, lspci, nvidia_smi, rocm_smi, rocminfo
+from greta_install.detection.parsers.common import Parsed
 
 PROFILE = settings(
     max_examples=12,

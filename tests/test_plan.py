@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from greta_install.installer import find_kernel_wheel
-from greta_install.lockfile import load_lock
-from greta_install.matrix import load_matrix
+from greta_install.install.installer import find_kernel_wheel
+from greta_install.locks.lockfile import load_lock
+from greta_install.locks.matrix import load_matrix
 from greta_install.model import Detection, Gpu
-from greta_install.plan import JIT_NOTE, PlanError, build_plan, choose_target
+from greta_install.plan.install_plan import JIT_NOTE, PlanError, build_plan, choose_target
 
 REPO = Path(__file__).resolve().parent.parent
 TRITONS = {"triton", "triton-rocm", "pytorch-triton-rocm"}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from greta_core.commands.build_kernels import plan_counts, shipped_table
+from greta_core.commands.build_kernels import plan_counts
+from greta_core.configs import shipped_table
 from greta_core.configs.blocks import MODEL_WIDTH_OPS, aot_variants
 from greta_core.kernel_wheels.aot import VARIANTS, precompiled_int_variants
 from greta_core.ops import attention, attention_bwd

@@ -12,8 +12,8 @@ import tomllib
 from _install_helpers import REPO
 from packaging.pylock import Pylock
 
-from greta_install import pylock
-from greta_install.lockfile import load_lock
+from greta_install.locks import pylock
+from greta_install.locks.lockfile import load_lock
 
 VENDOR = "https://download.pytorch.org/whl/cpu"
 
@@ -93,8 +93,8 @@ def test_export_against_a_local_index_is_what_uv_installs(tmp_path: Path, monkey
 
     from _install_helpers import Index, make_wheel
 
-    from greta_install.lockfile import Lock, LockedPackage
-    from greta_install.tools import find_uv
+    from greta_install.environment.tools import find_uv
+    from greta_install.locks.lockfile import Lock, LockedPackage
 
     uv = find_uv()
     assert uv is not None, "the test extra installs uv"
@@ -140,7 +140,7 @@ TARGETS = REPO / "lock" / "targets"
 
 
 def _txt_rows() -> list[tuple[str, str, str]]:
-    from greta_install.lockfile import available_rows
+    from greta_install.locks.lockfile import available_rows
 
     return available_rows()
 
@@ -168,17 +168,17 @@ def test_every_committed_pylock_says_what_its_lock_says() -> None:
 
 
 def test_committed_pylocks_are_fresh_and_the_check_sees_each_fault(tmp_path: Path) -> None:
-    from greta_install.lockfile import parse_lock
+    from greta_install.locks.lockfile import parse_lock
 
     def load(target: str, python: str, row: str):
-        from greta_install.lockfile import lock_filename
+        from greta_install.locks.lockfile import lock_filename
 
         path = tmp_path / lock_filename(target, python, row)
         return parse_lock(path.read_text(encoding="utf-8"), target, python, path.name)
 
     rows = [("cpu", "3.11", "current"), ("cuda", "3.12", "previous")]
     for target, python, row in rows:
-        from greta_install.lockfile import lock_filename
+        from greta_install.locks.lockfile import lock_filename
 
         for name in (
             lock_filename(target, python, row),
@@ -240,7 +240,7 @@ def test_public_files_use_the_file_hosts_digest_layout() -> None:
 
 
 def test_vendor_urls_in_the_matrix_are_checked() -> None:
-    from greta_install.matrix import MatrixError, load_matrix
+    from greta_install.locks.matrix import MatrixError, load_matrix
 
     matrix = load_matrix(REPO / "lock" / "matrix.toml")
     torch = next(p for p in matrix.row("cpu", "3.11", "current").pins if p.name == "torch")
@@ -263,7 +263,7 @@ def test_vendor_urls_in_the_matrix_are_checked() -> None:
 def _load_text(text: str, like: Path):
     import tempfile
 
-    from greta_install.matrix import load_matrix
+    from greta_install.locks.matrix import load_matrix
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / like.name
@@ -274,7 +274,7 @@ def _load_text(text: str, like: Path):
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 def test_uv_accepts_the_committed_pylock_for_this_python(tmp_path: Path, target: str) -> None:
     """`uv pip install --dry-run --offline -r pylock.<target>-py<this>.toml` into a fresh venv."""
-    from greta_install.tools import find_uv
+    from greta_install.environment.tools import find_uv
 
     uv = find_uv()
     assert uv is not None, "the test extra installs uv"
@@ -297,7 +297,7 @@ def test_uv_accepts_the_committed_pylock_for_this_python(tmp_path: Path, target:
 def test_regenerating_from_the_public_api_gives_the_committed_file() -> None:
     """`greta lock --pylock`'s path offline: PyPI JSON documents (rebuilt from the committed
     file, as the API lays them out) and the matrix's vendor URLs give back the same text."""
-    from greta_install.matrix import load_matrix
+    from greta_install.locks.matrix import load_matrix
 
     committed = (TARGETS / "pylock.cpu-py311.toml").read_text(encoding="utf-8")
     documents: dict[str, dict] = {}

@@ -11,8 +11,8 @@ import pytest
 import tomllib
 from packaging.specifiers import SpecifierSet
 
-from greta_install.lockfile import lock_filename
-from greta_install.matrix import load_matrix
+from greta_install.locks.lockfile import lock_filename
+from greta_install.locks.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 MATRIX = load_matrix()

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from greta_install import archs, pci_ids
-from greta_install.parsers.kfd import gfx_from_target_version
-from greta_install.parsers.rocm_smi import gfx_from_decimal
+from greta_install import archs
+from greta_install.detection import pci_ids
+from greta_install.detection.parsers.kfd import gfx_from_target_version
+from greta_install.detection.parsers.rocm_smi import gfx_from_decimal
 
 DATA = Path(__file__).parent / "data" / "rocm_bootstrap"
 

@@ -18,10 +18,10 @@ import pytest
 from _install_helpers import REPO
 from conftest import SNAPSHOTS
 
-from greta_install import evidence, system_view
-from greta_install.detect import detect
-from greta_install.snapshot import write_snapshot
-from greta_install.system_view import LiveSystem, SnapshotSystem
+from greta_install.detection import evidence, system_view
+from greta_install.detection.detect import detect
+from greta_install.detection.snapshot import write_snapshot
+from greta_install.detection.system_view import LiveSystem, SnapshotSystem
 
 ROCM_PATHS = [
     "/opt/rocm-6.4.1", "/opt/rocm-6.4.1/", "/opt/rocm", "/nonexistent/rocm", "rocm-relative",

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from greta import cli
-from greta_install import archs, routing
-from greta_install.matrix import load_matrix
+from greta_install import archs
+from greta_install.locks import routing
+from greta_install.locks.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 MATRIX = load_matrix()

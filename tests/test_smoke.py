@@ -33,9 +33,9 @@ from _install_helpers import (
 )
 from _smoke_faults import NAN_AFTER_STEPS, fake_torch, fault_env, mirror_env, package_wheel
 
-from greta_install import smoke
-from greta_install import smoke_child as CHILD
-from greta_install.lockfile import Lock, LockedPackage, format_lock
+from greta_install.install import smoke
+from greta_install.install import smoke_child as CHILD
+from greta_install.locks.lockfile import Lock, LockedPackage, format_lock
 
 BROKEN_TRITON = """
 __version__ = "0.0-broken"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import SNAPSHOTS
 
-from greta_install.detect import detect
-from greta_install.snapshot import redact, write_snapshot
-from greta_install.system_view import LiveSystem, SnapshotSystem
+from greta_install.detection.detect import detect
+from greta_install.detection.snapshot import redact, write_snapshot
+from greta_install.detection.system_view import LiveSystem, SnapshotSystem
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = "sys/class/kfd/kfd/topology/nodes"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from greta_core.kernel_wheels.tune import (
+from greta_core.bench.tune import (
     SPACES,
     OpSpace,
     Problem,
@@ -65,7 +65,7 @@ def test_labels_are_stable() -> None:
 def test_dump_table_round_trips_one_line_per_op() -> None:
     import json
 
-    from greta_core.kernel_wheels.tune import dump_table
+    from greta_core.bench.tune import dump_table
 
     table = {"arch": "sm_90", "ops": {"a": {"default": {"X": 1}}, "b": {"default": {}}}}
     text = dump_table(table)

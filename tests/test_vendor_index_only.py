@@ -17,8 +17,8 @@ import pytest
 from _install_helpers import Index, make_wheel
 
 from greta_install import commandline
-from greta_install.installer import Downloader, InstallError, stage_plan
-from greta_install.plan import PlannedPackage
+from greta_install.install.installer import Downloader, InstallError, stage_plan
+from greta_install.plan.install_plan import PlannedPackage
 
 NAME, VERSION = "greta-vendortest", "1.0.0"
 

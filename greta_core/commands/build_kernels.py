@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from greta_core.errors import AotError, ConfigError
+from greta_core.errors import AotError
 from greta_core.kernel_wheels.aot import variants_of
 from greta_install.archs import triton_cannot_target
 
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         + ("; see the errors above" if failed else "")
     )
     if getattr(args, "index", None) and not failed:
-        from greta_install.kernel_build import write_index
+        from greta_install.install.kernel_build import write_index
 
         wheels = [Path(o["wheel"]) for o in outcomes if o.get("wheel") and not o.get("fatal")]
         index = write_index(wheels, args.index)
@@ -158,6 +158,7 @@ def build_all(
     """
     import triton
 
+    from greta_core.configs import shipped_table
     from greta_core.kernel_wheels import buildpool
 
     jobs = buildpool.resolve_jobs(jobs)
@@ -267,7 +268,7 @@ def plan_counts(
 
     rows = []
     for arch in archs:
-        table = configs_text if configs_text is not None else shipped_table(arch)
+        table = configs_text if configs_text is not None else configs.shipped_table(arch)
         configs.build_with_table(arch, table)
         try:
             found = discover(arch, only)
@@ -304,7 +305,7 @@ def format_plan_row(row: dict[str, Any], jobs: int = 0) -> str:
 
 def print_progress(done: int, total: int, res: Any) -> None:
     """One line per finished kernel: bar, k/N, kernel, status, seconds (the first error line)."""
-    from greta_install.kernel_build import progress_line
+    from greta_install.commandline import progress_line
 
     status = "ok" if res.ok else "ERROR"
     detail = f"{res.arch} {res.spec} [{res.variant}] {status} {res.seconds:.2f}s"
@@ -433,22 +434,9 @@ def collect_entry(staging: Path, key: str) -> dict[str, bytes]:
     return out
 
 
-def shipped_table(arch: str) -> str:
-    """The arch's config table shipped in greta_core (never an installed wheel's); ConfigError
-    when neither it nor the default table is there."""
-    from importlib import resources
-
-    tables = resources.files("greta_core.configs").joinpath("tables")
-    for name in (arch, "default"):
-        candidate = tables.joinpath(f"{name}.json")
-        if candidate.is_file():
-            return candidate.read_text()
-    raise ConfigError(f"no config table for {arch}")
-
-
 def source_hash(table_text: str) -> str:
-    """What the wheel was built from (greta_install.kernel_build.greta_source_hash)."""
-    from greta_install.kernel_build import greta_source_hash
+    """What the wheel was built from (greta_install.install.kernel_build.greta_source_hash)."""
+    from greta_install.install.kernel_build import greta_source_hash
 
     return greta_source_hash(table_text)
 

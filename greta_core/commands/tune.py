@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_core.kernel_wheels.tune import SPACES
+    from greta_core.bench.tune import SPACES
 
     space = SPACES.get(args.op)
     if space is None:
@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"greta tune: needs a GPU ({exc})", file=sys.stderr)
         return 2
 
-    from greta_core.commands.build_kernels import shipped_table
-    from greta_core.kernel_wheels.tune import dump_table, merge_table, time_candidates
+    from greta_core.bench.tune import dump_table, merge_table, time_candidates
+    from greta_core.configs import shipped_table
 
     out = args.out or Path(f"tuned-{arch}.json")
     base_text = out.read_text() if out.is_file() else shipped_table(arch)

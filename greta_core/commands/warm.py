@@ -28,7 +28,7 @@ def warm_installed(jobs: int = 0) -> list[dict[str, Any]]:
 
     from greta_core.kernel_wheels import host_launchers
     from greta_core.kernel_wheels.precompiled import installed_wheel_dirs, read_manifest
-    from greta_install import kernel_build
+    from greta_install.install import kernel_build
 
     rows: list[dict[str, Any]] = []
     for arch, package_dir in installed_wheel_dirs():

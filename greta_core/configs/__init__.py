@@ -62,12 +62,30 @@ def load_table(arch: str) -> dict[str, Any]:
             return _read_json(wheel_table.read_text(), f"{module.__name__}/configs.json")
     except ImportError:
         pass
+    shipped = _shipped(arch)
+    if shipped is None:
+        raise ConfigError("no default config table shipped")  # packaging bug
+    name, text = shipped
+    return _read_json(text, f"tables/{name}.json")
+
+
+def _shipped(arch: str) -> tuple[str, str] | None:
+    """(name, text) of the table greta_core ships for `arch`, else of the default table."""
     tables = resources.files(__package__).joinpath("tables")
     for name in (arch, "default"):
         candidate = tables.joinpath(f"{name}.json")
         if candidate.is_file():
-            return _read_json(candidate.read_text(), f"tables/{name}.json")
-    raise ConfigError("no default config table shipped")  # packaging bug
+            return name, candidate.read_text()
+    return None
+
+
+def shipped_table(arch: str) -> str:
+    """The arch's config table shipped in greta_core (never an installed wheel's), as text:
+    what `greta build-kernels` builds into a wheel and `greta tune` starts from."""
+    shipped = _shipped(arch)
+    if shipped is None:
+        raise ConfigError(f"no config table for {arch}")
+    return shipped[1]
 
 
 def _matches(when: Mapping[str, Any], features: Features) -> bool:

@@ -113,7 +113,7 @@ def _activate() -> bool:
     if not wheels:
         _say_once("none", "no GRETA kernel wheel installed: Triton compiles kernels on first use")
         return False
-    from greta_install.kernel_build import recorded_state
+    from greta_install.install.kernel_build import recorded_state
 
     for arch, package_dir in wheels:
         if recorded_state(package_dir.parent, arch) == "differs":

@@ -81,8 +81,8 @@ def render(det_json: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.detect import detect
-    from greta_install.system_view import open_view
+    from greta_install.detection.detect import detect
+    from greta_install.detection.system_view import open_view
 
     try:
         view = open_view(args.snapshot)

@@ -112,9 +112,9 @@ def _internal_error(exc: BaseException) -> Any:
 
 
 def _diagnose(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    from greta_install.detection.system_view import open_view
     from greta_install.doctor.collect import collect_facts
     from greta_install.doctor.runner import run_checks
-    from greta_install.system_view import open_view
 
     view = open_view(args.snapshot)
     if not args.snapshot:
@@ -142,11 +142,11 @@ def _diagnose(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     if args.cluster:
-        from greta_install.commands.doctor_cluster import run_command as run_cluster
+        from greta_install.doctor.cluster_run import run_command as run_cluster
 
         return run_cluster(args)
     if args.collective:
-        from greta_install.commands.doctor_collective import run_command
+        from greta_install.doctor.collective_run import run_command
 
         return run_command(args)
     from greta_install.doctor.model import exit_code

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.tools import python_version_of, scheme_of
+    from greta_install.environment.tools import python_version_of, scheme_of
 
     python = args.python or sys.executable
     try:
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"greta env: {exc}", file=sys.stderr)
         return 2
-    from greta_install import transaction
+    from greta_install.install import transaction
 
     site_packages = scheme.purelib
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, site_packages: Path) -> int:
-    from greta_install import envfix
+    from greta_install.environment import envfix
 
     if args.clear:
         try:

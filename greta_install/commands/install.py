@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from greta_install.commandline import interpreter_path
 
 if TYPE_CHECKING:
-    from greta_install import pipeline
+    from greta_install.install import pipeline
 
 HELP = "Install the locked, mutually compatible torch / triton / jax set (+ GRETA kernel wheel)."
 
@@ -129,7 +129,7 @@ def _fail(message: str, as_json: bool, code: int = 2) -> int:
 
 
 def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
-    from greta_install import pipeline
+    from greta_install.install import pipeline
 
     return pipeline.InstallRequest(
         target=args.target,
@@ -155,10 +155,11 @@ def request_of(args: argparse.Namespace) -> pipeline.InstallRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install import pipeline, planning
+    from greta_install.install import pipeline
+    from greta_install.install import prepare as planning
 
     if args.only:
-        from greta_install.commands import install_only
+        from greta_install.install import only as install_only
 
         return install_only.run(args)
     log = _logger(args.json)
@@ -194,9 +195,9 @@ def _export_lock(prepared: pipeline.Prepared, path: str, as_json: bool) -> int:
     """The lock for this machine as pylock.toml, its files found on this machine's indexes."""
     from pathlib import Path
 
-    from greta_install import pylock
-    from greta_install.lockfile import load_lock
-    from greta_install.tools import find_uv, pip_config_find_links
+    from greta_install.environment.tools import find_uv, pip_config_find_links
+    from greta_install.locks import pylock
+    from greta_install.locks.lockfile import load_lock
 
     out = Path(path)
     plan = prepared.plan
@@ -236,7 +237,7 @@ def _logger(as_json: bool) -> Callable[[str], None]:
 
 
 def _show_plan(prepared: pipeline.Prepared, as_json: bool) -> int:
-    from greta_install import pipeline
+    from greta_install.install import pipeline
 
     if as_json:
         print(
@@ -256,7 +257,7 @@ def _refuse(prepared: pipeline.Prepared) -> int:
 
 
 def _already_installed(prepared: pipeline.Prepared) -> str | None:
-    from greta_install import noop
+    from greta_install.plan import noop
 
     return noop.already_installed(prepared.plan, prepared.executable or sys.executable)
 
@@ -275,7 +276,7 @@ def _report(
     as_json: bool,
     log: Callable[[str], None],
 ) -> int:
-    from greta_install.plan import JIT_NOTE
+    from greta_install.plan.install_plan import JIT_NOTE
 
     plan, staged = prepared.plan, outcome.staged
     smoke = outcome.results.get("smoke-test")
@@ -337,7 +338,7 @@ def _version(plan: Any, name: str) -> str:
 
 
 def render_plan(prepared: pipeline.Prepared) -> str:
-    from greta_install import pipeline
+    from greta_install.install import pipeline
 
     plan = prepared.plan
     lines = [

@@ -37,15 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _detected_arch() -> tuple[str | None, str | None]:
-    from greta_install.detect import detect
-    from greta_install.system_view import open_view
+    from greta_install.detection.detect import detect
+    from greta_install.detection.system_view import open_view
 
     det = detect(open_view(None))
     return det.arch, det.target
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install import kernel_build as kb
+    from greta_install.install import kernel_build as kb
 
     python = args.python or sys.executable
     arch, target = args.arch, None

@@ -59,10 +59,10 @@ def _split(values: list[str] | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install import docsgen, lockgen
-    from greta_install.lockfile import lock_filename
-    from greta_install.matrix import MatrixError, load_matrix
-    from greta_install.tools import find_uv, pip_config_find_links
+    from greta_install.environment.tools import find_uv, pip_config_find_links
+    from greta_install.locks import docsgen, lockgen
+    from greta_install.locks.lockfile import lock_filename
+    from greta_install.locks.matrix import MatrixError, load_matrix
 
     repo = Path(args.repo)
     matrix_path = repo / "lock" / "matrix.toml"
@@ -191,8 +191,8 @@ def _write_pylocks(out: Path, targets, pythons, matrix, hashes_path: Path) -> in
     import json
     import urllib.request
 
-    from greta_install import lockgen, pylock
-    from greta_install.lockfile import LockError, lock_filename, parse_lock
+    from greta_install.locks import lockgen, pylock
+    from greta_install.locks.lockfile import LockError, lock_filename, parse_lock
 
     def fetch_json(name: str) -> dict:
         url = pylock.PUBLIC_JSON.format(name=name)
@@ -242,7 +242,7 @@ def _write_pylocks(out: Path, targets, pythons, matrix, hashes_path: Path) -> in
 
 def _matrix_urls(matrix) -> list[tuple[str, str, object]]:  # type: ignore[no-untyped-def]
     """(name, version, KnownFile) of every URL the matrix records with a hash."""
-    from greta_install import pylock
+    from greta_install.locks import pylock
 
     out: list[tuple[str, str, object]] = []
     for row in matrix.rows():
@@ -253,8 +253,8 @@ def _matrix_urls(matrix) -> list[tuple[str, str, object]]:  # type: ignore[no-un
 
 def _stale_pylocks(folder: Path, matrix, targets: list[str], pythons: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
     """The committed pylock files checked against the committed locks (offline)."""
-    from greta_install import pylock
-    from greta_install.lockfile import lock_filename, parse_lock
+    from greta_install.locks import pylock
+    from greta_install.locks.lockfile import lock_filename, parse_lock
 
     def load(target: str, python: str, row: str):  # type: ignore[no-untyped-def]
         path = folder / lock_filename(target, python, row)
@@ -276,7 +276,7 @@ def _rows(matrix, targets: list[str], pythons: list[str]):  # type: ignore[no-un
 def _fetch_text(url: str) -> str:
     import urllib.request
 
-    from greta_install.lockgen import INDEX_TIMEOUT_S
+    from greta_install.locks.lockgen import INDEX_TIMEOUT_S
 
     with urllib.request.urlopen(url, timeout=INDEX_TIMEOUT_S) as response:
         return response.read().decode("utf-8", errors="replace")

@@ -51,11 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _auto_mode() -> str:
-    from greta_install.smoke import default_mode
+    from greta_install.install.smoke import default_mode
 
     try:
-        from greta_install.detect import detect
-        from greta_install.system_view import open_view
+        from greta_install.detection.detect import detect
+        from greta_install.detection.system_view import open_view
 
         return default_mode(detect(open_view(None)).target)
     except Exception:  # detection must never stop the smoke test: test the CPU path
@@ -63,7 +63,7 @@ def _auto_mode() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.smoke import run_smoke
+    from greta_install.install.smoke import run_smoke
 
     mode = _auto_mode() if args.mode == "auto" else args.mode
     python = args.python or sys.executable

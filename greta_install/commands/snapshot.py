@@ -16,9 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from greta_install.commandline import LocationError, location
-    from greta_install.detect import detect
-    from greta_install.snapshot import write_snapshot
-    from greta_install.system_view import LiveSystem, SnapshotSystem
+    from greta_install.detection.detect import detect
+    from greta_install.detection.snapshot import write_snapshot
+    from greta_install.detection.system_view import LiveSystem, SnapshotSystem
 
     try:
         # A 120 KB name echoed whole in "cannot write ...": refused first, in one short line.

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def greta_files(site_packages: Path) -> list[Path]:
     """GRETA's own files in site-packages (not distributions)."""
-    from greta_install import envfix, hashrecord
+    from greta_install.environment import envfix
+    from greta_install.install import hashrecord
 
     names = (envfix.PTH_NAME, envfix.HOOK_NAME, envfix.JSON_NAME, hashrecord.RECORD_NAME)
     return [site_packages / n for n in names if (site_packages / n).exists()]
@@ -49,7 +50,7 @@ def kernel_distributions(site_packages: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from greta_install.tools import site_packages_of
+    from greta_install.environment.tools import site_packages_of
 
     python = args.python or sys.executable
     try:

@@ -23,8 +23,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from greta_install.doctor.multi_gpu_facts import CMDLINE, NUMA_BALANCING, NUMA_ONLINE, scrub_cmdline
-from greta_install.system_view import LiveSystem, SnapshotSystem, SystemView
+from greta_install.detection.system_view import (
+    CMDLINE,
+    NUMA_BALANCING,
+    NUMA_ONLINE,
+    LiveSystem,
+    SnapshotSystem,
+    SystemView,
+    scrub_cmdline,
+)
 
 FIXTURE_ENV = "GRETA_CLUSTER_FIXTURE"
 SHM_PATH = "/dev/shm"
@@ -307,7 +314,7 @@ def collect_lock(view: SystemView, packages: dict[str, dict[str, str | None]]) -
     """The target and matrix row this environment holds, and the lock file's hash."""
     from greta_install.doctor.collect import collect_detection, installed_row
     from greta_install.doctor.facts import InstalledDist
-    from greta_install.lockfile import lock_filename, lock_resource_dir
+    from greta_install.locks.lockfile import lock_filename, lock_resource_dir
 
     detection, error = collect_detection(view)
     target = getattr(detection, "target", None)
@@ -329,7 +336,7 @@ def collect_lock(view: SystemView, packages: dict[str, dict[str, str | None]]) -
 
 def collect_acs(view: SystemView) -> list[str] | None:
     """PCIe bridges with ACS redirection on (None: lspci -vvv not available or no root)."""
-    from greta_install.parsers.pcie import parse_lspci_vvv
+    from greta_install.detection.parsers.pcie import parse_lspci_vvv
 
     text = view.run("lspci-vvv")
     if not text:

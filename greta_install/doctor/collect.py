@@ -22,6 +22,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from greta_install.detection.system_view import RELEVANT_ENV, SystemView
 from greta_install.doctor.facts import (
     ContainerInfo,
     DeviceNode,
@@ -35,7 +36,6 @@ from greta_install.doctor.facts import (
 from greta_install.doctor.index_query import query_index
 from greta_install.doctor.multi_gpu_facts import collect_multi_gpu
 from greta_install.doctor.probe_runner import probe_argv, run_probe
-from greta_install.system_view import RELEVANT_ENV, SystemView
 
 DEFAULT_PROBE_TIMEOUT_S = 120.0
 DOCTOR_ENV = (
@@ -65,7 +65,7 @@ def _describe_error(exc: BaseException) -> str:
 
 def collect_detection(view: SystemView) -> tuple[Any, str | None]:
     try:
-        from greta_install.detect import detect
+        from greta_install.detection.detect import detect
 
         return detect(view), None
     except Exception as exc:
@@ -160,7 +160,7 @@ def collect_env_fixes() -> str:
     """State of this environment's persisted fixes (the start-up hook stays silent)."""
     from pathlib import Path
 
-    from greta_install import envfix
+    from greta_install.environment import envfix
 
     site = Path(sysconfig.get_paths()["purelib"])
     try:
@@ -170,7 +170,7 @@ def collect_env_fixes() -> str:
 
 
 def collect_bytecode() -> dict[str, Any]:
-    from greta_install import bytecode
+    from greta_install.environment import bytecode
 
     found = {name: bytecode.package_state(name) for name in bytecode.FRAMEWORKS}
     return {name: state for name, state in found.items() if state is not None}
@@ -218,7 +218,7 @@ def collect_lock(
     target: str, python: str, row: str = "current"
 ) -> tuple[Any, str | None, tuple[str, ...]]:
     try:
-        from greta_install.lockfile import load_lock
+        from greta_install.locks.lockfile import load_lock
     except Exception as exc:
         return None, _describe_error(exc), ()
     lock, error = None, None
@@ -254,7 +254,7 @@ def installed_row(target: str, python: str, dists: tuple[InstalledDist, ...] | N
     """The matrix row this environment holds: the one whose torch pin matches the installed
     torch; with no torch (or one GRETA did not install), the current row (what
     `greta install` would install). None when the matrix has no such target or Python."""
-    from greta_install.matrix import load_matrix
+    from greta_install.locks.matrix import load_matrix
 
     matrix = load_matrix()
     if target not in matrix.targets or python not in matrix.pythons:

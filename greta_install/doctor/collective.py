@@ -353,7 +353,7 @@ def rdma_gbits(ports: list[dict[str, Any]]) -> float:
 
 def local_link(topology_text: dict[str, str | None]) -> str | None:
     """The fastest GPU-to-GPU link kind on this host: nvlink, xgmi or pcie (None: unknown)."""
-    from greta_install.parsers.topology import parse_amd_topology, parse_nvidia_topo
+    from greta_install.detection.parsers.topology import parse_amd_topology, parse_nvidia_topo
 
     topo = parse_nvidia_topo(topology_text.get("nvidia")) or parse_amd_topology(
         topology_text.get("amd"), topology_text.get("rocm")
@@ -368,8 +368,8 @@ def local_link(topology_text: dict[str, str | None]) -> str | None:
 
 def link_facts() -> dict[str, Any]:
     """What this node offers its collectives, for the default bandwidth gate."""
+    from greta_install.detection.system_view import LiveSystem
     from greta_install.doctor.cluster_facts import collect_rdma
-    from greta_install.system_view import LiveSystem
 
     view = LiveSystem()
     text = {

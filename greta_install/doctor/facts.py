@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
-    from greta_install.lockfile import Lock
+    from greta_install.locks.lockfile import Lock
     from greta_install.model import Detection
 
 ProbeOutcome = Literal["ok", "timeout", "crashed", "garbled", "not_run"]
@@ -123,7 +123,7 @@ class Facts:
     memory: MemoryInfo | None = None  # RAM and the GPU-visible (GTT/TTM) limit
     # greta-env.json of this environment: "absent", "ok", or why it is unusable
     env_fixes: str | None = None
-    # top-level framework package -> how much of it has bytecode (greta_install.bytecode)
+    # top-level framework package -> how much of it has bytecode (greta_install.environment.bytecode)
     bytecode: dict[str, Any] | None = None
 
     def dist(self, name: str) -> InstalledDist | None:

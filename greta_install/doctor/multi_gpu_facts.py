@@ -7,24 +7,17 @@ file, or a snapshot that did not record it); the checks then skip with that reas
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from greta_install.system_view import SystemView
+from greta_install.detection.system_view import (
+    CMDLINE,
+    NUMA_BALANCING,
+    NUMA_ONLINE,
+    SystemView,
+    scrub_cmdline,
+)
 
-CMDLINE = "/proc/cmdline"
-NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
-NUMA_ONLINE = "/sys/devices/system/node/online"
-# Files `greta snapshot` copies for these checks (tool outputs go through TOOL_COMMANDS).
-SNAPSHOT_FILES: tuple[str, ...] = (CMDLINE, NUMA_BALANCING, NUMA_ONLINE)
 TOOLS = ("lspci-vvv", "nvidia-smi-topo", "nvidia-smi-topo-p2p", "amd-smi-topology", "rocm-smi-topo")
-
-# root=UUID=..., resume=PARTUUID=...: identifies the user's disks, nothing the checks need.
-_FS_ID = re.compile(r"\b((?:PART)?UUID=)\S+")
-
-
-def scrub_cmdline(text: str) -> str:
-    return _FS_ID.sub(r"\1REDACTED", text)
 
 
 @dataclass(frozen=True)

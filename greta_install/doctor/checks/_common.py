@@ -10,7 +10,7 @@ from typing import Any
 
 from greta_install.doctor.facts import Facts, ProbeResult
 from greta_install.doctor.model import Finding, fail, skip
-from greta_install.lockfile import LockedPackage
+from greta_install.locks.lockfile import LockedPackage
 from greta_install.model import Gpu
 
 AMD_TARGETS = frozenset({"mi300x", "radeon", "instinct"})

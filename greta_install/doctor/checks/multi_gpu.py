@@ -10,17 +10,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from greta_install.doctor.facts import Facts
-from greta_install.doctor.model import Finding, fail, ok, skip, warn
-from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
-from greta_install.parsers.pcie import PciFunction, bridges_above, parse_lspci_vvv
-from greta_install.parsers.topology import (
+from greta_install.detection.parsers.pcie import PciFunction, bridges_above, parse_lspci_vvv
+from greta_install.detection.parsers.topology import (
     Pair,
     Topology,
     parse_amd_topology,
     parse_nvidia_p2p,
     parse_nvidia_topo,
 )
+from greta_install.doctor.facts import Facts
+from greta_install.doctor.model import Finding, fail, ok, skip, warn
+from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
 
 from ._common import amd_gpu_expected, detection_gpus, lspci_gpus, nvidia_gpu_expected
 
