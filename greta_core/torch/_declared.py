@@ -42,7 +42,14 @@ def _torch_run(op: OpDecl, *args: Any) -> Any:
         # the triton_op, torch 2.15's functional wrap_triton copies the arguments it mutates
         # (GPU suite, locked stack: the consuming backward's peak equalled the copying
         # one's). Compiling: the registered mutating op, which the graph must see.
-        return op.unpack(op.call.run(_identity, *args))
+        out = op.unpack(op.call.run(_identity, *args))
+        # What the registered op's in-place schema does: a second backward through a
+        # retained graph then fails autograd's version check instead of reading the
+        # overwritten tensors.
+        torch.autograd.graph.increment_version(
+            [a for a, spec in zip(args, op.args, strict=False) if spec.mutable]
+        )
+        return out
     # The public front: an eager backward (no create_graph) takes its hot path too.
     return getattr(torch.ops.greta, op.name)(*args)
 
