@@ -11,7 +11,6 @@ rule at 2 * MAX_BLOCK_N.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -81,7 +80,6 @@ def test_model_widths_are_aligned_so_norms_need_no_ragged_entries() -> None:
 def test_a_tuned_table_changes_the_norm_specs_with_it() -> None:
     """The rms_norm specs follow the table the wheel ships: a smaller one-pass limit moves
     the widest model rows to the loop block, and no other block appears."""
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest's; the specs compile nothing
     from greta_core.configs import shipped_table
     from greta_core.kernel_wheels.aot import discover
 

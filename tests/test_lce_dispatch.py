@@ -234,7 +234,7 @@ def test_bad_target_gets_the_kernels_error_on_the_delegated_path() -> None:
     override = configs.Override({DISPATCH: {"backend": "torch"}})
     with override, pytest.raises(GretaInputError, match="holds 40"):
         torch.ops.greta.linear_cross_entropy(
-            hidden.to(DEVICE, torch.float32), weight.to(DEVICE, torch.float32), target
+            hidden.to(DEVICE, torch.float32), weight.to(DEVICE, torch.float32), target.to(DEVICE)
         )
 
 
@@ -250,6 +250,7 @@ def test_compiled_call_follows_the_table() -> None:
     hidden, weight, target = _case()
     h = hidden.to(DEVICE, torch.float32).requires_grad_()
     w = weight.to(DEVICE, torch.float32).requires_grad_()
+    target = target.to(DEVICE)
 
     def f(h, w, t):
         return torch.ops.greta.linear_cross_entropy(h, w, t)

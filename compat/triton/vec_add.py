@@ -42,7 +42,8 @@ def main() -> int:
         import triton
 
         from greta_core.arch import arch_of
-        from greta_core.ops._plan import dtype_name, run
+        from greta_core.ops._plan import run
+        from greta_core.ops.declare import Meta
         from greta_core.ops.vec_add import plan
     except Exception as exc:
         return finish("FAIL", f"cannot import the kernel: {exc.__class__.__name__}: {exc}")
@@ -58,7 +59,7 @@ def main() -> int:
             out = torch.full_like(x, float("nan"))  # poison: unwritten elements stay NaN
             arch = arch_of(x)
             # GRETA's launch plan for this call (kernel, grid, arguments, config-table block).
-            launch_plan = plan(tuple(x.shape), dtype_name(x.dtype), arch)
+            launch_plan = plan(arch, Meta.of(x), Meta.of(y))
             block = launch_plan.launches[0].constexprs["BLOCK"]
             run(launch_plan, (x, y), out=(out,))
             ref = x.double() + y.double()
