@@ -67,6 +67,9 @@ DEFAULT_PACKAGES = (
     "nvidia-cusparselt-cu13",
     "cuda-toolkit",
     "cuda-bindings",
+    # ptxas for XLA: jax 0.12 assembles Triton 3.9's PTX 9.4, which the image's CUDA 13.0
+    # ptxas refuses ("Unsupported .version 9.4"): greta smoke's greta-jax failed without it.
+    "nvidia-cuda-nvcc",
 )
 # Pins the machine's image may already hold at the lock's version (the lent H100's image has
 # jax 0.11.2 with its CUDA 13 plugin, as the lock does): `--expect` them instead of sending
