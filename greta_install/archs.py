@@ -120,20 +120,6 @@ TORCH_BUILDS: dict[str, TorchBuild] = {
             "against the index in bitsandbytes#2046; gfx1010 installed end to end in unsloth#9138)",
         ),
         TorchBuild(
-            "therock-rocm10.0",
-            "AMD TheRock torch 2.13.0+rocm10.0.0 (ROCm 10.0) with amd-torch-device-<gfx> packages",
-            "AMD TheRock",
-            "https://stable.repo.amd.com/rocm/core/whl-next",
-            ("gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
-            (
-                "https://github.com/ultralytics/ultralytics/pull/24137",
-                "https://github.com/ROCm/TheRock/pull/7245",
-            ),
-            "`torch[device-gfxNNNN]` of AMD's whl-next index: only the targets public installs "
-            "of 2.13.0+rocm10.0.0 (or ultralytics#24137's per-target installs from that index) "
-            "confirm are listed; the ROCm 10.0 branch builds torch release/2.13 (TheRock#7245)",
-        ),
-        TorchBuild(
             "pypi-cuda",
             "default-index torch (CUDA 13 build)",
             "default index",

@@ -16,7 +16,8 @@ from greta_core.kernel_wheels.cache import cache_root as runtime_cache_root
 from greta_install import commandline
 from greta_install.install import hashrecord, kernel_build
 
-BAD = ["https://index.example/\nsimple", "https://x\x01y/simple", "/srv/wheels\x7f", "\ttab"]
+# Values are built from relative names and the loopback address: no path of a machine.
+BAD = ["http://127.0.0.1:9/\nsimple", "http://127.0.0.1:9/x\x01y", "wheels\x7f", "\ttab"]
 # Each case of the one rule is checked in-process; two of them end to end.
 END_TO_END = BAD[:2]
 
@@ -42,7 +43,7 @@ def test_a_control_character_in_the_kernel_index_is_one_line(value: str) -> None
 def test_the_option_is_held_to_the_same_rule() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "greta", "install", "--dry-run", "--target", "mi300x",
-         "--kernel-wheels", "https://index.example/\x1bsimple"],
+         "--kernel-wheels", "http://127.0.0.1:9/\x1bsimple"],
         cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -58,16 +59,20 @@ def test_the_option_is_held_to_the_same_rule() -> None:
     ],
 )
 def test_other_path_variables_are_held_to_it(
-    monkeypatch: pytest.MonkeyPatch, name: str, read: object, error: type[Exception]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+    read: object,
+    error: type[Exception],
 ) -> None:
-    monkeypatch.setenv(name, "/tmp/cache\nelsewhere")
+    monkeypatch.setenv(name, f"{tmp_path}/cache\nelsewhere")
     with pytest.raises(error, match=f"{name} holds a control character"):
         read()  # type: ignore[operator]
-    monkeypatch.setenv(name, "/tmp/" + "x" * commandline.LOCATION_MAX_CHARS)
+    monkeypatch.setenv(name, f"{tmp_path}/" + "x" * commandline.LOCATION_MAX_CHARS)
     with pytest.raises(error, match="over the 4096-character limit"):
         read()  # type: ignore[operator]
-    monkeypatch.setenv(name, "/tmp/fine")
-    assert str(read()).startswith("/tmp/fine")  # type: ignore[operator]
+    monkeypatch.setenv(name, f"{tmp_path}/fine")
+    assert str(read()).startswith(f"{tmp_path}/fine")  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("value", BAD)
@@ -76,8 +81,8 @@ def test_each_control_character_is_refused_by_the_one_rule(value: str) -> None:
         commandline.env_location("GRETA_KERNEL_INDEX", {"GRETA_KERNEL_INDEX": value})
 
 
-def test_plain_values_pass_unchanged() -> None:
-    for value in ("https://index.example/simple", "/srv/wheels", "file:///srv/w", "rel/dir"):
+def test_plain_values_pass_unchanged(tmp_path: Path) -> None:
+    for value in ("http://127.0.0.1:9/simple", str(tmp_path), tmp_path.as_uri(), "rel/dir"):
         assert commandline.location(value, "X") == value
     assert commandline.env_location("X", {}) is None
     assert commandline.env_location("X", {"X": ""}) is None

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 import pytest
 from _install_helpers import REPO, make_kernel_wheel
@@ -129,8 +130,10 @@ def test_a_plain_http_index_says_why() -> None:
     )
 
 
-@pytest.mark.parametrize("href", ["file:///tmp/", "FILE:///srv/wheels/"])
-def test_a_file_href_says_why(href: str) -> None:
+@pytest.mark.parametrize("upper", [False, True], ids=["file", "FILE"])
+def test_a_file_href_says_why(upper: bool, tmp_path: Path) -> None:
+    href = tmp_path.as_uri() + "/"
+    href = "FILE" + href[4:] if upper else href
     with serve({PAGE: page(link(NAME, SHA, prefix=href))}) as url:
         refused = find_kernel_wheel(url, REQ, allow_http=True)
     assert refused.location is None
@@ -152,10 +155,10 @@ def test_a_page_over_the_limit_says_why(streamed: bool) -> None:
     )
 
 
-def test_the_reason_reaches_the_install_plan() -> None:
+def test_the_reason_reaches_the_install_plan(tmp_path: Path) -> None:
     """`greta install --dry-run` shows why the index's wheel was not taken."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRETA_")}
-    with serve({PAGE: page(link(NAME, SHA, prefix="file:///tmp/"))}) as url:
+    with serve({PAGE: page(link(NAME, SHA, prefix=tmp_path.as_uri() + "/"))}) as url:
         proc = subprocess.run(
             [sys.executable, "-m", "greta", "install", "--dry-run", "--target", "mi300x",
              "--arch", ARCH, "--kernel-wheels", url, "--allow-http"],

@@ -121,7 +121,7 @@ def test_committed_lock_invariants(path: Path) -> None:
     lock = parse_lock(text, origin=path.name)
     hosts = set(re.findall(r"https?://([^/\s]+)", text))
     # The default index is never named: only the vendor indexes appear.
-    vendors = {"download.pytorch.org", "repo.radeon.com", "repo.amd.com", "stable.repo.amd.com"}
+    vendors = {"download.pytorch.org", "repo.radeon.com", "repo.amd.com"}
     assert hosts <= vendors, hosts
     for url in lock.vendor_indexes:
         assert url.startswith(
@@ -129,7 +129,6 @@ def test_committed_lock_invariants(path: Path) -> None:
                 "https://download.pytorch.org/whl/",
                 "https://repo.radeon.com/",
                 "https://repo.amd.com/",
-                "https://stable.repo.amd.com/",
             )
         )
     for pkg in lock.packages:

@@ -69,13 +69,10 @@ def test_torch_local_version_matches_its_index(matrix) -> None:
             # +cpu wheel installs on the CI machine) has no local version.
             assert local is None and (row.target == "cuda" or row.python == "3.13"), torch
             continue
-        if row.generation in ("therock", "rocm10"):
-            # AMD's multi-arch indexes serve +rocmX.Y.Z builds of every ROCm version.
+        if row.generation == "therock":
+            # AMD's multi-arch index serves +rocmX.Y.Z builds of every ROCm version.
             assert local and re.fullmatch(r"rocm\d+\.\d+\.\d+", local), torch
-            assert torch.index in (
-                "https://repo.amd.com/rocm/whl-multi-arch",
-                "https://stable.repo.amd.com/rocm/core/whl-next",
-            ), torch
+            assert torch.index == "https://repo.amd.com/rocm/whl-multi-arch", torch
             continue
         if row.target in expected_local:
             assert local and re.fullmatch(expected_local[row.target], local), torch
@@ -112,7 +109,7 @@ def test_gpu_rows_are_current_and_keep_the_previous_generation(matrix) -> None:
     for target, release in newest.items():
         amd = target != "cuda"
         assert matrix.generations(target) == (
-            ("current", "therock", "previous", "rocm10") if amd else ("current", "previous")
+            ("current", "therock", "previous") if amd else ("current", "previous")
         )
         for py in matrix.pythons:
             torch = matrix.row(target, py).one("torch")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from greta_install.commandline import interpreter_path
+from greta_install.locks.matrix import ROW_NAMES
 
 if TYPE_CHECKING:
     from greta_install.install import pipeline
@@ -60,11 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--row",
-        choices=("current", "therock", "previous", "rocm10"),
+        choices=ROW_NAMES,
         default=None,
         help="which row of the target (default: the first whose torch build carries the "
-        "GPU's arch): current, therock (AMD's per-target build), previous (older drivers / "
-        "ROCm user space) or rocm10 (ROCm 10 hosts); see docs/en/framework_versions.md",
+        "GPU's arch): current, therock (AMD's per-target build) or previous (older drivers / "
+        "ROCm user space); see docs/en/framework_versions.md",
     )
     parser.add_argument(
         "--allow-known-bad-arch",

@@ -48,7 +48,6 @@ TEXT = {
         "current": "Current row",
         "previous": "Previous row",
         "therock": "TheRock row",
-        "rocm10": "ROCm 10 row",
         "routing": "Which arch gets which build (from greta_install/archs.py)",
         "routing_intro": (
             "`greta install` routes each GPU arch to the first row (current, therock, previous) "
@@ -110,7 +109,6 @@ TEXT = {
         "current": "Fila actual",
         "previous": "Fila anterior (previous)",
         "therock": "Fila TheRock",
-        "rocm10": "Fila ROCm 10",
         "routing": "Qué arquitectura recibe qué build (de greta_install/archs.py)",
         "routing_intro": (
             "`greta install` lleva cada arquitectura de GPU a la primera fila (current, therock, "

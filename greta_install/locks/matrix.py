@@ -97,8 +97,8 @@ class Generation:
 
 
 # Row names in the order the plan prefers them for an arch (routing takes the first row
-# whose torch build carries the arch). `rocm10` (ROCm 10 hosts) is only ever asked for.
-ROW_NAMES = ("current", "therock", "previous", "rocm10")
+# whose torch build carries the arch).
+ROW_NAMES = ("current", "therock", "previous")
 ALTERNATE_ROWS = ROW_NAMES[1:]
 
 
@@ -640,7 +640,7 @@ def _check_torch_index(torch: Pin, where: str) -> list[str]:
         return [
             f"{where}: torch local version +{local} is not a known build (+rocmX.Y, +cuNNN, +cpu)"
         ]
-    if local.startswith("rocm") and (torch.index or "").endswith(("/whl-multi-arch", "/whl-next")):
+    if local.startswith("rocm") and (torch.index or "").endswith("/whl-multi-arch"):
         return []  # AMD's multi-arch indexes serve every ROCm version's +rocmX.Y.Z builds
     if torch.index is None or not torch.index.endswith(f"/whl/{local}"):
         return [
