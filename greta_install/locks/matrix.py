@@ -325,15 +325,7 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
         if not isinstance(table, dict):
             problems.append(f"{where} must be a table")
             continue
-        pins = []
-        raw_pins = table.get("pins", [])
-        if not isinstance(raw_pins, list):
-            problems.append(f"{where}: `pins` must be an array of tables ([[targets.{name}.pins]])")
-            raw_pins = []
-        for i, raw in enumerate(raw_pins):
-            pin = _build_pin(raw, f"{where} pin #{i + 1}", problems)
-            if pin is not None:
-                pins.append(pin)
+        pins = _build_pins(table.get("pins", []), where, f" ([[targets.{name}.pins]])", problems)
         alternates = {}
         for alt in ALTERNATE_ROWS:
             raw_alt = table.get(alt)
@@ -377,19 +369,20 @@ def _build(data: Mapping[str, Any], problems: list[str]) -> Matrix | None:
     )
 
 
+def _build_pins(raw_pins: Any, where: str, hint: str, problems: list[str]) -> list[Pin]:
+    """A table's `pins` array, each checked (`hint` follows the not-an-array message)."""
+    if not isinstance(raw_pins, list):
+        problems.append(f"{where}: `pins` must be an array of tables{hint}")
+        return []
+    built = (_build_pin(raw, f"{where} pin #{i + 1}", problems) for i, raw in enumerate(raw_pins))
+    return [pin for pin in built if pin is not None]
+
+
 def _build_generation(raw: Any, where: str, problems: list[str]) -> Generation | None:
     if not isinstance(raw, dict):
         problems.append(f"[{where}] must be a table")
         return None
-    pins = []
-    raw_pins = raw.get("pins", [])
-    if not isinstance(raw_pins, list):
-        problems.append(f"[{where}]: `pins` must be an array of tables")
-        raw_pins = []
-    for i, item in enumerate(raw_pins):
-        pin = _build_pin(item, f"[{where}] pin #{i + 1}", problems)
-        if pin is not None:
-            pins.append(pin)
+    pins = _build_pins(raw.get("pins", []), f"[{where}]", "", problems)
     if "torch_archs" in raw:
         problems.append(f"[{where}]: `torch_archs` is no longer read: use `torch_build`")
     build = _str(raw, "torch_build", where, problems, required=False) or ""
