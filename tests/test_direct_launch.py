@@ -375,17 +375,56 @@ def test_plans_that_do_not_fit_take_the_ordinary_path(
     from greta_core.ops import _calls
 
     kernel = ready_setup.kernel
-    scratch = Plan("fake", "sm_90", (Buffer((4,), "float32"), Buffer((4,), "float32")),
-                   (Launch(kernel, (1,), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
+    zeroed = Plan("fake", "sm_90", (Buffer((4,), "float32", zeroed=True),),
+                  (Launch(kernel, (1,), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
     interpreted = Plan("fake", "cpu", (Buffer((4,), "float32"),),
                        (Launch(kernel, (1,), (In(0), 64, Out(0)), {"BLOCK": 16}),), (0,))  # fmt: skip
-    for plan in (scratch, interpreted):
+    for plan in (zeroed, interpreted):
         cache = _calls.CallCache(lambda x, p=plan: p, 1, plan_inputs=lambda p: (p, (0,)))
         assert cache.launch_args(_plan._identity, False, (torch.ones(4),)) is None
         assert list(cache._ready.values()) == [_calls._ORDINARY]
-    copies = _calls.CallCache(lambda x: (scratch, True), 1, plan_inputs=lambda r: None)
+    copies = _calls.CallCache(lambda x: (zeroed, True), 1, plan_inputs=lambda r: None)
     assert copies.launch_args(_plan._identity, False, (torch.ones(4),)) is None
     assert list(copies._ready.values()) == [_calls._ORDINARY]
+
+
+def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
+    monkeypatch: pytest.MonkeyPatch, device
+) -> None:
+    """A backward's shape: kernel A writes fp32 partials (a scratch buffer, not a result)
+    from the input, kernel B reduces them into the result. Both run ready, in order, each
+    with its own grid, scalars and trailing parameters, the scratch pointer in both."""
+    from greta_core.ops import _calls
+
+    a, b, s = _Kernel(), _Kernel(), _support()
+
+    def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
+        slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
+        return _direct.DirectLaunch(k, grid, keywords, slots, (keywords["BLOCK"], 7), s)
+
+    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
+    plan = Plan("fake", "sm_90", (Buffer((4,), "bfloat16"), Buffer((8, 4), "float32")),
+                (Launch(a, (8,), (In(0), 4, Out(1)), {"BLOCK": 16}),
+                 Launch(b, (2, 3), (Out(1), 8, Out(0)), {"BLOCK": 32})), (0,))  # fmt: skip
+    cache = _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
+    x = torch.ones(4)
+    (y0,) = cache.launch_args(_plan._identity, False, (x,))  # Triton's path for both
+    assert len(a.triton_path) == len(b.triton_path) == 1
+    (ready,) = cache._ready.values()
+    assert type(ready) is _calls.ReadyLaunch
+    for _ in range(2):
+        (y,) = cache.launch_args(_plan._identity, False, (x,))
+        assert (y.shape, y.dtype) == ((4,), torch.bfloat16)
+        (la,), (lb,) = a.compiled.launches[-1:], b.compiled.launches[-1:]
+        tail = ("function-handle", "packed", None, None, None)
+        partials = la[11]  # kernel A's output pointer: the scratch buffer
+        assert la == (8, 1, 1, 1000, *tail, x.data_ptr(), 4, partials, 16, 7)
+        assert lb == (2, 3, 1, 1000, *tail, partials, 8, y.data_ptr(), 32, 7)
+        assert partials not in (x.data_ptr(), y.data_ptr())
+    assert len(a.triton_path) == len(b.triton_path) == 1
+    assert len(a.compiled.launches) == len(b.compiled.launches) == 2
+    b.pre_run_hooks.append(lambda *args: None)  # any kernel's hook: Triton's path again
+    assert cache.launch_args(_plan._identity, False, (x,)) is None
 
 
 def test_bad_input_raises_on_every_call(ready_setup) -> None:

@@ -233,26 +233,29 @@ def forward_calls(
 
 
 class ReadyLaunch:
-    """A single-launch plan with plain buffers, its kernel captured by the direct launcher
-    (``ops/_direct.py``) for one specialization: allocate the buffers, launch, record.
+    """A plan of plain buffers whose every launch the direct launcher (``ops/_direct.py``)
+    captured for one specialization: allocate the buffers, launch each kernel, record.
 
-    Built only from a call that ran the ordinary path and found the kernel captured, so the
-    specialization rules stay those of ``_direct.py``: the signature key fixes the dtypes,
-    the key's alignment bits the inputs' alignment, and each call checks the outputs'
-    alignment (fresh buffers: 16-byte aligned unless an unusual allocator says otherwise)
-    and the current device. Pointers reach Triton's launcher as integers (as
+    Built only from a call that ran the ordinary path and found every kernel captured, so
+    the specialization rules stay those of ``_direct.py``: the signature key fixes the
+    dtypes, the key's alignment bits the inputs' alignment, and each call checks the
+    buffers' alignment (fresh buffers: 16-byte aligned unless an unusual allocator says
+    otherwise) and the current device. Pointers reach Triton's launcher as integers (as
     ``data_ptr()`` gives them; the launcher accepts both).
 
-    The launcher's arguments are assembled at build time as one pick (``_pick``, an
-    ``operator.itemgetter``) from ``_consts + pointers + output pointers + [stream]``: the
-    grid, the arguments between stream and kernel, the scalars and trailing parameters are
-    fixed per launch, so a call only appends what changes and picks in one C call.
+    The launchers' arguments are assembled at build time as one pick per launch (``_pick``,
+    an ``operator.itemgetter``) from ``_consts + pointers + buffer pointers + [stream]``:
+    the grids, the arguments between stream and kernel, the scalars and trailing
+    parameters are fixed per launch, so a call only appends what changes and picks in one
+    C call per kernel. A plan of several launches (a backward's kernel and its reduction)
+    or with scratch buffers (partial sums, not among the results) is served the same way:
+    the ordinary path would pay the direct launcher's key and lookup once per kernel.
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_by_input", "_consts", "_device", "_direct", "_empty",
-        "_empty_like", "_fn", "_get_device", "_get_stream", "_impl", "_index", "_one", "_op",
-        "_pick", "_pre_run_hooks", "_quiet", "_spec",
+        "_allocs", "_arch", "_consts", "_device", "_empty", "_empty_like", "_fn",
+        "_get_device", "_get_stream", "_impl", "_index", "_launches", "_more", "_one", "_op",
+        "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -261,13 +264,12 @@ class ReadyLaunch:
 
     @staticmethod
     def fits(plan: Plan) -> bool:
-        """One launch with a direct launcher, every buffer a plain result, in order."""
+        """Launches, each with a direct launcher, and every buffer a plain empty one."""
         form = _torch_form(plan)
         return (
-            len(form.launches) == 1
-            and form.launches[0][4] is not None
+            bool(form.launches)
             and form.plain is not None
-            and plan.results == tuple(range(len(plan.buffers)))
+            and all(launch[4] is not None for launch in form.launches)
         )
 
     @classmethod
@@ -276,52 +278,77 @@ class ReadyLaunch:
         results: tuple[Any, ...], n_tensors: int,
     ) -> ReadyLaunch | None:  # fmt: skip
         """`n_tensors`: how many pointers the call passes (its tensor arguments, None
-        included), ahead of the outputs' in the pick's source."""
+        included), ahead of the buffers' in the picks' source. `results`: what the
+        ordinary run returned (``plan.results``' buffers)."""
         import torch
 
-        form = _torch_form(plan)
-        _, _, spec, _, direct = form.launches[0]  # fits(plan) holds
-        if not direct.usable():
+        form = _torch_form(plan)  # fits(plan) holds
+        directs = [launch[4] for launch in form.launches]
+        if not all(direct.usable() for direct in directs):
             return None
         get_device, get_stream = _direct._driver()
         index = get_device()
-        args = [inputs[v] if k == _IN else results[v] if k == _OUT else v for k, v in spec]
-        captured = direct.captured(args, index)
-        if captured is None or any(b.data_ptr() & ALIGN_MASK for b in results):
+        every = plan.results == tuple(range(len(plan.buffers)))
+        bufs = list(results)
+        if not every:  # scratch buffers too: the keys fresh ones give
+            device = inputs[0].device
+            bufs = [form.empty(shape, dtype=dtype, device=device) for shape, dtype in form.plain]
+        if any(b.data_ptr() & ALIGN_MASK for b in bufs):
             return None
-        fn, grid, between, tail = captured
-        quiet, pre_run_hooks = direct.usable_parts()
+        blocks = []
+        for _, _, spec, _, direct in form.launches:
+            args = [inputs[v] if k == _IN else bufs[v] if k == _OUT else v for k, v in spec]
+            captured = direct.captured(args, index)
+            if captured is None:
+                return None
+            blocks.append((spec, captured))
         allocs = [(_like(inputs, positions, shape, dtype), shape, dtype)
                   for shape, dtype in form.plain]  # fmt: skip
-        # The pick's source: [grid, between, scalars, tail] + the call's pointers + the
-        # outputs' + [stream]; the launcher's order: grid, stream, between, kernel, tail.
-        scalars = [v for k, v in spec if k == _SCALAR]
-        consts = [*grid, *between, *scalars, *tail]
-        n_head, at_ptr = len(grid) + len(between), len(consts)
-        at_out, n_scalars = at_ptr + n_tensors, 0
-        order = [0, 1, 2, at_out + len(allocs), *range(3, n_head)]
-        for k, v in spec:
-            if k == _IN:
-                order.append(at_ptr + positions[v])
-            elif k == _OUT:
-                order.append(at_out + v)
-            else:
-                order.append(n_head + n_scalars)
-                n_scalars += 1
-        order += range(n_head + n_scalars, at_ptr)
+        # The picks' source: each launch's [grid, between, scalars, tail], then the call's
+        # pointers, the buffers' and the stream; the launcher's order: grid, stream,
+        # between, kernel arguments, tail.
+        consts: list[Any] = []
+        for spec, (_, grid, between, tail) in blocks:
+            consts += [*grid, *between, *[v for k, v in spec if k == _SCALAR], *tail]
+        at_ptr = len(consts)
+        at_out = at_ptr + n_tensors
+        at_stream = at_out + len(allocs)
+        launchers, base = [], 0
+        for spec, (fn, grid, between, tail) in blocks:
+            n_head = len(grid) + len(between)
+            order = [base, base + 1, base + 2, at_stream, *range(base + 3, base + n_head)]
+            n_scalars = 0
+            for k, v in spec:
+                if k == _IN:
+                    order.append(at_ptr + positions[v])
+                elif k == _OUT:
+                    order.append(at_out + v)
+                else:
+                    order.append(base + n_head + n_scalars)
+                    n_scalars += 1
+            order += range(base + n_head + n_scalars, base + n_head + n_scalars + len(tail))
+            base += n_head + n_scalars + len(tail)
+            launchers.append((fn, operator.itemgetter(*order)))
+        quiet, hooks = directs[0].usable_parts()
+        if len(directs) > 1:
+            hooks = _AnyHooks([direct.usable_parts()[1] for direct in directs])
+        single = len(blocks) == 1 and len(allocs) == 1 and every
         return cls(
             op=plan.op, impl=implementation(plan.arch), arch=plan.arch, allocs=allocs,
-            one=allocs[0][0] if len(allocs) == 1 else None,
+            one=allocs[0][0] if single else None,
             empty=form.empty, empty_like=torch.empty_like, device=inputs[0].device, index=index,
             get_device=_direct.current_device_getter(get_device), get_stream=get_stream,
-            consts=consts, pick=operator.itemgetter(*order),
-            by_input={i: positions[v] for i, (k, v) in enumerate(spec) if k == _IN},
-            fn=fn, spec=spec, direct=direct, quiet=quiet, pre_run_hooks=pre_run_hooks,
+            consts=consts, fn=launchers[0][0], pick=launchers[0][1], more=tuple(launchers[1:]),
+            results=None if every else plan.results, positions=positions,
+            launches=tuple((direct, spec) for (spec, _), direct in zip(blocks, directs,
+                                                                        strict=True)),
+            quiet=quiet, pre_run_hooks=hooks,
         )  # fmt: skip
 
     def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
-        """The buffers, launched; None where the ordinary path must run (another current
-        device, a Triton hook or pre-run hook). `ptrs`: the call's tensors' addresses."""
+        """The result buffers, launched; None where the ordinary path must run (another
+        current device, a Triton hook or pre-run hook). `ptrs`: the call's tensors'
+        addresses."""
         # DirectLaunch.usable, inline (one Python call fewer per launch).
         if self._get_device() != self._index or not self._quiet() or self._pre_run_hooks:
             return None
@@ -349,18 +376,32 @@ class ReadyLaunch:
             src.append(p)
         src.append(self._get_stream(self._index))
         self._fn(*self._pick(src))
+        for fn, pick in self._more:
+            fn(*pick(src))
         record(self._op, self._impl, self._arch)
-        return tuple(bufs)
+        results = self._results
+        return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
 
     def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
-        by_input = self._by_input
-        launch_args = [
-            args[by_input[i]] if k == _IN else bufs[v] if k == _OUT else v
-            for i, (k, v) in enumerate(self._spec)
-        ]
-        self._direct(launch_args)
+        positions = self._positions
+        for direct, spec in self._launches:
+            direct([args[positions[v]] if k == _IN else bufs[v] if k == _OUT else v
+                    for k, v in spec])  # fmt: skip
         record(self._op, self._impl, self._arch)
-        return tuple(bufs)
+        results = self._results
+        return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
+
+
+class _AnyHooks:
+    """The pre-run hooks of several kernels as one truth value (the ready launch's check)."""
+
+    __slots__ = ("_lists",)
+
+    def __init__(self, lists: list[list[Any]]) -> None:
+        self._lists = lists
+
+    def __bool__(self) -> bool:
+        return any(self._lists)
 
 
 def _like(

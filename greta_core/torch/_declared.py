@@ -54,6 +54,16 @@ def _torch_run(op: OpDecl, *args: Any) -> Any:
     return getattr(torch.ops.greta, op.name)(*args)
 
 
+def _wants_grad(tensors: tuple[Any, ...]) -> bool:
+    """Grad mode on and a tensor that requires a gradient: autograd records the call."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # noqa: SIM110  (a loop: no generator built per call)
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
 def _plain_device(args: tuple[Any, ...]) -> bool:
     """Plain tensors on a GPU (no fake, functional or subclass tensors, none on CPU)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -176,11 +186,15 @@ def register(op: OpDecl) -> Any:
     def front(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
         if args[0].dtype in kernel_dtypes:
-            done = op.call.if_eager(*args)
-            if done is not None:
-                return op.unpack(done)
-            if backward is not None and _calls.eager_autograd(*args[:n]):
-                return eager.apply(*args)
+            # A training call is told apart first: the no-grad hot path's checks would
+            # only find a tensor that wants a gradient, and cost it a pass.
+            if backward is not None and _wants_grad(args[:n]):
+                if _calls.eager_autograd(*args[:n]):
+                    return eager.apply(*args)
+            else:
+                done = op.call.if_eager(*args)
+                if done is not None:
+                    return op.unpack(done)
         if op.stats:  # the statistics stay behind, for the backward
             return op.unpack(fwd_op(*args)[:n_out])
         return fwd_op(*args)
