@@ -38,6 +38,11 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
         if not k.startswith(("NCCL_", "GLOO_", "RCCL_", "HSA_", "GRETA_CLUSTER", "TORCHELASTIC"))
     }
     env.update(extra, OMP_NUM_THREADS="1")
+    # Loopback nodes are CPU nodes (gloo) on any machine: on a GPU machine both ranks would
+    # take NCCL on the one GPU they share, which NCCL refuses ("Duplicate GPU detected";
+    # GPU suite, H200) before the planted fault is reached. Across real GPUs:
+    # scripts/cluster_gpu.sh.
+    env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCR_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (extra.get("PYTHONPATH"), str(ROOT)) if p)
     return env
 
