@@ -131,7 +131,15 @@ def register(op: OpDecl) -> Any:
                 return args
             if first_default <= given < n_args:
                 return args + defaults[given:]
-        return op.bind(args, kwargs)
+        return op.bind(args, kwargs, public=False)
+
+    public = full
+    if op._from_public is not None:  # the front takes the schema's order (see OpDecl.args)
+
+        def public(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+            if not kwargs and len(args) == n_args:
+                return op.from_public(args)
+            return op.bind(args, kwargs)
 
     def fwd(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
@@ -174,7 +182,7 @@ def register(op: OpDecl) -> Any:
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
     def front(*args: Any, **kwargs: Any) -> Any:
-        args = full(args, kwargs)
+        args = public(args, kwargs)
         if args[0].dtype in kernel_dtypes:
             done = op.call.if_eager(*args)
             if done is not None:
