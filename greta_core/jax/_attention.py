@@ -5,6 +5,7 @@ reference elsewhere."""
 from __future__ import annotations
 
 from greta_core.jax._declared import bind, bind_fwd
+from greta_core.ops import attention_bwd  # noqa: F401  (declares the backward's kernel op)
 from greta_core.ops.attention import ATTENTION
 
 attention = bind(ATTENTION)

@@ -20,7 +20,7 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import check_array_float
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
-from greta_core.ops.declare import Backward, Meta, OpDecl, declare
+from greta_core.ops.declare import DECLARED, Backward, Meta, OpDecl, declare
 
 OP = "attention"
 HEAD_DIMS: tuple[int, ...] = (64, 128)
@@ -262,12 +262,11 @@ def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
     (do,) = grads
     q, k, v = saved.q, saved.k, saved.v
     if saved.q_lens is None and saved.kv_lens is None and dtype_name(q.dtype) in KERNEL_DTYPE_NAMES:
-        # The backward's kernel op; its module imports this one (validate, default_scale).
-        from greta_core.ops.attention_bwd import ATTENTION_BWD
-
-        # The forward's output and logsumexp: no second forward.
+        # The forward's output and logsumexp: no second forward. The backward's kernel op,
+        # by name: ops/attention_bwd.py imports this module (validate, default_scale), and
+        # every binding imports that one.
         dq, dk, dv = call(
-            ATTENTION_BWD, call.contiguous(do), q, k, v, saved.out0, saved.lse, saved.causal,
+            DECLARED["attention_bwd"], call.contiguous(do), q, k, v, saved.out0, saved.lse, saved.causal,
             saved.scale,
         )  # fmt: skip
     else:
