@@ -135,10 +135,14 @@ def register(op: OpDecl) -> Any:
 
     public = full
     if op._from_public is not None:  # the front takes the schema's order (see OpDecl.args)
+        public_defaults = tuple(a.default for a in op.public_args)
+        first_public_default = n_args
+        while first_public_default and op.public_args[first_public_default - 1].has_default:
+            first_public_default -= 1
 
         def public(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-            if not kwargs and len(args) == n_args:
-                return op.from_public(args)
+            if not kwargs and first_public_default <= len(args) <= n_args:
+                return op.from_public(args + public_defaults[len(args) :])
             return op.bind(args, kwargs)
 
     def fwd(*args: Any, **kwargs: Any) -> Any:
