@@ -361,28 +361,27 @@ def attention(
 
 
 def attention_bwd(
-    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-    scale: float | None, q_lens: torch.Tensor | None = None,
-    kv_lens: torch.Tensor | None = None,
+    grad: Any, q: Any, k: Any, v: Any, causal: bool, scale: float | None,
+    q_lens: Any | None = None, kv_lens: Any | None = None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    """(dq, dk, dv): the softmax-attention gradient (O(S^2) memory: the probabilities).
-    Torch only: JAX differentiates the forward above."""
+    """(dq, dk, dv): the softmax-attention gradient (O(S^2) memory: the probabilities)."""
+    xp = _xp(q)
     probs, _, kx, scale = attention_probs(q, k, causal, scale, q_lens, kv_lens)
     acc = probs.dtype
     batch, heads_kv, seq_kv, dim = k.shape
     group = q.shape[1] // heads_kv
-    vx = v.to(acc).repeat_interleave(group, dim=1)
-    d_out = grad.to(acc)
-    d_v = probs.transpose(-1, -2) @ d_out
-    d_p = d_out @ vx.transpose(-1, -2)
-    d_s = probs * (d_p - (d_p * probs).sum(-1, keepdim=True))
+    vx = xp.repeat(xp.astype(v, acc), group, axis=1)
+    d_out = xp.astype(grad, acc)
+    d_v = xp.swapaxes(probs, -1, -2) @ d_out
+    d_p = d_out @ xp.swapaxes(vx, -1, -2)
+    d_s = probs * (d_p - xp.sum(d_p * probs, axis=-1, keepdims=True))
     d_q = (d_s @ kx) * scale
-    d_k = (d_s.transpose(-1, -2) @ q.to(acc)) * scale
+    d_k = (xp.swapaxes(d_s, -1, -2) @ xp.astype(q, acc)) * scale
 
-    def fold(t: torch.Tensor) -> torch.Tensor:  # sum the query heads sharing a kv head
-        return t.reshape(batch, heads_kv, group, seq_kv, dim).sum(2)
+    def fold(t: Any) -> Any:  # sum the query heads sharing a kv head
+        return xp.sum(t.reshape(batch, heads_kv, group, seq_kv, dim), axis=2)
 
-    return d_q.to(q.dtype), fold(d_k).to(k.dtype), fold(d_v).to(v.dtype)
+    return xp.astype(d_q, q.dtype), xp.astype(fold(d_k), k.dtype), xp.astype(fold(d_v), v.dtype)
 
 
 # --- add_rms_norm -------------------------------------------------------------------------

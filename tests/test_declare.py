@@ -484,3 +484,35 @@ def test_declared_ops_train_through_the_eager_function(
     torch.testing.assert_close(out, want_fn(*ref_args).detach().to(dtype), **tol)
     for have, expected in zip(got, want, strict=True):
         torch.testing.assert_close(have, expected.to(dtype), **tol)
+
+
+def test_a_scalar_before_an_optional_tensor_keeps_the_schema_order_in_public() -> None:
+    """The public functions take the schema's order (attention's ``causal`` before
+    ``q_lens``); the declaration's own order puts the tensors first."""
+    stub = {"validate": lambda *a, **k: "cpu", "plan": lambda *a: None, "reference": None}
+    op = declare.OpDecl(
+        name="toy_order", schema="Tensor x, bool flag=False, float? s=None, Tensor? y=None -> Tensor",
+        **stub,
+    )  # fmt: skip
+    assert [a.name for a in op.public_args] == ["x", "flag", "s", "y"]
+    assert [a.name for a in op.args] == ["x", "y", "flag", "s"]
+    x, y = torch.zeros(1), torch.ones(1)
+    assert op.bind((x, 1, 2, y), {}) == (x, y, True, 2.0)
+    assert op.bind((x,), {"y": y, "s": 0.5}) == (x, y, False, 0.5)
+    assert op.bind((x, y, True), {}, public=False) == (x, y, True, None)
+    assert op.from_public((x, True, 0.5, None)) == (x, None, True, 0.5)
+
+
+def test_attention_takes_its_public_order_by_position_and_keyword() -> None:
+    import greta_core.torch  # noqa: F401
+    from greta_core import reference
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    lens = torch.tensor([5, 3], dtype=torch.int32)
+    want = reference.attention(q, k, v, True, 0.5, None, lens)
+    by_position = torch.ops.greta.attention(q, k, v, True, 0.5, None, lens)
+    by_keyword = torch.ops.greta.attention(q, k, v, scale=0.5, kv_lens=lens, causal=True)
+    with_lse = torch.ops.greta.attention_with_lse(q, k, v, True, 0.5, kv_lens=lens)[0]
+    for got in (by_position, by_keyword, with_lse):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

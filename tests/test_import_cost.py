@@ -68,7 +68,7 @@ def test_the_deferred_list_is_what_torch_compile_reads() -> None:
 
     ops = (
         ("rms_norm_fwd", rms_norm.rms_norm_fwd),
-        ("attention_with_lse", attention.attention_with_lse),
+        ("attention_fwd", attention.attention_fwd),
     )
     for name, op in ops:
         kernels = library_triton.get_triton_kernels_for_op(f"greta::{name}")

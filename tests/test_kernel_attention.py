@@ -339,11 +339,12 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
     """One forward kernel per training step: the backward takes the saved output and
     logsumexp instead of running the forward again."""
     import greta_core.torch  # noqa: F401
-    from greta_core.ops import attention_bwd as bwd_ops
+    from greta_core.ops.attention_bwd import ATTENTION_BWD
 
     _need_kernel()
     calls = {"fwd": 0, "bwd": 0}
-    fwd, bwd = attn_ops.attention_with_lse, bwd_ops.attention_bwd
+    # Every binding runs the declarations' call caches: count the plans they run.
+    fwd, bwd = attn_ops.ATTENTION.call_stats.run, ATTENTION_BWD.call.run
 
     def counted_fwd(*a, **kw):
         calls["fwd"] += 1
@@ -353,8 +354,8 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
         calls["bwd"] += 1
         return bwd(*a, **kw)
 
-    monkeypatch.setattr(attn_ops, "attention_with_lse", counted_fwd)
-    monkeypatch.setattr(bwd_ops, "attention_bwd", counted_bwd)
+    monkeypatch.setattr(attn_ops.ATTENTION.call_stats, "run", counted_fwd)
+    monkeypatch.setattr(ATTENTION_BWD.call, "run", counted_bwd)
     q, k, v = _inputs(1, 2, 2, 17, 17, 64, torch.bfloat16)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     do = torch.randn_like(q)
@@ -379,7 +380,7 @@ def test_cpu_training_takes_the_torch_ops_autograd() -> None:
 
     q, k, v = (torch.randn(1, 2, 5, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     out = torch.ops.greta.attention(q, k, v, True)
-    assert "EagerTraining" not in _backward_name(out)
+    assert "eager" not in _backward_name(out)
     out.float().sum().backward()
     assert q.grad is not None and k.grad is not None
 
@@ -399,12 +400,12 @@ def test_gpu_eager_training_matches_the_torch_ops_autograd_bit_for_bit(
     do = torch.randn_like(q)
     fast = [t.clone().requires_grad_() for t in (q, k, v)]
     out = torch.ops.greta.attention(*fast, causal)
-    assert _backward_name(out) == "_EagerTrainingBackward"
+    assert _backward_name(out) == "greta_attention_fwd_eagerBackward"
     out.backward(do)
     assert observe.last_implementation("attention_bwd") == "triton"
     slow = [t.clone().requires_grad_() for t in (q, k, v)]
     want = torch.ops.greta.attention_with_lse(*slow, causal)[0]
-    assert "EagerTraining" not in _backward_name(want)
+    assert "eager" not in _backward_name(want)
     want.backward(do)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     for mine, theirs in zip(fast, slow, strict=True):
@@ -416,19 +417,23 @@ def test_gpu_eager_training_matches_the_torch_ops_autograd_bit_for_bit(
 
 
 def test_gpu_eager_training_leaves_modes_lengths_and_double_backward_to_torch() -> None:
-    """A dispatch mode or per-batch lengths take the torch op's autograd; the eager path's
-    gradients carry no graph (its backward is the Triton kernels), so a second derivative
-    is refused by autograd rather than silently wrong."""
+    """A dispatch mode takes the torch op's autograd; per-batch lengths take the eager
+    path with the reference backward; the eager path's gradients carry no graph (its
+    backward is the Triton kernels), so a second derivative is refused by autograd rather
+    than silently wrong."""
     import greta_core.torch  # noqa: F401
 
     _needs_cuda()
     q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 2, 40, 40, 64, torch.bfloat16))
 
     with PassthroughMode():
-        assert "EagerTraining" not in _backward_name(torch.ops.greta.attention(q, k, v, True))
+        assert "eager" not in _backward_name(torch.ops.greta.attention(q, k, v, True))
     lens = torch.tensor([30], dtype=torch.int32, device=q.device)
     with_lens = torch.ops.greta.attention(q, k, v, True, None, lens, lens)
-    assert "EagerTraining" not in _backward_name(with_lens)
+    assert _backward_name(with_lens) == "greta_attention_fwd_eagerBackward"
+    with_lens.float().sum().backward()
+    assert observe.last_implementation("attention_bwd") == "reference-torch"
+    q.grad = k.grad = v.grad = None
     out = torch.ops.greta.attention(q, k, v, True)
     (dq,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
     assert dq.grad_fn is None and not dq.requires_grad

@@ -169,7 +169,7 @@ def test_jax_attention_reference_propagates_nan(
     jnp = pytest.importorskip("jax.numpy")
     import numpy as np
 
-    from greta_core.jax._attention import reference
+    from greta_core.reference import attention_with_lse as reference
 
     (q, k, v), lens, want = _nan_inputs(torch.float32, "cpu", which, where, causal, q_len, kv_len)
     jl = {n: None if t is None else jnp.asarray(t.numpy()) for n, t in lens.items()}

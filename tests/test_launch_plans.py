@@ -338,7 +338,7 @@ def _front_and_reference(op: str) -> tuple[Any, Any]:
 
 
 # The triton_op each front calls when it does not launch itself (default: f"{op}_fwd").
-_FRONT_TORCH_OP = {"attention": "attention_with_lse", "matmul_no_bias": "matmul_fwd"}
+_FRONT_TORCH_OP = {"matmul_no_bias": "matmul_fwd"}
 # The op name the kernel's launch records (default: the front's).
 _RECORDED = {"matmul_no_bias": "matmul"}
 # One plan either way (no statistics the triton_op path would add): the same kernel.
@@ -657,8 +657,9 @@ def test_y_only_plan_writes_the_same_outputs_without_the_statistics(
 
 @pytest.mark.parametrize("given", ["", "q", "kv", "q+kv"])
 def test_attention_ready_launch_inputs_are_the_plans_inputs(given: str) -> None:
-    # A ready launch passes the call's argument at positions[i] as the plan's In(i): with
-    # one length missing, In(3) is whichever length the call gave.
+    # A ready launch passes the call's argument at positions[i] as the plan's In(i): the
+    # declaration's tensors (q, k, v, q_lens, kv_lens), None for a length not given, which
+    # no launch argument names.
     need_triton()
     from greta_core.ops import attention
 
@@ -669,10 +670,11 @@ def test_attention_ready_launch_inputs_are_the_plans_inputs(given: str) -> None:
     kv_lens = torch.tensor([4, 2], dtype=torch.int32, device=DEVICE) if "kv" in names else None
     args = (q, kv, kv, q_lens, kv_lens, True, None)
     call = attention._fwd_call
-    plan, positions = call._plan_inputs(call(*args))  # the ready launch's
+    resolved = call(*args)
+    plan, positions = call._plan_inputs(resolved)  # the ready launch's
     ready_inputs = tuple(args[i] for i in positions)
-    _, inputs = call._inputs((plan, positions), args)  # the ordinary path's
-    assert inputs == ready_inputs == (q, kv, kv, *(t for t in (q_lens, kv_lens) if t is not None))
+    _, inputs = call._inputs(resolved, args)  # the ordinary path's
+    assert inputs == ready_inputs == (q, kv, kv, q_lens, kv_lens)
     (launch,) = plan.launches
     lens_args = launch.args[3:5]  # the kernel's (q_lens, kv_lens) parameters
     if given:

@@ -20,6 +20,9 @@ def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
     floats = [t for t in given if "float" in str(t.dtype)]
     # An empty input takes the reference: no zero-size buffers through jax-triton.
     ok = all(str(t.dtype) in op.kernel_dtypes for t in floats) and all(t.size for t in given)
+    if ok and op.kernel_takes is not None:
+        metas = [None if t is None else Meta.contiguous(t.shape, t.dtype) for t in tensors]
+        ok = op.kernel_takes(*metas)
     return ok and use_triton()
 
 
@@ -108,17 +111,33 @@ def _traced(args: tuple[Any, ...]) -> bool:
     return any(isinstance(a, jax.core.Tracer) for a in args)
 
 
+def _checked(op: OpDecl, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    full = op.bind(args, kwargs)
+    if op.check_arrays is not None:
+        op.check_arrays(*full)
+    if op.check_values is not None and not _traced(full):
+        op.check_values(*full)
+    return full
+
+
 def bind(op: OpDecl) -> Callable[..., Any]:
     """The public JAX function of `op`: checked, defaults filled, differentiable."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        full = op.bind(args, kwargs)
-        if op.check_arrays is not None:
-            op.check_arrays(*full)
-        if op.check_values is not None and not _traced(full):
-            op.check_values(*full)
-        return _vjp(op)(*full)
+        return _vjp(op)(*_checked(op, args, kwargs))
 
     call.__name__ = call.__qualname__ = op.name
     call.__doc__ = f"{op.describe}\n\nJAX binding of the declared op {op.name!r}."
+    return call
+
+
+def bind_fwd(op: OpDecl, name: str) -> Callable[..., Any]:
+    """`op`'s outputs and statistics (attention's logsumexp), as one tuple: forward only."""
+
+    def call(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        outs = forward(op, _checked(op, args, kwargs), stats=True)
+        return tuple(outs[len(op.mutates) :])
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"{op.describe}, with its statistics {op.stats}; forward only (JAX)."
     return call

@@ -1,15 +1,26 @@
+"""Attention (softmax(q k^T * scale) v over [B, H, S, D], GQA, optional per-batch
+lengths): the declaration of greta::attention, whose forward greta::attention_fwd also
+returns the fp32 logsumexp the backward reads (``attention_bwd.py`` declares the
+backward's kernel op). The backward is the Triton FlashAttention-2 backward for fp16/bf16
+calls without lengths; with lengths it is the softmax-attention gradient of the reference
+(it holds the [B, H, Sq, Skv] probabilities)."""
+
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from greta_core import configs
+from greta_core import reference as ref
 from greta_core.kernels.attention import attention_fwd_kernel, features
+from greta_core.observe import record
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall, positions_as_given
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
+from greta_core.ops._rows import check_array_float
 from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor, launch_arch
+from greta_core.ops.declare import DECLARED, Backward, Meta, OpDecl, declare
 
 OP = "attention"
 HEAD_DIMS: tuple[int, ...] = (64, 128)
@@ -66,14 +77,20 @@ def check_shapes(
     check_length_values(q_lens, kv_lens)
 
 
-def check_length_values(q_lens: Any | None, kv_lens: Any | None) -> None:
-    """Negative lengths of real CPU tensors (a traced, fake, one has no values to read).
-    Value checks, not signature ones: the raw API runs this on every call, cached or not."""
-    import torch
+def _on_host(lens: Any) -> bool:
+    """A plain CPU torch tensor, or a JAX array (the JAX binding asks for concrete ones
+    only): values to read without a device sync. A traced or fake tensor has none."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(lens, torch.Tensor):
+        return type(lens) is torch.Tensor and lens.device.type == "cpu"
+    return True
 
+
+def check_length_values(q_lens: Any | None, kv_lens: Any | None) -> None:
+    """Negative lengths of values on the host (see `_on_host`). Value checks, not
+    signature ones: the raw API runs this on every call, cached or not."""
     for name, lens in (("q_lens", q_lens), ("kv_lens", kv_lens)):
-        concrete = type(lens) is torch.Tensor and lens.device.type == "cpu"
-        if concrete and lens.numel() and int(lens.min()) < 0:
+        if lens is not None and _on_host(lens) and lens.shape[0] and int(lens.min()) < 0:
             raise GretaInputError(
                 f"attention: argument '{name}' holds a negative length ({int(lens.min())})"
             )
@@ -104,30 +121,33 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def _lens_args(batch: int, seq_q: int, seq_kv: int, lens: str) -> tuple[tuple, tuple]:
+def _lens_args(batch: int, seq_q: int, seq_kv: int, lens: str, slots: bool) -> tuple[tuple, tuple]:
     """(q_lens, kv_lens) arguments and the extra buffers they need. `lens`: which of the two
-    the call gave ("", "q", "kv", "q+kv"); a missing one is the full length of its axis."""
+    the call gave ("", "q", "kv", "q+kv"); a missing one is the full length of its axis.
+    `slots`: the inputs are (q, k, v, q_lens, kv_lens), None for a missing one (the
+    declaration's); else the lengths given follow v."""
     if not lens:
         return (In(0), In(0)), ()  # never read: HAS_LENS is False
     if lens == "q+kv":
         return (In(3), In(4)), ()
     full = Buffer((batch,), "int32", fill=seq_kv if lens == "q" else seq_q)
-    return ((In(3), Out(2)) if lens == "q" else (Out(2), In(3))), (full,)
+    return ((In(3), Out(2)) if lens == "q" else (Out(2), In(4 if slots else 3))), (full,)
 
 
 @memo
 def plan_fwd(
     q_shape: tuple[int, ...], kv_heads_seq: tuple[int, int],
     strides: tuple[tuple[int, ...], ...], dtype: str, causal: bool, scale: float | None,
-    lens: str, arch: str,
+    lens: str, arch: str, slots: bool = False,
 ) -> Plan:  # fmt: skip
-    """Inputs (q, k, v[, q_lens][, kv_lens]); `strides`: the [:3] strides of q, k, v.
-    Buffers: o [B, Hq, Sq, D] (q's dtype), lse [B, Hq, Sq] fp32 (natural log)."""
+    """Inputs (q, k, v[, q_lens][, kv_lens]) (`slots`: see `_lens_args`); `strides`: the
+    [:3] strides of q, k, v. Buffers: o [B, Hq, Sq, D] (q's dtype), lse [B, Hq, Sq] fp32
+    (natural log)."""
     batch, heads_q, seq_q, dim = q_shape
     heads_kv, seq_kv = kv_heads_seq
     config = configs.lookup(OP, arch, features(dim, seq_q, seq_kv, causal))
     meta = configs.meta_params(config)
-    lens_args, extra = _lens_args(batch, seq_q, seq_kv, lens)
+    lens_args, extra = _lens_args(batch, seq_q, seq_kv, lens, slots)
     out_strides = (heads_q * seq_q * dim, seq_q * dim, dim)
     launch = Launch(
         attention_fwd_kernel,
@@ -170,23 +190,119 @@ def launch(
     run(plan, _inputs(q, k, v, q_lens, kv_lens), out=(out, lse), wrap=wrap)
 
 
-def _resolve(
-    q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None, causal: bool,
-    scale: float | None,
-) -> tuple[Plan, tuple[int, ...]]:  # fmt: skip
-    """(plan, positions in the call's arguments of the plan's inputs) for one signature."""
-    arch = validate(q, k, v, q_lens, kv_lens)
+def _plan(
+    arch: str, q: Meta, k: Meta, v: Meta, q_lens: Meta | None, kv_lens: Meta | None,
+    causal: bool, scale: float | None, stats: bool,
+) -> Plan:  # fmt: skip
+    """The declaration's plan. The kernel always stores the logsumexp: `stats` or not,
+    one plan (o, lse), which a call no backward follows drops."""
     if arch == "cpu":
         _interp_compat.apply()
-    plan = _plan_for(q, k, v, causal, scale, lens_key(q_lens, kv_lens), arch)
-    given = (q_lens, kv_lens)
-    return plan, (0, 1, 2, *(3 + i for i in (0, 1) if given[i] is not None))
+    return plan_fwd(
+        q.shape, (k.shape[1], k.shape[2]), (q.strides[:3], k.strides[:3], v.strides[:3]),
+        q.dtype, bool(causal), scale, lens_key(q_lens, kv_lens), arch, True,
+    )  # fmt: skip
 
 
-# Call signature (q, k, v, q_lens, kv_lens, causal, scale): the lengths may be None. The
-# plan takes q, k, v and the lengths as given; a plan that fills a missing length vector
-# has a buffer that is no plain result, and ForwardCall keeps no ready launch for it.
-_fwd_call = ForwardCall(_resolve, 5, *positions_as_given())
+def _validate(
+    q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None, causal: bool = False,
+    scale: float | None = None, reference: bool = False,
+) -> str:  # fmt: skip
+    if reference:
+        check_shapes(q, k, v, q_lens, kv_lens)
+        return "cpu"
+    return validate(q, k, v, q_lens, kv_lens)
+
+
+def check_arrays(
+    q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None, causal: bool = False,
+    scale: float | None = None,
+) -> None:  # fmt: skip
+    """JAX arrays: GretaInputError for shapes or dtypes the op does not take."""
+    check_array_float(OP, "q", q)
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise GretaInputError(
+            f"attention: arguments 'q' {q.shape}, 'k' {k.shape}, 'v' {v.shape} must be "
+            "[B, H, S, D] with k and v of one shape"
+        )
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise GretaInputError(f"attention: argument 'k' {k.shape} does not fit q {q.shape}")
+    if q.shape[3] == 0:  # the default scale is 1/sqrt(D), as in the torch binding
+        raise GretaInputError(
+            f"attention: argument 'q' has shape {tuple(q.shape)}; its head dim must be >= 1"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise GretaInputError(
+            f"attention: argument 'k' has {k.shape[1]} heads; q's {q.shape[1]} must be a multiple"
+        )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise GretaInputError(f"attention: arguments 'k', 'v' must have q's dtype {q.dtype}")
+    for name, lens in (("q_lens", q_lens), ("kv_lens", kv_lens)):
+        if lens is not None and (lens.shape != (q.shape[0],) or str(lens.dtype) != "int32"):
+            raise GretaInputError(
+                f"attention: argument '{name}' must be int32 of shape ({q.shape[0]},)"
+            )
+
+
+def _reference(
+    q: Any, k: Any, v: Any, q_lens: Any | None, kv_lens: Any | None, causal: bool,
+    scale: float | None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(o in q's dtype, logsumexp fp32): the kernel's semantics in torch or jnp ops."""
+    out, lse = ref.attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)
+    xp = ref._xp(lse)
+    return out, xp.astype(lse, xp.float32)
+
+
+def _binding_of(a: Any) -> str:
+    return "torch" if type(a).__module__.partition(".")[0] == "torch" else "jnp"
+
+
+def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    (do,) = grads
+    q, k, v = saved.q, saved.k, saved.v
+    if saved.q_lens is None and saved.kv_lens is None and dtype_name(q.dtype) in KERNEL_DTYPE_NAMES:
+        # The forward's output and logsumexp: no second forward. The backward's kernel op,
+        # by name: ops/attention_bwd.py imports this module (validate, default_scale), and
+        # every binding imports that one.
+        dq, dk, dv = call(
+            DECLARED["attention_bwd"], call.contiguous(do), q, k, v, saved.out0, saved.lse, saved.causal,
+            saved.scale,
+        )  # fmt: skip
+    else:
+        binding = _binding_of(q)
+        record("attention_bwd", f"reference-{binding}", q.device.type if binding == "torch" else "")
+        dq, dk, dv = ref.attention_bwd(
+            do, q, k, v, saved.causal, saved.scale, saved.q_lens, saved.kv_lens
+        )
+    return dq, dk, dv, None, None, None, None
+
+
+ATTENTION = declare(OpDecl(
+    name=OP,
+    schema=(
+        "Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+        "Tensor? q_lens=None, Tensor? kv_lens=None -> Tensor"
+    ),
+    describe="softmax(q k^T * scale) v, grouped-query heads, optional per-batch lengths",
+    validate=_validate,
+    plan=_plan,
+    reference=_reference,
+    backward=Backward(_grads, saves=("q", "k", "v", "q_lens", "kv_lens", "lse"),
+                      saves_outputs=(0,)),
+    check_arrays=check_arrays,
+    check_values=lambda q, k, v, q_lens, kv_lens, *_: check_length_values(q_lens, kv_lens),
+    kernel_takes=lambda q, k, v, *_: q.shape[3] in HEAD_DIMS,
+    kernel_dtypes=KERNEL_DTYPE_NAMES,
+    uses_matrix_units=True,
+    stats=("lse",),
+))  # fmt: skip
+
+# The call cache the torch front's no-grad path takes (and tests reach).
+_fwd_call = ATTENTION.call
+
+
+# --- the raw API (torch tensors, no autograd) ----------------------------------------------
 
 
 def attention_with_lse(
@@ -199,7 +315,7 @@ def attention_with_lse(
     """
     if q_lens is not None or kv_lens is not None:
         check_length_values(q_lens, kv_lens)
-    return _fwd_call.run(wrap, q, k, v, q_lens, kv_lens, causal, scale)
+    return ATTENTION.raw_fwd(q, k, v, causal, scale, q_lens, kv_lens, wrap=wrap)
 
 
 def attention_if_eager(
@@ -210,8 +326,9 @@ def attention_if_eager(
     torch.ops front's hot path), else None: the caller then takes its torch op."""
     if q_lens is not None or kv_lens is not None:
         check_length_values(q_lens, kv_lens)
-    done = _fwd_call.if_eager(q, k, v, q_lens, kv_lens, causal, scale)
-    return None if done is None else done[0]
+    return ATTENTION.if_eager(
+        q, k, v, q_lens, kv_lens, bool(causal), None if scale is None else float(scale)
+    )
 
 
 def attention(
@@ -226,4 +343,6 @@ def attention(
 
     Raises GretaInputError for a wrong shape, dtype, device, layout or length.
     """
-    return attention_with_lse(q, k, v, causal, scale, q_lens, kv_lens)[0]
+    if q_lens is not None or kv_lens is not None:
+        check_length_values(q_lens, kv_lens)
+    return ATTENTION.raw(q, k, v, causal, scale, q_lens, kv_lens)

@@ -1,14 +1,16 @@
 """Attention backward: (dq, dk, dv) from (do, q, k, v, o, lse) with the Triton kernels: the
-one launch recipe (:func:`plan`) that the raw, torch and JAX bindings all run.
+one launch recipe (:func:`plan`), declared as greta::attention_bwd (:data:`ATTENTION_BWD`),
+which the raw, torch and JAX bindings all run.
 
 No per-batch lengths (q_lens/kv_lens): those calls keep the reference backward.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from greta_core import configs
+from greta_core import configs, reference
 from greta_core.kernels.attention_bwd import (
     Config,
     attention_bwd_delta_kernel,
@@ -18,11 +20,11 @@ from greta_core.kernels.attention_bwd import (
     kernel_configs,
 )
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import CallCache
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_tensor
 from greta_core.ops.attention import default_scale, validate
+from greta_core.ops.declare import Meta, OpDecl, declare
 
 OP = "attention_bwd"
 
@@ -151,6 +153,59 @@ def launch(
     run(p, (q, k, v, do, lse, o), out=(dq, dk, dv), wrap=wrap)
 
 
+# The plan's inputs are (q, k, v, do, lse, o); the declaration's (do, q, k, v, o, lse):
+# for each of the plan's, its position in the declaration's.
+_DECLARED_AT = (1, 2, 3, 0, 5, 4)
+
+
+def _declared_plan(
+    arch: str, do: Meta, q: Meta, k: Meta, v: Meta, o: Meta, lse: Meta, causal: bool,
+    scale: float | None,
+) -> Plan:  # fmt: skip
+    if arch == "cpu":
+        _interp_compat.apply()
+    strides = tuple(t.strides[:3] for t in (q, k, v, do, o))
+    p = plan(q.shape, (k.shape[1], k.shape[2]), strides, q.dtype, bool(causal), scale, arch)
+    launches = tuple(
+        replace(launch, args=tuple(
+            In(_DECLARED_AT[a.index]) if type(a) is In else a for a in launch.args
+        ))
+        for launch in p.launches
+    )  # fmt: skip
+    return Plan(p.op, p.arch, p.buffers, launches, p.results)
+
+
+def _validate(
+    do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool = False,
+    scale: float | None = None, reference: bool = False,
+) -> str:  # fmt: skip
+    if reference:
+        from greta_core.ops.attention import check_shapes
+
+        check_shapes(q, k, v)
+        return "cpu"
+    return validate_bwd(do, q, k, v, o, lse)
+
+
+ATTENTION_BWD = declare(OpDecl(
+    name=OP,
+    schema=(
+        "Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal=False, "
+        "float? scale=None -> (Tensor, Tensor, Tensor)"
+    ),
+    describe="the attention backward: (dq, dk, dv) from the forward's output and logsumexp",
+    validate=_validate,
+    plan=_declared_plan,
+    reference=lambda do, q, k, v, o, lse, causal=False, scale=None: reference.attention_bwd(
+        do, q, k, v, causal, scale
+    ),
+    front=False,
+    # fp32: the logsumexp (q's dtype is fp16/bf16, which validation asks for).
+    kernel_dtypes=("float16", "bfloat16", "float32"),
+    uses_matrix_units=True,
+))  # fmt: skip
+
+
 def attention_bwd(
     do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool = False,
     scale: float | None = None, wrap: Wrap = _no_wrap,
@@ -162,16 +217,4 @@ def attention_bwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    p = _bwd_call(do, q, k, v, o, lse, causal, scale)
-    return run(p, (q, k, v, do, lse, o), wrap=wrap)
-
-
-def _resolve(
-    do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float | None
-) -> Plan:
-    return _plan_for(do, q, k, v, o, causal, scale, validate_bwd(do, q, k, v, o, lse))
-
-
-# A training step's backward repeats one signature: validation and planning run once per
-# signature (every check reads only what the key holds).
-_bwd_call = CallCache(_resolve, 6)
+    return ATTENTION_BWD.raw(do, q, k, v, o, lse, causal, scale, wrap=wrap)

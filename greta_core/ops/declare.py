@@ -186,7 +186,7 @@ class OpDecl:
     # which the public op drops and the backward reads. With stats, `plan` takes a trailing
     # flag `stats`: False plans neither their buffers nor their stores (a call no backward
     # follows: the raw API, the no-grad front, the JAX primal).
-    stats: tuple[str, ...] = ()
+    stats: tuple[str, ...] = ()  # (a kernel that always stores them: the same plan)
     # (*tensor Metas) -> the indices of the tensor arguments the kernels cannot take as
     # given (rows that do not flatten to one stride, say): the call passes a contiguous
     # copy of each and the plan sees the copy's layout; such a signature gets no ready
@@ -205,7 +205,19 @@ class OpDecl:
     # AOT: an int argument equal to 1 is the constexpr 1, as Triton's JIT specialises it
     # at run time (the cases name the unit strides the launches have).
     aot_unit_ints: bool = False
+    # (*tensor Metas) -> False where the kernels do not take a call the op accepts (a head
+    # dim they were not built for): the JAX binding then runs the reference. None: they
+    # take every call in `kernel_dtypes`.
+    kernel_takes: Callable[..., bool] | None = None
+    # The arguments in the op's own order: tensors first, then the scalars, each group as
+    # the schema has it. `validate`, `plan`, `reference`, the backward's gradients and the
+    # cases take this order; the public functions (torch.ops.greta.<name>, the raw launch,
+    # the JAX function) take the schema's, which may put a scalar before an optional tensor
+    # (attention's ``causal`` before ``q_lens``).
     args: tuple[Arg, ...] = field(init=False)
+    public_args: tuple[Arg, ...] = field(init=False)  # the schema's order
+    # For each of `args`, its position in the schema; None where the two orders agree.
+    _from_public: tuple[int, ...] | None = field(init=False, repr=False)
     n_outputs: int = field(init=False)
     n_tensors: int = field(init=False)
     # The arguments the op writes into ("Tensor(a!)"). Its plan's results are these, in
@@ -217,13 +229,16 @@ class OpDecl:
     _converts: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.args, self.n_outputs = parse_schema(self.schema)
+        self.public_args, self.n_outputs = parse_schema(self.schema)
+        order = sorted(
+            range(len(self.public_args)), key=lambda i: not self.public_args[i].is_tensor
+        )
+        self.args = tuple(self.public_args[i] for i in order)
+        self._from_public = tuple(order) if order != sorted(order) else None
         self.n_tensors = sum(a.is_tensor for a in self.args)
         self.mutates = tuple(a.name for a in self.args if a.mutable)
         # Scalars to convert (bind): a call of tensors alone skips binding (the hot path).
-        self._converts = any(a.type in _CONVERT for a in self.args)
-        if any(a.is_tensor for a in self.args[self.n_tensors :]):
-            raise GretaConfigError(f"{self.name}: tensor arguments come first in the schema")
+        self._converts = any(a.type in _CONVERT for a in self.args) or bool(self._from_public)
         if self.mutates and (self.front or self.backward is not None):
             raise GretaConfigError(
                 f"{self.name}: an op that writes into its arguments has no eager front and "
@@ -277,12 +292,16 @@ class OpDecl:
             metas[i] = Meta.contiguous(metas[i].shape, metas[i].dtype)  # type: ignore[union-attr]
         return self.plan_for(arch, metas, args[n:], bool(stats)), copied
 
-    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """The full positional argument tuple: defaults filled, scalars converted."""
-        if len(args) > len(self.args):
-            raise GretaInputError(f"{self.name}: takes {len(self.args)} arguments")
+    def bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], public: bool = True
+    ) -> tuple[Any, ...]:
+        """The full positional argument tuple in the op's order (tensors first): defaults
+        filled, scalars converted. `public`: `args` come in the schema's order."""
+        spec = self.public_args if public else self.args
+        if len(args) > len(spec):
+            raise GretaInputError(f"{self.name}: takes {len(spec)} arguments")
         out = list(args)
-        for a in self.args[len(args) :]:
+        for a in spec[len(args) :]:
             if a.name in kwargs:
                 out.append(kwargs.pop(a.name))
             elif a.has_default:
@@ -291,11 +310,19 @@ class OpDecl:
                 raise GretaInputError(f"{self.name}: missing argument '{a.name}'")
         if kwargs:
             raise GretaInputError(f"{self.name}: unexpected argument(s) {sorted(kwargs)}")
-        for i, a in enumerate(self.args):
+        for i, a in enumerate(spec):
             convert = _CONVERT.get(a.type)
             if convert is not None and out[i] is not None:
                 out[i] = convert(out[i])
+        if public and self._from_public is not None:
+            out = [out[i] for i in self._from_public]
         return tuple(out)
+
+    def from_public(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A complete call in the schema's order (the dispatcher's: typed already) in the
+        op's order; the tuple itself where the two agree."""
+        order = self._from_public
+        return args if order is None else tuple([args[i] for i in order])
 
     def raw(self, *args: Any, wrap: Wrap = _identity, **kwargs: Any) -> Any:
         """Launch the kernels on torch tensors (GPU, or CPU under TRITON_INTERPRET=1); no

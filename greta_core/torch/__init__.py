@@ -20,7 +20,7 @@ with deferred_kernel_scan():  # no torch._dynamo at import time: see _deferred_s
     )
     from greta_core.torch import (
         add_rms_norm,  # noqa: F401  (greta::add_rms_norm[_fwd|_bwd])
-        attention,  # noqa: F401  (greta::attention, greta::attention_with_lse)
+        attention,  # noqa: F401  (greta::attention[_fwd|_bwd|_with_lse])
         layer_norm,  # noqa: F401  (greta::layer_norm[_fwd|_bwd])
         linear_cross_entropy,  # noqa: F401  (greta::linear_cross_entropy[_fwd|_bwd])
         rms_norm,  # noqa: F401  (greta::rms_norm[_fwd|_bwd])

@@ -141,7 +141,19 @@ def register(op: OpDecl) -> Any:
                 return args
             if first_default <= given < n_args:
                 return args + defaults[given:]
-        return op.bind(args, kwargs)
+        return op.bind(args, kwargs, public=False)
+
+    public = full
+    if op._from_public is not None:  # the front takes the schema's order (see OpDecl.args)
+        public_defaults = tuple(a.default for a in op.public_args)
+        first_public_default = n_args
+        while first_public_default and op.public_args[first_public_default - 1].has_default:
+            first_public_default -= 1
+
+        def public(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+            if not kwargs and first_public_default <= len(args) <= n_args:
+                return op.from_public(args + public_defaults[len(args) :])
+            return op.bind(args, kwargs)
 
     def fwd(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
@@ -184,7 +196,7 @@ def register(op: OpDecl) -> Any:
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
     def front(*args: Any, **kwargs: Any) -> Any:
-        args = full(args, kwargs)
+        args = public(args, kwargs)
         if args[0].dtype in kernel_dtypes:
             # A training call is told apart first: the no-grad hot path's checks would
             # only find a tensor that wants a gradient, and cost it a pass.
