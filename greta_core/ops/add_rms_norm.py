@@ -8,12 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from greta_core import reference
 from greta_core.errors import GretaInputError
-from greta_core.ops import _interp_compat
+from greta_core.ops import _interp_compat, _norms
+from greta_core.ops._norms import check_stats
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import (
-    aot_norm_grid,
     arch_for,
     bwd_programs,
     check_array_param,
@@ -25,11 +24,9 @@ from greta_core.ops._rows import (
     row_plan,
     row_stats,
     rows_stride,
-    unflattened,
 )
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
-from greta_core.ops.declare import Backward, Meta, OpDecl, declare
-from greta_core.ops.rms_norm import check_stats
+from greta_core.ops.declare import Backward, Meta
 
 OP = "add_rms_norm"
 _interp_compat.apply()
@@ -121,36 +118,13 @@ def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
     return dx, dx, dw, None
 
 
-ADD_RMS_NORM_BWD = declare(OpDecl(
-    name="add_rms_norm_bwd",
-    schema="Tensor dy, Tensor ds, Tensor s, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
-    describe="the add_rms_norm backward: (dx, dweight); dx is the residual's gradient too",
-    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
-    plan=plan_bwd,
-    reference=reference.add_rms_norm_bwd,
-    copies=lambda dy, ds, *_: unflattened(dy, ds),
-    front=False,
-    aot_cases=lambda arch: [
-        (x, x, x, w, stat) for x, w, stat in aot_norm_grid("add_rms_norm_bwd", arch)
-    ],
-))  # fmt: skip
-
-ADD_RMS_NORM = declare(OpDecl(
-    name="add_rms_norm",
-    schema="Tensor x, Tensor residual, Tensor weight, float eps=1e-06 -> (Tensor, Tensor)",
-    describe="(RMSNorm(x + residual) * weight, x + residual) over the last dim",
-    validate=lambda *args, reference=False: validate(*args, reference=reference),
-    plan=plan_fwd,
-    reference=reference.add_rms_norm_fwd,
-    backward=Backward(_grads, saves=("weight", "rstd"), saves_outputs=(1,)),
-    check_arrays=check_arrays,
-    stats=("rstd",),
-    copies=lambda x, residual, _w: unflattened(x, residual),
-    fwd_defaults=False,
-    aot_cases=lambda arch: [
-        (x, x, w, 1e-6, stats) for x, w, _ in aot_norm_grid(OP, arch) for stats in (True, False)
-    ],
-))  # fmt: skip
+ADD_RMS_NORM, ADD_RMS_NORM_BWD = _norms.declare_norm(
+    __name__, "Tensor x, Tensor residual, Tensor weight, float eps=1e-06 -> (Tensor, Tensor)",
+    "(RMSNorm(x + residual) * weight, x + residual) over the last dim",
+    Backward(_grads, saves=("weight", "rstd"), saves_outputs=(1,)), ("rstd",),
+    bwd=("Tensor dy, Tensor ds, Tensor s, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
+         "the add_rms_norm backward: (dx, dweight); dx is the residual's gradient too"),
+)  # fmt: skip
 
 # The call caches the torch fronts take (y and s only: no backward follows) and tests reach.
 _fwd_call, _y_call = ADD_RMS_NORM.call_stats, ADD_RMS_NORM.call
