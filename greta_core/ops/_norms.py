@@ -14,6 +14,8 @@ from greta_core.ops._plan import Plan
 from greta_core.ops._rows import (
     aot_norm_grid,
     arch_for,
+    check_array_param,
+    check_array_rows,
     check_rows_input,
     check_vector,
     norm_bwd_plan,
@@ -40,6 +42,25 @@ def check_stats(op: str, x: Any, reference: bool, **stats: Any) -> None:
             raise GretaInputError(
                 f"{op}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"
             )
+
+
+def validate_fwd(op: str, x: Any, weight: Any, bias: Any | None, reference: bool) -> str:
+    """The checks of a norm's x [..., N], weight [N] (x's dtype or fp32) and optional bias
+    [N] (weight's dtype); returns the arch."""
+    check_rows_input(op, "x", x, reference)
+    check_vector(op, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
+    if bias is not None:
+        check_vector(op, "bias", bias, x.shape[-1], (weight.dtype,))
+    check_same_device(op, x=x, weight=weight, bias=bias)
+    return arch_for(op, x, reference)
+
+
+def check_arrays(op: str, x: Any, weight: Any, bias: Any | None = None) -> None:
+    """JAX arrays' :func:`validate_fwd`."""
+    check_array_rows(op, "x", x)
+    check_array_param(op, "weight", weight, x)
+    if bias is not None:
+        check_array_param(op, "bias", bias, x)
 
 
 def validate_bwd(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from greta_core.errors import GretaInputError
 from greta_core.ops import _interp_compat, _norms
 from greta_core.ops._norms import check_stats
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
@@ -17,12 +16,13 @@ from greta_core.ops._rows import (
     bwd_programs,
     check_array_param,
     check_array_rows,
+    check_arrays_alike,
     check_rows_input,
     check_vector,
     col_sum_launch,
     param_dtypes,
+    row_kernel_plan,
     row_plan,
-    row_stats,
     rows_stride,
 )
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
@@ -60,11 +60,7 @@ def validate_bwd(dy: Any, ds: Any, s: Any, weight: Any, rstd: Any, reference: bo
 def check_arrays(x: Any, residual: Any, weight: Any, eps: float) -> None:
     check_array_rows(OP, "x", x)
     check_array_rows(OP, "residual", residual)
-    if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise GretaInputError(
-            f"add_rms_norm: argument 'residual' {residual.shape} {residual.dtype} must match "
-            f"'x' {x.shape} {x.dtype}"
-        )
+    check_arrays_alike(OP, "x", x, "residual", residual)
     check_array_param(OP, "weight", weight, x)
 
 
@@ -75,16 +71,13 @@ def plan_fwd(arch: str, x: Meta, residual: Meta, weight: Meta, eps: float, stats
     """Buffers: y, s (x's shape), with `stats` rstd fp32 [rows]."""
     from greta_core.kernels.add_rms_norm import add_rms_norm_fwd_kernel
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
-    launch = Launch(
-        add_rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2), n_cols, rows_stride(x), rows_stride(residual), eps, Out(0), Out(1),
-         Out(2 if stats else 0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats}, rp.options,
+    args = (
+        In(0), In(1), In(2), x.shape[-1], rows_stride(x), rows_stride(residual), eps, Out(0),
+        Out(1), Out(2 if stats else 0),
     )  # fmt: skip
-    buffers = (Buffer(x.shape, x.dtype), Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 1))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
+    return row_kernel_plan(
+        OP, arch, add_rms_norm_fwd_kernel, x, args, {"STORE_RSTD": stats}, 2, stats
+    )
 
 
 def plan_bwd(arch: str, dy: Meta, ds: Meta, s: Meta, weight: Meta, rstd: Meta) -> Plan:

@@ -4,23 +4,11 @@ its backward's kernel op greta::layer_norm_bwd."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from greta_core.ops import _interp_compat, _norms
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
-from greta_core.ops._rows import (
-    arch_for,
-    check_array_param,
-    check_array_rows,
-    check_rows_input,
-    check_vector,
-    param_dtypes,
-    row_plan,
-    row_stats,
-    rows_stride,
-)
-from greta_core.ops._validate import check_same_device
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity
+from greta_core.ops._rows import row_kernel_plan, rows_stride
 from greta_core.ops.declare import Backward, Meta
 
 OP = "layer_norm"
@@ -31,12 +19,7 @@ def validate(
     x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, reference: bool = False
 ) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_rows_input(OP, "x", x, reference)
-    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
-    if bias is not None:
-        check_vector(OP, "bias", bias, x.shape[-1], (weight.dtype,))
-    check_same_device(OP, x=x, weight=weight, bias=bias)
-    return arch_for(OP, x, reference)
+    return _norms.validate_fwd(OP, x, weight, bias, reference)
 
 
 def validate_bwd(
@@ -47,10 +30,7 @@ def validate_bwd(
 
 
 def check_arrays(x: Any, weight: Any, bias: Any | None, eps: float) -> None:
-    check_array_rows(OP, "x", x)
-    check_array_param(OP, "weight", weight, x)
-    if bias is not None:
-        check_array_param(OP, "bias", bias, x)
+    _norms.check_arrays(OP, x, weight, bias)
 
 
 # --- launch plans: (x [..., N], weight, bias or None) and (dy, x, weight, mean, rstd) -----
@@ -61,19 +41,12 @@ def plan_fwd(arch: str, x: Meta, weight: Meta, bias: Meta | None, eps: float, st
     bias the kernel gets the weight in its place (never read: HAS_BIAS is False)."""
     from greta_core.kernels.layer_norm import layer_norm_fwd_kernel
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
     has_bias = bias is not None
     mean, rstd = (Out(1), Out(2)) if stats else (Out(0), Out(0))
-    launch = Launch(
-        layer_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2 if has_bias else 1), n_cols, rows_stride(x), eps, Out(0), mean, rstd),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "HAS_BIAS": has_bias,
-         "STORE_STATS": stats},
-        rp.options,
-    )  # fmt: skip
-    buffers = (Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 2))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
+    args = (In(0), In(1), In(2 if has_bias else 1), x.shape[-1], rows_stride(x), eps, Out(0),
+            mean, rstd)  # fmt: skip
+    flags = {"HAS_BIAS": has_bias, "STORE_STATS": stats}
+    return row_kernel_plan(OP, arch, layer_norm_fwd_kernel, x, args, flags, 1, 2 * stats)
 
 
 plan_bwd = _norms.plan_bwd(OP, 2)

@@ -4,23 +4,11 @@ backward's kernel op greta::rms_norm_bwd."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from greta_core.ops import _interp_compat, _norms
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
-from greta_core.ops._rows import (
-    arch_for,
-    check_array_param,
-    check_array_rows,
-    check_rows_input,
-    check_vector,
-    param_dtypes,
-    row_plan,
-    row_stats,
-    rows_stride,
-)
-from greta_core.ops._validate import check_same_device
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity
+from greta_core.ops._rows import row_kernel_plan, rows_stride
 from greta_core.ops.declare import Backward, Meta
 
 OP = "rms_norm"
@@ -29,10 +17,7 @@ _interp_compat.apply()
 
 def validate(x: Any, weight: Any, eps: float = 1e-6, reference: bool = False) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_rows_input(OP, "x", x, reference)
-    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
-    check_same_device(OP, x=x, weight=weight)
-    return arch_for(OP, x, reference)
+    return _norms.validate_fwd(OP, x, weight, None, reference)
 
 
 def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = False) -> str:
@@ -41,8 +26,7 @@ def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = Fals
 
 
 def check_arrays(x: Any, weight: Any, eps: float) -> None:
-    check_array_rows(OP, "x", x)
-    check_array_param(OP, "weight", weight, x)
+    _norms.check_arrays(OP, x, weight)
 
 
 # --- launch plans: (x [..., N], weight [N]) and (dy, x, weight, rstd) ---------------------
@@ -53,16 +37,8 @@ def plan_fwd(arch: str, x: Meta, weight: Meta, eps: float, stats: bool) -> Plan:
     gets y's pointer for it and STORE_RSTD off)."""
     from greta_core.kernels.rms_norm import rms_norm_fwd_kernel  # the declaration imports no Triton
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
-    launch = Launch(
-        rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), n_cols, rows_stride(x), eps, Out(0), Out(1 if stats else 0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats},
-        rp.options,
-    )  # fmt: skip
-    buffers = (Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 1))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
+    args = (In(0), In(1), x.shape[-1], rows_stride(x), eps, Out(0), Out(1 if stats else 0))
+    return row_kernel_plan(OP, arch, rms_norm_fwd_kernel, x, args, {"STORE_RSTD": stats}, 1, stats)
 
 
 plan_bwd = _norms.plan_bwd(OP, 1)
