@@ -38,6 +38,30 @@ def load_tile(base, offs_rows, stride, n_rows, offs_d, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def head_base(ptr, b, h, stride_b, stride_h):
+    """Where head h of batch item b starts; int64 offsets, so a tensor past 2**31 elements
+    does not wrap."""
+    return ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def query_head(H_Q, GROUP):
+    """(program axis 1 = batch * H_Q + head, batch item, query head, its KV head) of this
+    program."""
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    return pid_bh, b, h, h // GROUP
+
+
+@triton.jit
+def scale_log2(sm_scale):
+    """The softmax scale with log2(e) folded in (exp2 instead of exp). The cast keeps the
+    math fp32 when a binding passes an fp64 scalar (jax-triton types Python floats as fp64)."""
+    return tl.cast(sm_scale, tl.float32) * 1.4426950408889634
+
+
+@triton.jit
 def _attn_blocks(
     acc,
     l_i,
@@ -166,10 +190,7 @@ def attention_fwd_kernel(
     if CAUSAL:
         # The last query blocks see the most keys: start them first for a better tail.
         pid_m = num_m - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    h_kv = h // GROUP
+    pid_bh, b, h, h_kv = query_head(H_Q, GROUP)
 
     if HAS_LENS:
         q_len = tl.minimum(tl.load(q_lens_ptr + b), Sq)
@@ -184,9 +205,9 @@ def attention_fwd_kernel(
     shift = kv_len - q_len
     pos_m = shift + offs_m
 
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    q_base = head_base(q_ptr, b, h, stride_qb, stride_qh)
+    k_base = head_base(k_ptr, b, h_kv, stride_kb, stride_kh)
+    v_base = head_base(v_ptr, b, h_kv, stride_vb, stride_vh)
     # Key range this program needs: [0, hi); [0, full_end) is visible to all of its rows.
     last_row = tl.minimum(start_m + BLOCK_M, q_len) - 1
     if CAUSAL:
@@ -214,9 +235,7 @@ def attention_fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    # exp2 instead of exp. The cast keeps the math fp32 when a binding passes an fp64 scalar
-    # (jax-triton types Python floats as fp64).
-    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
+    qk_scale = scale_log2(sm_scale)
 
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, pos_m, kv_len, qk_scale,
@@ -244,7 +263,7 @@ def attention_fwd_kernel(
     out = tl.where(row_ok[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
 
-    o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_base = head_base(o_ptr, b, h, stride_ob, stride_oh)
     tl.store(
         o_base + offs_m[:, None] * stride_os + offs_d[None, :],
         out.to(o_ptr.dtype.element_ty),

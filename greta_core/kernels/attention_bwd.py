@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from greta_core.kernels.attention import load_tile
+from greta_core.kernels.attention import head_base, load_tile, query_head, scale_log2
 from greta_install import triton_range
 
 # The 16-bit row store's form: a block pointer where Triton still has them (fewer registers
@@ -115,13 +115,11 @@ def attention_bwd_delta_kernel(
 ):
     """delta [B, H_Q, Sq] fp32 = rowsum(o * do): one program per (query block, batch, head)."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
+    pid_bh, b, h, _ = query_head(H_Q, 1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    o_base = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    o_base = head_base(o_ptr, b, h, stride_ob, stride_oh)
+    do_base = head_base(do_ptr, b, h, stride_dob, stride_doh)
     o = load_tile(o_base, offs_m, stride_os, Sq, offs_d, UPCAST).to(tl.float32)
     do = load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST).to(tl.float32)
     delta = tl.sum(o * do, axis=1)
@@ -239,13 +237,11 @@ def attention_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
 
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k_base = head_base(k_ptr, b, h_kv, stride_kb, stride_kh)
+    v_base = head_base(v_ptr, b, h_kv, stride_vb, stride_vh)
     k = load_tile(k_base, offs_n, stride_ks, Skv, offs_d, UPCAST)
     v = load_tile(v_base, offs_n, stride_vs, Skv, offs_d, UPCAST)
-    # exp2 with log2(e) folded into the scale (and into lse in _row_stats). fp32 even when
-    # a binding passes an fp64 scalar.
-    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
+    qk_scale = scale_log2(sm_scale)  # log2(e) is folded into lse in _row_stats too
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
@@ -253,8 +249,8 @@ def attention_bwd_dkdv_kernel(
     # The group's first query head h0 and its rows of lse/delta ([B, H_Q, Sq]); the group's
     # other heads are int32 offsets from these, like the rows within a head.
     h0 = (h_kv * GROUP).to(tl.int64)
-    q_group = q_ptr + b.to(tl.int64) * stride_qb + h0 * stride_qh
-    do_group = do_ptr + b.to(tl.int64) * stride_dob + h0 * stride_doh
+    q_group = head_base(q_ptr, b, h0, stride_qb, stride_qh)
+    do_group = head_base(do_ptr, b, h0, stride_dob, stride_doh)
     lse_group = lse_ptr + (b.to(tl.int64) * H_Q + h0) * Sq
     delta_group = delta_ptr + (b.to(tl.int64) * H_Q + h0) * Sq
     dk, dv = _dkdv_blocks(
@@ -336,24 +332,21 @@ def attention_bwd_dq_kernel(
     UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    h_kv = h // GROUP
+    pid_bh, b, h, h_kv = query_head(H_Q, GROUP)
     shift = Skv - Sq
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    q_base = head_base(q_ptr, b, h, stride_qb, stride_qh)
+    do_base = head_base(do_ptr, b, h, stride_dob, stride_doh)
     q = load_tile(q_base, offs_m, stride_qs, Sq, offs_d, UPCAST)
     do = load_tile(do_base, offs_m, stride_dos, Sq, offs_d, UPCAST)
     row_base = pid_bh.to(tl.int64) * Sq
     lse2, delta = _row_stats(lse_ptr + row_base, delta_ptr + row_base, offs_m, Sq, True)
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    qk_scale = tl.cast(sm_scale, tl.float32) * 1.4426950408889634
+    k_base = head_base(k_ptr, b, h_kv, stride_kb, stride_kh)
+    v_base = head_base(v_ptr, b, h_kv, stride_vb, stride_vh)
+    qk_scale = scale_log2(sm_scale)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     # Keys past the last row's position are invisible to the whole block (causal); keys

@@ -19,13 +19,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _token(seq_len, BLOCK_HALF: tl.constexpr):
+    """(batch, position) of this program's token, and the lanes of half a head."""
+    token = tl.program_id(0).to(tl.int64)
+    return token // seq_len, token % seq_len, tl.arange(0, BLOCK_HALF)
+
+
+@triton.jit
 def _rotate_store(
-    x_ptr, out_ptr, b, s, h0, n_heads, half, cos, sin,
+    x_ptr, out_ptr, b, s, n_heads, half, cos, sin,
     stride_xb, stride_xs, stride_xh, stride_xd,
     stride_ob, stride_os, stride_oh,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, INVERSE: tl.constexpr,
 ):  # fmt: skip
-    heads = h0 + tl.arange(0, BLOCK_H)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_HALF)
     mask = (heads[:, None] < n_heads) & (dims[None, :] < half)
     x_base = x_ptr + b * stride_xb + s * stride_xs + heads[:, None] * stride_xh
@@ -52,16 +59,12 @@ def rope_kernel(
     out_ptr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, INVERSE: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0).to(tl.int64)
-    b = token // seq_len
-    s = token % seq_len
-    h0 = tl.program_id(1) * BLOCK_H
-    dims = tl.arange(0, BLOCK_HALF)
+    b, s, dims = _token(seq_len, BLOCK_HALF)
     cs_off = b * stride_cb + s * stride_cs + dims
     cos = tl.load(cos_ptr + cs_off, mask=dims < half, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + cs_off, mask=dims < half, other=0.0).to(tl.float32)
     _rotate_store(
-        x_ptr, out_ptr, b, s, h0, n_heads, half, cos, sin,
+        x_ptr, out_ptr, b, s, n_heads, half, cos, sin,
         stride_xb, stride_xs, stride_xh, stride_xd, stride_ob, stride_os, stride_oh,
         BLOCK_H, BLOCK_HALF, INVERSE,
     )  # fmt: skip
@@ -78,16 +81,12 @@ def rope_positions_kernel(
     out_ptr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, INVERSE: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0).to(tl.int64)
-    b = token // seq_len
-    s = token % seq_len
-    h0 = tl.program_id(1) * BLOCK_H
-    dims = tl.arange(0, BLOCK_HALF)
+    b, s, dims = _token(seq_len, BLOCK_HALF)
     pos = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.float32)
     inv_freq = tl.exp2(-(dims.to(tl.float32) * 2.0 / (2 * half)) * log2_theta)
     angle = pos * inv_freq
     _rotate_store(
-        x_ptr, out_ptr, b, s, h0, n_heads, half, tl.cos(angle), tl.sin(angle),
+        x_ptr, out_ptr, b, s, n_heads, half, tl.cos(angle), tl.sin(angle),
         stride_xb, stride_xs, stride_xh, stride_xd, stride_ob, stride_os, stride_oh,
         BLOCK_H, BLOCK_HALF, INVERSE,
     )  # fmt: skip

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from greta_core.kernels._rows import load_f32, row_start
+
 
 @triton.jit
 def softmax_fwd_kernel(
@@ -20,9 +22,7 @@ def softmax_fwd_kernel(
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * n_cols
+    _, x_row, y_row = row_start(x_ptr, stride_x, y_ptr, n_cols)
     if ONE_PASS:
         cols = tl.arange(0, BLOCK_N)
         mask = cols < n_cols
@@ -66,15 +66,13 @@ def softmax_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    dy_row = dy_ptr + row * stride_dy
+    row, dy_row, dx_row = row_start(dy_ptr, stride_dy, dx_ptr, n_cols)
     y_row = y_ptr + row * stride_y
-    dx_row = dx_ptr + row * n_cols
     if ONE_PASS:
         cols = tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = load_f32(dy_row + cols, mask)
+        y = load_f32(y_row + cols, mask)
         dot = tl.sum(y * dy, axis=0)
         tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
     else:
@@ -82,13 +80,13 @@ def softmax_bwd_kernel(
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-            y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = load_f32(dy_row + cols, mask)
+            y = load_f32(y_row + cols, mask)
             acc += y * dy
         dot = tl.sum(acc, axis=0)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-            y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = load_f32(dy_row + cols, mask)
+            y = load_f32(y_row + cols, mask)
             tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)

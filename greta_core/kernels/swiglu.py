@@ -33,6 +33,16 @@ def _act_and_grad(g, ACT: tl.constexpr):
 
 
 @triton.jit
+def _block(gate_ptr, up_ptr, n_elements, BLOCK: tl.constexpr):
+    """This program's (offsets, mask, gate, up), gate and up in fp32."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return offs, mask, g, u
+
+
+@triton.jit
 def glu_fwd_kernel(
     gate_ptr,
     up_ptr,
@@ -41,10 +51,7 @@ def glu_fwd_kernel(
     ACT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
-    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    offs, mask, g, u = _block(gate_ptr, up_ptr, n_elements, BLOCK)
     act, _ = _act_and_grad(g, ACT)
     tl.store(y_ptr + offs, (act * u).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -60,11 +67,8 @@ def glu_bwd_kernel(
     ACT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
+    offs, mask, g, u = _block(gate_ptr, up_ptr, n_elements, BLOCK)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     act, dact = _act_and_grad(g, ACT)
     tl.store(dgate_ptr + offs, (dy * u * dact).to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(dup_ptr + offs, (dy * act).to(dup_ptr.dtype.element_ty), mask=mask)

@@ -185,10 +185,20 @@ def rows_stride(m: Any) -> int:
     return m.shape[-1] if stride is None else stride
 
 
-def row_stats(stats: bool, n_rows: int, count: int) -> tuple[Buffer, ...]:
-    """A norm forward's saved statistics: `count` fp32 [rows] buffers, or none when no
-    backward follows (the plan then skips their stores)."""
-    return (Buffer((n_rows,), "float32"),) * count if stats else ()
+def row_kernel_plan(
+    op: str, arch: str, kernel: Any, x: Any, args: tuple[Any, ...],
+    flags: dict[str, Any] | None = None, outputs: int = 1, stats: int = 0,
+) -> Plan:  # fmt: skip
+    """One program per row of `x` (a [..., N] Meta) launching `kernel` with `args`, the row
+    plan's BLOCK_N and ONE_PASS, then `flags`. Buffers: `outputs` of x's shape and dtype,
+    then `stats` fp32 [rows] (a norm forward's saved statistics; none when no backward
+    follows, and the plan then turns their stores off)."""
+    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
+    rp = row_plan(op, arch, n_cols)
+    constexprs = {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, **(flags or {})}
+    launch = Launch(kernel, (n_rows,), args, constexprs, rp.options)
+    buffers = (Buffer(x.shape, x.dtype),) * outputs + (Buffer((n_rows,), "float32"),) * stats
+    return Plan(op, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
 
 
 # --- JAX arrays' checks of the row ops (torch tensors: the validate functions) -------------
@@ -219,6 +229,15 @@ def check_array_param(op: str, name: str, w: Any, x: Any) -> None:
     if str(w.dtype) not in (str(x.dtype), "float32"):
         raise GretaInputError(
             f"{op}: argument '{name}' has dtype {w.dtype}; expected {x.dtype} or float32"
+        )
+
+
+def check_arrays_alike(op: str, a_name: str, a: Any, b_name: str, b: Any) -> None:
+    """Two arrays an op reads element by element: one shape and one dtype."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise GretaInputError(
+            f"{op}: arguments '{a_name}' {a.shape} {a.dtype} and '{b_name}' {b.shape} {b.dtype} "
+            "must have one shape and dtype"
         )
 
 

@@ -8,28 +8,25 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from greta_core import reference
-from greta_core.errors import GretaInputError
-from greta_core.ops import _interp_compat
+from greta_core.ops import _interp_compat, _norms
+from greta_core.ops._norms import check_stats
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import (
-    aot_norm_grid,
     arch_for,
     bwd_programs,
     check_array_param,
     check_array_rows,
+    check_arrays_alike,
     check_rows_input,
     check_vector,
     col_sum_launch,
     param_dtypes,
+    row_kernel_plan,
     row_plan,
-    row_stats,
     rows_stride,
-    unflattened,
 )
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
-from greta_core.ops.declare import Backward, Meta, OpDecl, declare
-from greta_core.ops.rms_norm import check_stats
+from greta_core.ops.declare import Backward, Meta
 
 OP = "add_rms_norm"
 _interp_compat.apply()
@@ -63,11 +60,7 @@ def validate_bwd(dy: Any, ds: Any, s: Any, weight: Any, rstd: Any, reference: bo
 def check_arrays(x: Any, residual: Any, weight: Any, eps: float) -> None:
     check_array_rows(OP, "x", x)
     check_array_rows(OP, "residual", residual)
-    if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise GretaInputError(
-            f"add_rms_norm: argument 'residual' {residual.shape} {residual.dtype} must match "
-            f"'x' {x.shape} {x.dtype}"
-        )
+    check_arrays_alike(OP, "x", x, "residual", residual)
     check_array_param(OP, "weight", weight, x)
 
 
@@ -78,16 +71,13 @@ def plan_fwd(arch: str, x: Meta, residual: Meta, weight: Meta, eps: float, stats
     """Buffers: y, s (x's shape), with `stats` rstd fp32 [rows]."""
     from greta_core.kernels.add_rms_norm import add_rms_norm_fwd_kernel
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
-    launch = Launch(
-        add_rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2), n_cols, rows_stride(x), rows_stride(residual), eps, Out(0), Out(1),
-         Out(2 if stats else 0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats}, rp.options,
+    args = (
+        In(0), In(1), In(2), x.shape[-1], rows_stride(x), rows_stride(residual), eps, Out(0),
+        Out(1), Out(2 if stats else 0),
     )  # fmt: skip
-    buffers = (Buffer(x.shape, x.dtype), Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 1))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
+    return row_kernel_plan(
+        OP, arch, add_rms_norm_fwd_kernel, x, args, {"STORE_RSTD": stats}, 2, stats
+    )
 
 
 def plan_bwd(arch: str, dy: Meta, ds: Meta, s: Meta, weight: Meta, rstd: Meta) -> Plan:
@@ -121,36 +111,13 @@ def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
     return dx, dx, dw, None
 
 
-ADD_RMS_NORM_BWD = declare(OpDecl(
-    name="add_rms_norm_bwd",
-    schema="Tensor dy, Tensor ds, Tensor s, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
-    describe="the add_rms_norm backward: (dx, dweight); dx is the residual's gradient too",
-    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
-    plan=plan_bwd,
-    reference=reference.add_rms_norm_bwd,
-    copies=lambda dy, ds, *_: unflattened(dy, ds),
-    front=False,
-    aot_cases=lambda arch: [
-        (x, x, x, w, stat) for x, w, stat in aot_norm_grid("add_rms_norm_bwd", arch)
-    ],
-))  # fmt: skip
-
-ADD_RMS_NORM = declare(OpDecl(
-    name="add_rms_norm",
-    schema="Tensor x, Tensor residual, Tensor weight, float eps=1e-06 -> (Tensor, Tensor)",
-    describe="(RMSNorm(x + residual) * weight, x + residual) over the last dim",
-    validate=lambda *args, reference=False: validate(*args, reference=reference),
-    plan=plan_fwd,
-    reference=reference.add_rms_norm_fwd,
-    backward=Backward(_grads, saves=("weight", "rstd"), saves_outputs=(1,)),
-    check_arrays=check_arrays,
-    stats=("rstd",),
-    copies=lambda x, residual, _w: unflattened(x, residual),
-    fwd_defaults=False,
-    aot_cases=lambda arch: [
-        (x, x, w, 1e-6, stats) for x, w, _ in aot_norm_grid(OP, arch) for stats in (True, False)
-    ],
-))  # fmt: skip
+ADD_RMS_NORM, ADD_RMS_NORM_BWD = _norms.declare_norm(
+    __name__, "Tensor x, Tensor residual, Tensor weight, float eps=1e-06 -> (Tensor, Tensor)",
+    "(RMSNorm(x + residual) * weight, x + residual) over the last dim",
+    Backward(_grads, saves=("weight", "rstd"), saves_outputs=(1,)), ("rstd",),
+    bwd=("Tensor dy, Tensor ds, Tensor s, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
+         "the add_rms_norm backward: (dx, dweight); dx is the residual's gradient too"),
+)  # fmt: skip
 
 # The call caches the torch fronts take (y and s only: no backward follows) and tests reach.
 _fwd_call, _y_call = ADD_RMS_NORM.call_stats, ADD_RMS_NORM.call

@@ -11,7 +11,12 @@ from greta_core.configs.blocks import kv_cache_blocks
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, memo
 from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for, check_array_float, float_dtypes
-from greta_core.ops._validate import GretaInputError, check_same_device, check_tensor
+from greta_core.ops._validate import (
+    GretaInputError,
+    check_same_device,
+    check_same_shape,
+    check_tensor,
+)
 from greta_core.ops.declare import Meta, OpDecl, declare
 
 OP = "kv_cache_append"
@@ -30,21 +35,14 @@ def validate(
     check_tensor(OP, "v", v, dtypes=(k_cache.dtype,), ndim=4)
     check_tensor(OP, "cache_lens", cache_lens, dtypes=(torch.int32,), ndim=1, contiguous=True)
     batch, heads, _, head_dim = k_cache.shape
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise GretaInputError(
-            f"{OP}: argument 'v_cache' has shape {tuple(v_cache.shape)}; expected "
-            f"{tuple(k_cache.shape)} (the shape of k_cache)"
-        )
+    check_same_shape(OP, k_cache=k_cache, v_cache=v_cache)
     for name, t in (("k", k), ("v", v)):
         if (t.shape[0], t.shape[1], t.shape[3]) != (batch, heads, head_dim):
             raise GretaInputError(
                 f"{OP}: argument '{name}' has shape {tuple(t.shape)}; expected "
                 f"({batch}, {heads}, new_tokens, {head_dim})"
             )
-    if tuple(v.shape) != tuple(k.shape):
-        raise GretaInputError(
-            f"{OP}: arguments 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} differ"
-        )
+    check_same_shape(OP, k=k, v=v)
     if cache_lens.shape[0] != batch:
         raise GretaInputError(
             f"{OP}: argument 'cache_lens' has {cache_lens.shape[0]} entries; expected {batch}"

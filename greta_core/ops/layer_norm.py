@@ -4,29 +4,12 @@ its backward's kernel op greta::layer_norm_bwd."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from greta_core import reference
-from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
-from greta_core.ops._rows import (
-    aot_norm_grid,
-    arch_for,
-    check_array_param,
-    check_array_rows,
-    check_rows_input,
-    check_vector,
-    norm_bwd_plan,
-    param_dtypes,
-    row_plan,
-    row_stats,
-    rows_stride,
-    unflattened,
-)
-from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
-from greta_core.ops.declare import Backward, Meta, OpDecl, declare
-from greta_core.ops.rms_norm import check_stats
+from greta_core.ops import _interp_compat, _norms
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity
+from greta_core.ops._rows import row_kernel_plan, rows_stride
+from greta_core.ops.declare import Backward, Meta
 
 OP = "layer_norm"
 _interp_compat.apply()
@@ -36,33 +19,18 @@ def validate(
     x: Any, weight: Any, bias: Any | None = None, eps: float = 1e-5, reference: bool = False
 ) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_rows_input(OP, "x", x, reference)
-    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
-    if bias is not None:
-        check_vector(OP, "bias", bias, x.shape[-1], (weight.dtype,))
-    check_same_device(OP, x=x, weight=weight, bias=bias)
-    return arch_for(OP, x, reference)
+    return _norms.validate_fwd(OP, x, weight, bias, reference)
 
 
 def validate_bwd(
     dy: Any, x: Any, weight: Any, mean: Any, rstd: Any, reference: bool = False
 ) -> str:
     """Check the backward's inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_rows_input(OP, "x", x, reference)
-    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
-    check_rows_input(OP, "dy", dy, reference)
-    check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
-    check_same_shape(OP, dy=dy, x=x)
-    check_stats(OP, x, reference, mean=mean, rstd=rstd)
-    check_same_device(OP, dy=dy, x=x, mean=mean, rstd=rstd)
-    return arch_for(OP, x, reference)
+    return _norms.validate_bwd(OP, dy, x, weight, reference, mean=mean, rstd=rstd)
 
 
 def check_arrays(x: Any, weight: Any, bias: Any | None, eps: float) -> None:
-    check_array_rows(OP, "x", x)
-    check_array_param(OP, "weight", weight, x)
-    if bias is not None:
-        check_array_param(OP, "bias", bias, x)
+    _norms.check_arrays(OP, x, weight, bias)
 
 
 # --- launch plans: (x [..., N], weight, bias or None) and (dy, x, weight, mean, rstd) -----
@@ -73,29 +41,15 @@ def plan_fwd(arch: str, x: Meta, weight: Meta, bias: Meta | None, eps: float, st
     bias the kernel gets the weight in its place (never read: HAS_BIAS is False)."""
     from greta_core.kernels.layer_norm import layer_norm_fwd_kernel
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
     has_bias = bias is not None
     mean, rstd = (Out(1), Out(2)) if stats else (Out(0), Out(0))
-    launch = Launch(
-        layer_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), In(2 if has_bias else 1), n_cols, rows_stride(x), eps, Out(0), mean, rstd),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "HAS_BIAS": has_bias,
-         "STORE_STATS": stats},
-        rp.options,
-    )  # fmt: skip
-    buffers = (Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 2))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
+    args = (In(0), In(1), In(2 if has_bias else 1), x.shape[-1], rows_stride(x), eps, Out(0),
+            mean, rstd)  # fmt: skip
+    flags = {"HAS_BIAS": has_bias, "STORE_STATS": stats}
+    return row_kernel_plan(OP, arch, layer_norm_fwd_kernel, x, args, flags, 1, 2 * stats)
 
 
-def plan_bwd(arch: str, dy: Meta, x: Meta, weight: Meta, mean: Meta, rstd: Meta) -> Plan:
-    """Buffers: dx, fp32 partials, dweight, dbias (weight dtype); deterministic."""
-    from greta_core.kernels.layer_norm import layer_norm_bwd_kernel
-
-    return norm_bwd_plan(
-        "layer_norm_bwd", layer_norm_bwd_kernel, 5, 2, x.shape, rows_stride(dy), rows_stride(x),
-        x.dtype, weight.dtype, arch,
-    )  # fmt: skip
+plan_bwd = _norms.plan_bwd(OP, 2)
 
 
 # --- the declarations -------------------------------------------------------------------
@@ -109,40 +63,13 @@ def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
     return dx, dw, (None if saved.bias is None else db), None
 
 
-LAYER_NORM_BWD = declare(OpDecl(
-    name="layer_norm_bwd",
-    schema="Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd"
-           " -> (Tensor, Tensor, Tensor)",
-    describe="the LayerNorm backward: (dx, dweight, dbias)",
-    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
-    plan=plan_bwd,
-    reference=reference.layer_norm_bwd,
-    copies=lambda dy, x, *_: unflattened(dy, x),
-    front=False,
-    aot_cases=lambda arch: [
-        (x, x, w, stat, stat) for x, w, stat in aot_norm_grid("layer_norm_bwd", arch)
-    ],
-))  # fmt: skip
-
-LAYER_NORM = declare(OpDecl(
-    name="layer_norm",
-    schema="Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05 -> Tensor",
-    describe="LayerNorm over the last dim",
-    validate=lambda *args, reference=False: validate(*args, reference=reference),
-    plan=plan_fwd,
-    reference=reference.layer_norm_fwd,
-    backward=Backward(_grads, saves=("x", "weight", "bias", "mean", "rstd")),
-    check_arrays=check_arrays,
-    stats=("mean", "rstd"),
-    copies=lambda x, *_: unflattened(x),
-    fwd_defaults=False,
-    aot_cases=lambda arch: [
-        (x, w, w if bias else None, 1e-5, stats)
-        for x, w, _ in aot_norm_grid(OP, arch)
-        for stats in (True, False)
-        for bias in (True, False)
-    ],
-))  # fmt: skip
+LAYER_NORM, LAYER_NORM_BWD = _norms.declare_norm(
+    __name__, "Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05 -> Tensor",
+    "LayerNorm over the last dim",
+    Backward(_grads, saves=("x", "weight", "bias", "mean", "rstd")), ("mean", "rstd"),
+    bwd=("Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd -> (Tensor, Tensor, Tensor)",
+         "the LayerNorm backward: (dx, dweight, dbias)"),
+)  # fmt: skip
 
 # The call caches the torch fronts take (y only: no backward follows) and tests reach.
 _fwd_call, _y_call = LAYER_NORM.call_stats, LAYER_NORM.call

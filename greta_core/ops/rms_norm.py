@@ -4,34 +4,12 @@ backward's kernel op greta::rms_norm_bwd."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from greta_core import reference
-from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
-from greta_core.ops._rows import (
-    aot_norm_grid,
-    arch_for,
-    check_array_param,
-    check_array_rows,
-    check_rows_input,
-    check_vector,
-    norm_bwd_plan,
-    param_dtypes,
-    row_plan,
-    row_stats,
-    rows_stride,
-    stat_dtypes,
-    unflattened,
-)
-from greta_core.ops._validate import (
-    GretaInputError,
-    check_same_device,
-    check_same_shape,
-    check_tensor,
-)
-from greta_core.ops.declare import Backward, Meta, OpDecl, declare
+from greta_core.ops import _interp_compat, _norms
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity
+from greta_core.ops._rows import row_kernel_plan, rows_stride
+from greta_core.ops.declare import Backward, Meta
 
 OP = "rms_norm"
 _interp_compat.apply()
@@ -39,38 +17,16 @@ _interp_compat.apply()
 
 def validate(x: Any, weight: Any, eps: float = 1e-6, reference: bool = False) -> str:
     """Check the inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_rows_input(OP, "x", x, reference)
-    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
-    check_same_device(OP, x=x, weight=weight)
-    return arch_for(OP, x, reference)
-
-
-def check_stats(op: str, x: Any, reference: bool, **stats: Any) -> None:
-    """A norm's saved statistics: fp32 (float64 on the reference path), one per row."""
-    rows = x.numel() // x.shape[-1]
-    for name, t in stats.items():
-        check_tensor(op, name, t, dtypes=stat_dtypes(reference), contiguous=True)
-        if t.numel() != rows:
-            raise GretaInputError(
-                f"{op}: argument '{name}' has {t.numel()} elements; expected one per row ({rows})"
-            )
+    return _norms.validate_fwd(OP, x, weight, None, reference)
 
 
 def validate_bwd(dy: Any, x: Any, weight: Any, rstd: Any, reference: bool = False) -> str:
     """Check the backward's inputs; returns the arch to launch on. Raises GretaInputError."""
-    check_rows_input(OP, "x", x, reference)
-    check_vector(OP, "weight", weight, x.shape[-1], param_dtypes(x.dtype))
-    check_rows_input(OP, "dy", dy, reference)
-    check_tensor(OP, "dy", dy, dtypes=(x.dtype,))
-    check_same_shape(OP, dy=dy, x=x)
-    check_stats(OP, x, reference, rstd=rstd)
-    check_same_device(OP, dy=dy, x=x, rstd=rstd)
-    return arch_for(OP, x, reference)
+    return _norms.validate_bwd(OP, dy, x, weight, reference, rstd=rstd)
 
 
 def check_arrays(x: Any, weight: Any, eps: float) -> None:
-    check_array_rows(OP, "x", x)
-    check_array_param(OP, "weight", weight, x)
+    _norms.check_arrays(OP, x, weight)
 
 
 # --- launch plans: (x [..., N], weight [N]) and (dy, x, weight, rstd) ---------------------
@@ -81,26 +37,11 @@ def plan_fwd(arch: str, x: Meta, weight: Meta, eps: float, stats: bool) -> Plan:
     gets y's pointer for it and STORE_RSTD off)."""
     from greta_core.kernels.rms_norm import rms_norm_fwd_kernel  # the declaration imports no Triton
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
-    launch = Launch(
-        rms_norm_fwd_kernel, (n_rows,),
-        (In(0), In(1), n_cols, rows_stride(x), eps, Out(0), Out(1 if stats else 0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "STORE_RSTD": stats},
-        rp.options,
-    )  # fmt: skip
-    buffers = (Buffer(x.shape, x.dtype), *row_stats(stats, n_rows, 1))
-    return Plan(OP, arch, buffers, (launch,) if n_rows else (), tuple(range(len(buffers))))
+    args = (In(0), In(1), x.shape[-1], rows_stride(x), eps, Out(0), Out(1 if stats else 0))
+    return row_kernel_plan(OP, arch, rms_norm_fwd_kernel, x, args, {"STORE_RSTD": stats}, 1, stats)
 
 
-def plan_bwd(arch: str, dy: Meta, x: Meta, weight: Meta, rstd: Meta) -> Plan:
-    """Buffers: dx (x's shape), fp32 partials, dweight; deterministic (fixed-order sums)."""
-    from greta_core.kernels.rms_norm import rms_norm_bwd_kernel
-
-    return norm_bwd_plan(
-        "rms_norm_bwd", rms_norm_bwd_kernel, 4, 1, x.shape, rows_stride(dy), rows_stride(x),
-        x.dtype, weight.dtype, arch,
-    )  # fmt: skip
+plan_bwd = _norms.plan_bwd(OP, 1)
 
 
 # --- the declarations -------------------------------------------------------------------
@@ -112,36 +53,12 @@ def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
     return dx, dw, None
 
 
-RMS_NORM_BWD = declare(OpDecl(
-    name="rms_norm_bwd",
-    schema="Tensor dy, Tensor x, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
-    describe="the RMSNorm backward: (dx, dweight)",
-    validate=lambda *args, reference=False: validate_bwd(*args, reference=reference),
-    plan=plan_bwd,
-    reference=reference.rms_norm_bwd,
-    copies=lambda dy, x, *_: unflattened(dy, x),
-    front=False,
-    aot_cases=lambda arch: [
-        (x, x, w, stat) for x, w, stat in aot_norm_grid("rms_norm_bwd", arch)
-    ],
-))  # fmt: skip
-
-RMS_NORM = declare(OpDecl(
-    name="rms_norm",
-    schema="Tensor x, Tensor weight, float eps=1e-06 -> Tensor",
-    describe="RMSNorm over the last dim",
-    validate=lambda *args, reference=False: validate(*args, reference=reference),
-    plan=plan_fwd,
-    reference=reference.rms_norm_fwd,
-    backward=Backward(_grads, saves=("x", "weight", "rstd")),
-    check_arrays=check_arrays,
-    stats=("rstd",),
-    copies=lambda x, _w: unflattened(x),
-    fwd_defaults=False,
-    aot_cases=lambda arch: [
-        (x, w, 1e-6, stats) for x, w, _ in aot_norm_grid(OP, arch) for stats in (True, False)
-    ],
-))  # fmt: skip
+RMS_NORM, RMS_NORM_BWD = _norms.declare_norm(
+    __name__, "Tensor x, Tensor weight, float eps=1e-06 -> Tensor", "RMSNorm over the last dim",
+    Backward(_grads, saves=("x", "weight", "rstd")), ("rstd",),
+    bwd=("Tensor dy, Tensor x, Tensor weight, Tensor rstd -> (Tensor, Tensor)",
+         "the RMSNorm backward: (dx, dweight)"),
+)  # fmt: skip
 
 # The call caches the torch fronts take (y only: no backward follows) and tests reach.
 _fwd_call, _y_call = RMS_NORM.call_stats, RMS_NORM.call

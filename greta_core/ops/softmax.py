@@ -4,18 +4,17 @@ from them."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from greta_core import reference
 from greta_core.ops import _interp_compat
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, run
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity, run
 from greta_core.ops._rows import (
     TRITON_DTYPE_NAMES,
     arch_for,
     check_array_rows,
     check_rows_input,
-    row_plan,
+    row_kernel_plan,
     row_stride,
     unflattened,
 )
@@ -49,27 +48,17 @@ def plan_fwd(arch: str, x: Meta) -> Plan:
     """Buffers: y (x's shape and dtype)."""
     from greta_core.kernels.softmax import softmax_fwd_kernel  # the plans import no Triton
 
-    n_rows, n_cols = math.prod(x.shape[:-1]), x.shape[-1]
-    rp = row_plan(OP, arch, n_cols)
-    launch = Launch(
-        softmax_fwd_kernel, (n_rows,), (In(0), n_cols, row_stride(x.shape, x.strides), Out(0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
-    )  # fmt: skip
-    return Plan(OP, arch, (Buffer(x.shape, x.dtype),), (launch,) if n_rows else (), (0,))
+    args = (In(0), x.shape[-1], row_stride(x.shape, x.strides), Out(0))
+    return row_kernel_plan(OP, arch, softmax_fwd_kernel, x, args)
 
 
 def plan_bwd(arch: str, dy: Meta, y: Meta) -> Plan:
     """Buffers: dx (y's shape and dtype)."""
     from greta_core.kernels.softmax import softmax_bwd_kernel
 
-    n_rows, n_cols = math.prod(y.shape[:-1]), y.shape[-1]
-    rp = row_plan("softmax_bwd", arch, n_cols)
     strides = (row_stride(dy.shape, dy.strides), row_stride(y.shape, y.strides))
-    launch = Launch(
-        softmax_bwd_kernel, (n_rows,), (In(0), In(1), n_cols, *strides, Out(0)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
-    )  # fmt: skip
-    return Plan("softmax_bwd", arch, (Buffer(y.shape, y.dtype),), (launch,) if n_rows else (), (0,))
+    args = (In(0), In(1), y.shape[-1], *strides, Out(0))
+    return row_kernel_plan("softmax_bwd", arch, softmax_bwd_kernel, y, args)
 
 
 # --- JAX arrays' checks, AOT cases ---------------------------------------------------------

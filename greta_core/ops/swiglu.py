@@ -10,7 +10,13 @@ from typing import Any
 from greta_core import configs, reference
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
-from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for, check_array_float, float_dtypes
+from greta_core.ops._rows import (
+    TRITON_DTYPE_NAMES,
+    arch_for,
+    check_array_float,
+    check_arrays_alike,
+    float_dtypes,
+)
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
 from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
@@ -76,15 +82,9 @@ def _plan(op: str, arch: str, n_inputs: int, shape: tuple[int, ...], dtype: str,
 
 def _check_arrays(op: str) -> Any:
     def check(gate: Any, up: Any) -> None:
-        from greta_core.errors import GretaInputError
-
         check_array_float(op, "gate", gate)
         check_array_float(op, "up", up)
-        if gate.shape != up.shape or gate.dtype != up.dtype:
-            raise GretaInputError(
-                f"{op}: arguments 'gate' {gate.shape} {gate.dtype} and 'up' {up.shape} "
-                f"{up.dtype} must have one shape and dtype"
-            )
+        check_arrays_alike(op, "gate", gate, "up", up)
 
     return check
 

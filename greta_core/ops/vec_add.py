@@ -7,7 +7,7 @@ from typing import Any
 
 from greta_core import configs, reference
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity, run
-from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for
+from greta_core.ops._rows import TRITON_DTYPE_NAMES, arch_for, check_arrays_alike
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
 from greta_core.ops.declare import Backward, Meta, OpDecl, declare
 
@@ -47,13 +47,7 @@ def plan(arch: str, x: Meta, y: Meta) -> Plan:
 
 
 def check_arrays(x: Any, y: Any) -> None:
-    from greta_core.errors import GretaInputError
-
-    if x.shape != y.shape or x.dtype != y.dtype:
-        raise GretaInputError(
-            f"vec_add: arguments 'x' {x.shape} {x.dtype} and 'y' {y.shape} {y.dtype} "
-            "must have one shape and dtype"
-        )
+    check_arrays_alike(OP, "x", x, "y", y)
 
 
 def _grads(call: Any, grads: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
