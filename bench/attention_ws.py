@@ -2,8 +2,9 @@
 """Hopper warp-specialised attention on the installed Triton, against cuDNN SDPA.
 
 The seventh session found Triton 3.6's sm_90 warp specialisation unusable for attention
-(``bench/attention_autows.py``: the 128-row layouts hang or abort, the 64-row ones run
-1.7-2.6x slower). This script asks the same of whatever Triton is installed (the lock now
+(with these kernels, causal only, in a script this one replaces: the 128-row layouts hang or
+abort, the 64-row ones run 1.7-2.6x slower). This script asks the same of whatever Triton is
+installed (the lock now
 ships 3.8/3.9), on issue 26's grid: head_dim 64 and 128, S 2048-8192, causal and not, MHA
 and GQA (4 query heads per KV head), 16384 tokens per batch, hidden 2048 (32 heads at D64,
 16 at D128), bf16.

@@ -9,12 +9,10 @@ versions side by side in one session (runs are appended, with metadata):
 Each GRETA op is timed beside the PyTorch eager op it replaces (vendor), through
 ``torch.ops.greta`` and the raw API, on decode-sized inputs (no tensor requires grad; grad
 mode stays on, as in a user's eager call), with the ratio to the vendor's time (issue 13's
-target: at most 1.5x). Every case gets 200 warm-up calls; then ``--rounds`` rounds each
-time every case once, a batch of ``--calls`` calls (the GPU synchronised after each batch,
-outside the timed region), in an order rotated each round. A case's time is the median
-over rounds, and its ratio the median of the per-round ratios to the vendor timed in the
-same round: on a shared host the vendor's own time moves by 30% between runs, and
-interleaving keeps that drift out of the ratio. ``--cpu N`` pins the process to one core.
+target: at most 1.5x). Timing follows ``bench/interleaved.py`` (shared with
+``bench/grad_overhead.py``): every case gets 200 warm-up calls, then ``--rounds`` rounds of
+``--calls`` calls per case, interleaved; a case's time is the median over rounds, its ratio
+the median of the per-round ratios to the vendor. ``--cpu N`` pins the process to one core.
 Cases the tree under test lacks are recorded as skipped.
 """
 
@@ -23,12 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling interleaved.py
+from interleaved import (
+    add_times,
+    interleaved_host_us,
+    print_cases,
+    ratios_to_vendor,
+    runnable_cases,
+)
 
 # (group, variant, case name): each GRETA op beside the PyTorch eager op it stands for.
 # The rms_norm / vec_add / softmax names are those of earlier runs (comparable across runs).
@@ -141,19 +147,6 @@ def _op_call(ops: Any, op: str, args: tuple[Any, ...]) -> Callable[[], Any]:
     return lambda: fn(*args)
 
 
-def greta_vs_vendor(per_round: dict[tuple[str, str], list[float]]) -> dict[str, dict[str, float]]:
-    """Per group: the median over rounds of torch.ops.greta's and raw's host time over the
-    vendor's in the same round (times taken seconds apart, so a drift of the machine
-    cancels)."""
-    out: dict[str, dict[str, float]] = {}
-    for (group, variant), times in per_round.items():
-        vendor = per_round.get((group, "vendor"))
-        if variant in ("torch.ops.greta", "raw") and vendor:
-            ratios = [t / v for t, v in zip(times, vendor, strict=True)]
-            out.setdefault(group, {})[variant] = round(statistics.median(ratios), 2)
-    return out
-
-
 def host_us(fn: Callable[[], Any], calls: int) -> float:
     """One case alone: 200 warm-up calls, then the minimum over 5 batches of `calls` calls
     (GPU synchronised after each batch, untimed); host_path_breakdown's rule."""
@@ -172,33 +165,6 @@ def host_us(fn: Callable[[], Any], calls: int) -> float:
     return best
 
 
-def interleaved_host_us(
-    fns: dict[Any, Callable[[], Any]], calls: int, rounds: int
-) -> dict[Any, list[float]]:
-    """Per case, its host time per call in each round. Each round times every case once (a
-    batch of `calls` calls, the GPU synchronised after it, untimed), in an order rotated by
-    one each round: a drift of the machine (clocks, other tenants) reaches every case
-    alike, and a case and its vendor are timed seconds apart."""
-    import torch
-
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    torch.cuda.synchronize()
-    names = list(fns)
-    out: dict[Any, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            fn = fns[name]
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name].append((time.perf_counter() - start) / calls * 1e6)
-            torch.cuda.synchronize()
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True, help="name of this run (e.g. the tree)")
@@ -214,27 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     import greta_core
     from greta_core.bench.metadata import collect
 
-    rows: list[dict[str, Any]] = []
-    runnable: dict[tuple[str, str], Callable[[], Any]] = {}
-    for (group, variant, name), fn, why in cases():
-        row: dict[str, Any] = {"case": name, "group": group, "variant": variant}
-        if fn is None:
-            row["skipped"] = why
-        else:
-            try:
-                fn()
-                torch.cuda.synchronize()
-                runnable[(group, variant)] = fn
-            except Exception as exc:  # an op this tree cannot run here: say so, go on
-                row["skipped"] = f"{type(exc).__name__}: {exc}"[:200]
-        rows.append(row)
-    per_round = interleaved_host_us(runnable, args.calls, args.rounds)
-    for row in rows:
-        times = per_round.get((row["group"], row["variant"]))
-        if times:
-            row["host_us_per_call"] = round(statistics.median(times), 2)
-            row["host_us_min"] = round(min(times), 2)
-    ratios = greta_vs_vendor(per_round)
+    rows, runnable = runnable_cases(
+        (({"case": name, "group": group, "variant": variant}, fn, why)
+         for (group, variant, name), fn, why in cases()),
+        torch.cuda.synchronize,
+    )  # fmt: skip
+    per_round = interleaved_host_us(runnable, args.calls, args.rounds, 200, torch.cuda.synchronize)
+    add_times(rows, per_round)
+    ratios = ratios_to_vendor(per_round, ("torch.ops.greta", "raw"), 2)
     run = {
         "label": args.label,
         "greta_core": str(Path(greta_core.__file__).parent.parent.name),
@@ -249,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["runs"].append(run)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    for row in rows:
-        value = row.get("host_us_per_call")
-        shown = f"{value:8.1f} us/call" if value is not None else f"skipped: {row['skipped']}"
-        print(f"{args.label:8} {row['case']:42} {shown}")
+    print_cases(rows, "{:8.1f} us/call", f"{args.label:8} ")
     print(f"{args.label:8} host time per call / vendor's, median of {args.rounds} rounds "
           f"(target <= {TARGET}):")  # fmt: skip
     for group, by in ratios.items():

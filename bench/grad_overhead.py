@@ -2,11 +2,10 @@
 
 Issue 25's training target: for every op, ``torch.ops.greta.<op>`` forward and backward
 together cost at most 1.5x the host time of the PyTorch eager op it replaces. The sibling of
-``bench/binding_overhead.py`` (no-grad calls), with the same timing rule: every case gets
-warm-up calls, then ``--rounds`` rounds each time every case once (a batch of ``--calls``
-forward+backward calls, the device synchronised after each batch, outside the timed region),
-in an order rotated each round; a case's time is the median over rounds and its ratio the
-median of the per-round ratios to its vendor (interleaving keeps a drifting host out of it).
+``bench/binding_overhead.py`` (no-grad calls), with the same timing rule, in
+``bench/interleaved.py``: every case gets ``--warmup`` calls, then ``--rounds`` rounds of
+``--calls`` forward+backward calls per case, interleaved; a case's time is the median over
+rounds and its ratio the median of the per-round ratios to its vendor.
 
 A call is ``torch.autograd.grad(op(*inputs), inputs, grad_outputs)``: the forward, the
 autograd graph and the backward, with no gradient accumulated into ``.grad``. Inputs are
@@ -25,12 +24,19 @@ import argparse
 import csv
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling interleaved.py
+from interleaved import (
+    add_times,
+    interleaved_host_us,
+    print_cases,
+    ratios_to_vendor,
+    runnable_cases,
+)
 
 TARGET = 1.5  # issue 25: forward+backward host time per op within 1.5x PyTorch eager
 
@@ -141,39 +147,6 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
-def interleaved_host_us(
-    fns: dict[Any, Step], calls: int, rounds: int, warmup: int, sync: Callable[[], None]
-) -> dict[Any, list[float]]:
-    """Per case, its host time per call in each round (see the module docstring)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    sync()
-    names = list(fns)
-    out: dict[Any, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        k = r % len(names) if names else 0
-        for name in names[k:] + names[:k]:
-            fn = fns[name]
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name].append((time.perf_counter() - start) / calls * 1e6)
-            sync()
-    return out
-
-
-def ratios(per_round: dict[tuple[str, str], list[float]]) -> dict[str, float]:
-    """Per group: the median over rounds of GRETA's time over the vendor's in that round."""
-    out = {}
-    for (group, variant), times in per_round.items():
-        vendor = per_round.get((group, "vendor"))
-        if variant == "torch.ops.greta" and vendor:
-            per = [t / v for t, v in zip(times, vendor, strict=True)]
-            out[group] = round(statistics.median(per), 3)
-    return out
-
-
 CSV_FIELDS = ("group", "variant", "case", "host_us_per_call", "host_us_min", "ratio_to_vendor",
               "within_target", "skipped")  # fmt: skip
 
@@ -194,30 +167,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from greta_core.bench.metadata import collect
 
-    rows: list[dict[str, Any]] = []
-    runnable: dict[tuple[str, str], Step] = {}
     sync = _sync(args.device)
-    for group, variant, name, step, why in cases(args.device, args.tiny):
-        row: dict[str, Any] = {"group": group, "variant": variant, "case": name}
-        if isinstance(step, Exception):
-            row["skipped"] = f"{type(step).__name__}: {step}"[:200]
-        elif step is None:
-            row["skipped"] = why
-        else:
-            try:
-                step()
-                sync()
-                runnable[(group, variant)] = step
-            except Exception as exc:  # recorded; the others still run
-                row["skipped"] = f"{type(exc).__name__}: {exc}"[:200]
-        rows.append(row)
+    rows, runnable = runnable_cases(
+        (({"group": group, "variant": variant, "case": name}, step, why)
+         for group, variant, name, step, why in cases(args.device, args.tiny)),
+        sync,
+    )  # fmt: skip
     per_round = interleaved_host_us(runnable, args.calls, args.rounds, args.warmup, sync)
-    by_group = ratios(per_round)
+    by_group = {
+        group: by["torch.ops.greta"]
+        for group, by in ratios_to_vendor(per_round, ("torch.ops.greta",), 3).items()
+    }
+    add_times(rows, per_round)
     for row in rows:
-        times = per_round.get((row["group"], row["variant"]))
-        if times:
-            row["host_us_per_call"] = round(statistics.median(times), 2)
-            row["host_us_min"] = round(min(times), 2)
         if row["variant"] == "torch.ops.greta" and row["group"] in by_group:
             row["ratio_to_vendor"] = by_group[row["group"]]
             row["within_target"] = by_group[row["group"]] <= TARGET
@@ -241,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: row.get(k, "") for k in CSV_FIELDS})
-    for row in rows:
-        value = row.get("host_us_per_call")
-        shown = f"{value:9.1f} us/fwd+bwd" if value is not None else f"skipped: {row['skipped']}"
-        print(f"{row['case']:42} {shown}")
+    print_cases(rows, "{:9.1f} us/fwd+bwd")
     print(f"fwd+bwd host time / PyTorch eager's, median of {args.rounds} rounds "
           f"(target <= {TARGET}):")  # fmt: skip
     for group, ratio in by_group.items():

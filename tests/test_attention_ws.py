@@ -47,6 +47,9 @@ def test_classify_keeps_results_and_names_where_the_child_stopped(ws) -> None:
     rows = ws.classify(1, "", "Traceback\nImportError: no module\n", 1)
     assert rows[0]["status"] == "failed" and rows[0]["detail"] == "ImportError: no module"
     assert ws.classify(0, f"{ok}\n{ok}\n", "", 2) == [json.loads(ok[7:])] * 2
+    # A child that hung before its first launch, or ended silently.
+    assert ws.classify(None, "", "", 1)[0]["detail"] == "no result within the time limit (set-up)"
+    assert ws.classify(3, "", "", 1) == [{"index": 0, "status": "failed", "detail": "exit code 3"}]
 
 
 def test_summary_takes_the_best_passing_config_per_pass(ws) -> None:

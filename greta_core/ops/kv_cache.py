@@ -184,6 +184,7 @@ KV_CACHE_APPEND = declare(OpDecl(
     ),
     front=False,
     aot_cases=_aot,
+    aot_unit_ints=True,  # a decode step appends one token: n_new == 1
 ))  # fmt: skip
 
 

@@ -235,6 +235,7 @@ ROPE = declare(OpDecl(
     backward=Backward(_rope_grads, saves=("cos", "sin")),
     check_arrays=check_arrays,
     aot_cases=_aot_rope,
+    aot_unit_ints=True,  # a contiguous x's last stride is 1
 ))  # fmt: skip
 
 ROPE_POSITIONS = declare(OpDecl(
@@ -247,6 +248,7 @@ ROPE_POSITIONS = declare(OpDecl(
     backward=Backward(_positions_grads, saves=("positions",)),
     check_arrays=check_arrays_positions,
     aot_cases=_aot_positions,
+    aot_unit_ints=True,  # a contiguous x's last stride and positions' stride are 1
 ))  # fmt: skip
 
 # The raw API (greta_core.raw) and the call caches the torch fronts and tests reach.
