@@ -17,6 +17,7 @@ from _smoke_faults import fault_env, site_packages
 
 from greta_install.doctor.checks import CHECKS
 from greta_install.doctor.facts import Facts, InstalledDist
+from greta_install.doctor.model import CheckResult
 from greta_install.doctor.runner import run_check
 from greta_install.environment import ptxas
 from greta_install.install import smoke
@@ -51,7 +52,9 @@ def fake_ptxas(folder: Path, output: str, *, exit_code: int = 0) -> Path:
     return path
 
 
-def layout(tmp_path: Path, wheel: str | None, system: str | None, rel: str = "nvidia/cu13/bin"):
+def layout(
+    tmp_path: Path, wheel: str | None, system: str | None, rel: str = "nvidia/cu13/bin"
+) -> tuple[Path, Path, Path]:
     """A site-packages with the wheel's ptxas (unless None) and a system bin folder with the
     toolkit's ptxas (unless None); returns (site, system bin, wheel bin)."""
     site = tmp_path / "site-packages"
@@ -66,7 +69,12 @@ def layout(tmp_path: Path, wheel: str | None, system: str | None, rel: str = "nv
     return site, system_bin, wheel_bin
 
 
-def judge(facts: ptxas.PtxasFacts, *, target: str = "cuda", dists=WITH_JAX):
+def judge(
+    facts: ptxas.PtxasFacts,
+    *,
+    target: str | None = "cuda",
+    dists: tuple[InstalledDist, ...] = WITH_JAX,
+) -> CheckResult:
     return run_check(CHECK, Facts(live=True, target=target, dists=dists, ptxas=facts))
 
 

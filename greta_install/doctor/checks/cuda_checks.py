@@ -47,7 +47,7 @@ def check_ptxas(facts: Facts) -> Finding:
         what = (
             f"XLA finds {other.described} {_where(other, facts)}"
             if other
-            else (f"no ptxas on PATH or in {TOOLKIT_BIN} either")
+            else f"no ptxas on PATH or in {TOOLKIT_BIN} either"
         )
         return skip(
             "no ptxas from NVIDIA wheels in this environment (looked in "
@@ -75,7 +75,7 @@ def check_ptxas(facts: Facts) -> Finding:
         return warn(
             f"cannot tell whether {other.path} ({_where(other, facts)}) assembles the PTX of "
             f"this Triton: the version of {', '.join(p.path for p in unknown)} is unknown "
-            f"({said}); {WHY}. Putting the wheel's folder first on PATH is safe either way",
+            f"({said}); {WHY}. The fix puts the locked wheel's ptxas first either way",
             fix,
             **details,
         )
