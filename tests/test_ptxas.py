@@ -8,13 +8,17 @@ version is '9.0'") although the nvidia-cuda-nvcc 13.5 wheel installed a newer pt
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from _smoke_faults import fault_env, site_packages
 
+from greta_install.detection.system_view import LiveSystem
+from greta_install.doctor import collect
 from greta_install.doctor.checks import CHECKS
 from greta_install.doctor.facts import Facts, InstalledDist
 from greta_install.doctor.model import CheckResult
@@ -252,6 +256,26 @@ def test_wheel_dir_command_prints_this_environments_folder(tmp_path: Path) -> No
     fake_ptxas(wheel_bin, PTXAS_13_5)
     present = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     assert present.returncode == 0 and Path(present.stdout.strip()) == wheel_bin
+
+
+def test_the_doctor_collects_it_on_the_cuda_target_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`greta doctor`'s collection, live: this process's PATH and site-packages (both
+    replaced by fakes here), the probes stubbed out (they are not what is tested)."""
+    site, system_bin, wheel_bin = layout(tmp_path, PTXAS_13_5, PTXAS_13_0)
+    monkeypatch.setenv("PATH", f"{system_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(ptxas, "this_site_dirs", lambda: [site])
+    quiet = lambda section: [sys.executable, "-c", "pass"]  # noqa: E731
+    facts = collect.collect_facts(LiveSystem(), target="cuda", probe_command=quiet)
+    assert facts.ptxas is not None
+    assert facts.ptxas.first == ptxas.Ptxas(str(system_bin / "ptxas"), (13, 0))
+    assert facts.ptxas.wheel_dir == str(wheel_bin)
+    result = run_check(CHECK, dataclasses.replace(facts, dists=WITH_JAX))
+    assert result.status == "fail" and result.fix == f'export PATH="{wheel_bin}:$PATH"'
+    elsewhere = collect.collect_facts(LiveSystem(), target="cpu", probe_command=quiet)
+    assert elsewhere.ptxas is None
+    assert run_check(CHECK, elsewhere).status == "skip"
 
 
 # --- the smoke test's message ---------------------------------------------------------------
