@@ -300,30 +300,50 @@ def differs(pins: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def pinned_to_another_torch(lock_pins: dict[str, str]) -> dict[str, str]:
-    """{name: its torch requirement} for each installed distribution the lock does not pin
-    whose requirement the installed torch does not meet (the image's torchvision and
-    torchaudio are built for its own torch: under the lock's, importing them fails, and
-    transformers imports them)."""
-    import importlib.metadata as md
+# torch's companions are compiled against one torch build (its C++ ABI, its CUDA): the
+# image's copy breaks under another torch even where it declares no torch requirement
+# (the image's torchaudio 2.11 declares none; under torch 2.15 transformers then failed to
+# import: "PyTorch and TorchAudio were compiled with different CUDA versions").
+TORCH_COMPANIONS = frozenset({"torchaudio", "torchvision"})
 
+
+def built_for_another_torch(
+    dists: list[tuple[str, list[str]]], torch_version: str, lock_pins: dict[str, str]
+) -> dict[str, str]:
+    """{name: why} for each (name, Requires-Dist lines) the lock does not pin that needs
+    another torch: a torch requirement `torch_version` does not meet, or a companion of
+    torch's (TORCH_COMPANIONS) whatever it declares."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
     from packaging.version import Version
 
-    torch = Version(md.version("torch"))
-    out = {}
-    for dist in md.distributions():
-        name = dist.metadata["Name"]
-        if not name or canonicalize_name(name) in lock_pins or canonicalize_name(name) == "torch":
+    torch = Version(torch_version)
+    out: dict[str, str] = {}
+    for name, requires in dists:
+        key = canonicalize_name(name)
+        if key in lock_pins or key == "torch":
             continue
-        for line in dist.requires or ():
+        for line in requires:
             req = Requirement(line)
-            applies = req.marker is None or req.marker.evaluate()
+            applies = req.marker is None or req.marker.evaluate({"extra": ""})
             met = req.specifier.contains(torch, prereleases=True)
-            if req.name == "torch" and applies and req.specifier and not met:
+            if canonicalize_name(req.name) == "torch" and applies and req.specifier and not met:
                 out[name] = str(req)
+        if key in TORCH_COMPANIONS and name not in out:
+            out[name] = f"compiled against one torch build; the lock pins no {key}"
     return out
+
+
+def pinned_to_another_torch(lock_pins: dict[str, str]) -> dict[str, str]:
+    """built_for_another_torch over this interpreter's distributions and torch."""
+    import importlib.metadata as md
+
+    dists = [
+        (dist.metadata["Name"], list(dist.requires or ()))
+        for dist in md.distributions()
+        if dist.metadata["Name"]
+    ]
+    return built_for_another_torch(dists, md.version("torch"), lock_pins)
 
 
 def install(args: argparse.Namespace) -> None:

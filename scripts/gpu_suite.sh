@@ -88,6 +88,17 @@ step() {
 
 COMMIT=${GRETA_SUITE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)}
 STACK=${GRETA_STACK:-image}
+# On the locked stack, do what `greta doctor`'s cuda.ptxas tells a user: the environment's
+# NVIDIA wheel ptxas first on PATH. XLA assembles jax-triton's kernels with the first ptxas
+# it finds, and the image's CUDA 13.0 one refuses Triton 3.9's PTX ("Unsupported .version").
+if [[ $STACK == locked* ]]; then
+    if PTXAS_DIR=$(python3 -m greta_install.environment.ptxas --wheel-dir 2>/dev/null); then
+        export PATH="$PTXAS_DIR:$PATH"
+        note "$(printf '%-13s %-14s %s' ptxas wheel "first on PATH: $PTXAS_DIR ($(ptxas --version | grep -o 'release [0-9.]*'))")"
+    else
+        note "$(printf '%-13s %-14s %s' ptxas system "no NVIDIA wheel ptxas here: $(command -v ptxas || echo none) stays first")"
+    fi
+fi
 python3 - "$STACK" "$COMMIT" >"$WORK/versions.txt" 2>&1 <<'PY'
 import importlib.metadata as md, json, pathlib, sys
 names = ("torch", "triton", "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-triton",

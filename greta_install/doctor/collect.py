@@ -365,6 +365,11 @@ def collect_facts(
         )
         with contextlib.suppress(Exception):
             facts.wheel_archs = collect_wheel_archs(facts.target, facts.python.minor, facts.dists)
+    if facts.target == "cuda":
+        with contextlib.suppress(Exception):
+            from greta_install.environment import ptxas
+
+            facts.ptxas = ptxas.collect(ptxas.this_site_dirs())
     sections = ["torch"]
     if facts.dists is None or any(d.name == "jax" for d in facts.dists):
         sections.append("jax")

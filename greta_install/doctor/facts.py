@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from greta_install.doctor.multi_gpu_facts import MultiGpuFacts
+    from greta_install.environment.ptxas import PtxasFacts
     from greta_install.locks.lockfile import Lock
     from greta_install.model import Detection
 
@@ -125,6 +126,8 @@ class Facts:
     env_fixes: str | None = None
     # top-level framework package -> how much of it has bytecode (greta_install.environment.bytecode)
     bytecode: dict[str, Any] | None = None
+    # the ptxas XLA finds first and the NVIDIA wheels' one (collected on the cuda target only)
+    ptxas: PtxasFacts | None = None
 
     def dist(self, name: str) -> InstalledDist | None:
         for d in self.dists or ():

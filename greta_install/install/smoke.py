@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from greta_install.environment.ptxas import UNSUPPORTED_PTX, export_line, site_dirs_of, wheel_ptxas
+
 CHILD = Path(__file__).with_name("smoke_child.py")
 GPU_TIMEOUT_S = 600.0  # first Triton compiles on a cold GPU machine
 CPU_TIMEOUT_S = 180.0
@@ -35,6 +37,13 @@ NUMERIC = (
     "greta doctor   # this torch computes wrong numbers on this GPU (a build without its "
     "arch, an override to a foreign arch, or a known-bad arch such as gfx1033); "
     "greta install --target cpu runs on the CPU",
+)
+
+# XLA assembled Triton's PTX with an older ptxas than the one the environment's wheels bring.
+OLD_PTXAS = (
+    "cuda.ptxas (the ptxas XLA finds is not older than the NVIDIA wheels' one)",
+    "XLA assembles jax-triton's kernels with the first ptxas it finds, here one older "
+    "than Triton's PTX; the environment's nvidia-cuda-nvcc wheel has a newer one",
 )
 
 # step -> (doctor check that explains a failure, the usual fix)
@@ -76,6 +85,13 @@ class SmokeReport:
     seconds: float = 0.0
     stderr_tail: str = ""
     planned: list[str] = field(default_factory=list)  # the steps the child said it would run
+    # the environment's NVIDIA wheel ptxas folder, looked up when a step failed on XLA's
+    # older ptxas ("Unsupported .version"): the fix puts it first on PATH
+    ptxas_dir: str | None = None
+
+    @property
+    def old_ptxas(self) -> bool:
+        return any(s.failed and UNSUPPORTED_PTX in (s.error or "") for s in self.steps)
 
     @property
     def missing(self) -> list[str]:
@@ -120,6 +136,15 @@ class SmokeReport:
         check, fix = DIAGNOSIS.get(step.name, ("", "greta doctor"))
         if any(words in (step.error or "") for words in NO_KERNEL_FOR_ARCH):
             check, fix = ARCH_FIX
+        if UNSUPPORTED_PTX in (step.error or ""):
+            check, fix = (
+                OLD_PTXAS[0],
+                (
+                    f"{export_line(self.ptxas_dir)}   # {OLD_PTXAS[1]}, then run it again"
+                    if self.ptxas_dir
+                    else f"greta doctor   # {OLD_PTXAS[1]}; cuda.ptxas names the folder"
+                ),
+            )
         return f"smoke test step '{step.name}' failed: {step.error}; doctor: {check}; fix: {fix}"
 
     def to_json(self) -> dict[str, Any]:
@@ -272,6 +297,9 @@ def run_smoke(
         errfile.close()
         workdir.cleanup()
     report.returncode = proc.returncode
+    if report.old_ptxas:
+        found = wheel_ptxas(site_dirs_of(python))
+        report.ptxas_dir = str(found.parent) if found else None
     report.seconds = time.perf_counter() - start
     return report
 

@@ -11,6 +11,7 @@ from greta_install.doctor.model import Finding
 from . import (
     backends_checks,
     container,
+    cuda_checks,
     devices,
     env_fixes,
     gpu,
@@ -65,6 +66,11 @@ CHECKS: tuple[Check, ...] = (
         "jax.versions", "jax, jaxlib, plugin and pjrt versions agree", jax_checks.check_versions, 11
     ),
     Check("jax.gpu", "GPU visible to jax (plugin loads)", jax_checks.check_gpu, 11),
+    Check(
+        "cuda.ptxas",
+        "the ptxas XLA finds is not older than the NVIDIA wheels' one",
+        cuda_checks.check_ptxas,
+    ),
     Check("lock.installed", "installed versions match the lock", lock_checks.check_installed),
     Check("lock.env", "the lock's environment variables are in effect", lock_checks.check_env),
     Check("env.fixes", "persisted environment fixes are readable", env_fixes.check_env_fixes),
