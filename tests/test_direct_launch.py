@@ -408,7 +408,7 @@ def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
                  Launch(b, (2, 3), (Out(1), 8, Out(0)), {"BLOCK": 32})), (0,))  # fmt: skip
     cache = _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
     x = torch.ones(4)
-    (y0,) = cache.launch_args(_plan._identity, False, (x,))  # Triton's path for both
+    (_y0,) = cache.launch_args(_plan._identity, False, (x,))  # Triton's path for both
     assert len(a.triton_path) == len(b.triton_path) == 1
     (ready,) = cache._ready.values()
     assert type(ready) is _calls.ReadyLaunch
