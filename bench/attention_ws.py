@@ -351,12 +351,12 @@ def dq_kernel(
 
 
 def row_halves(rows: int, ws: bool) -> int:
-    """2 where a warp-specialised loop's consumer warp groups split the program's rows (128
-    rows: one 64-row half each), else 1. The kernel then loads and keeps the two halves
-    apart: Triton 3.9's Hopper warp specialisation splits a 128-row descriptor load into
-    64-row copies but keeps the 128-row descriptor ("descriptor block and tensor must have
-    the same number of elements"), and a pointer load of the tile it refuses outright
-    ("unsupported load type for producer commit")."""
+    """2 where a warp-specialised loop's two consumer warp groups split the program's rows
+    (a 128-row tile: one 64-row half each), else 1. The kernel then loads and keeps the two
+    halves apart (the same math per row): Triton 3.9's Hopper warp specialisation splits a
+    128-row descriptor load into 64-row copies but keeps the 128-row descriptor ("descriptor
+    block and tensor must have the same number of elements"), and a pointer load of the tile
+    it refuses outright ("unsupported load type for producer commit")."""
     return 2 if ws and rows >= 128 else 1
 
 
@@ -403,8 +403,10 @@ def compile_only(cfg: tuple[Any, ...], d: int, causal: bool = True) -> dict[str,
     out: dict[str, Any] = {"status": "compiled"}
     for name, fn, bm, bn, extra in _kernels(cfg):
         constexprs = {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal, **extra}
-        halves = extra.get("HALVES", 1)
-        sig = {**_signature(name, d, bm, bn, halves), **{k: "constexpr" for k in constexprs}}
+        sig = {
+            **_signature(name, d, bm, bn, extra["HALVES"]),
+            **{k: "constexpr" for k in constexprs},
+        }
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs)
         compiled = triton.compile(
             src,
