@@ -122,14 +122,38 @@ def _fwd_step(q, k, v, m_i, l_i, acc, qk_scale, offs_m, offs_n, MASK: tl.constex
 
 
 @triton.jit
+def _fwd_rows(q0, q1, k, v, m0, l0, acc0, m1, l1, acc1, qk_scale, offs_m0, offs_m1, offs_n,
+              MASK: tl.constexpr, HALVES: tl.constexpr):  # fmt: skip
+    """One key block for the program's rows: one tile, or two halves (HALVES == 2) that
+    share k and v."""
+    m0, l0, acc0 = _fwd_step(q0, k, v, m0, l0, acc0, qk_scale, offs_m0, offs_n, MASK)
+    if HALVES == 2:
+        m1, l1, acc1 = _fwd_step(q1, k, v, m1, l1, acc1, qk_scale, offs_m1, offs_n, MASK)
+    return m0, l0, acc0, m1, l1, acc1
+
+
+@triton.jit
+def _fwd_store(o_ptr, lse_ptr, acc, m_i, l_i, row0, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    # Pointer stores: a descriptor store of a tile the consumer groups split fails to
+    # verify on Triton 3.6.
+    rows = (row0 + tl.arange(0, ROWS)).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(o_ptr.dtype.element_ty))
+    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+
+
+@triton.jit
 def fwd_kernel(
     desc_q, desc_k, desc_v, o_ptr, lse_ptr, sm_scale, S, H_Q, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SPLIT: tl.constexpr, WS: tl.constexpr,
+    CAUSAL: tl.constexpr, SPLIT: tl.constexpr, WS: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
     """One program per (query block, batch x query head); causal programs run the longest
     rows first. SPLIT: the blocks left of the diagonal unmasked in the (warp-specialised)
-    loop, the diagonal block masked after it."""
+    loop, the diagonal block masked after it. HALVES == 2: the BLOCK_M rows as two halves
+    (two q loads, two softmax states), one per consumer warp group (see row_halves)."""
+    ROWS: tl.constexpr = BLOCK_M // HALVES
     if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
         pid_m = tl.cdiv(S, BLOCK_M) - 1 - tl.program_id(0)
     else:
@@ -137,14 +161,20 @@ def fwd_kernel(
     pid_bh = tl.program_id(1)
     h_kv = (pid_bh % H_Q) // GROUP
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_m0 = start_m + tl.arange(0, ROWS)
+    offs_m1 = offs_m0 + ROWS
     offs_n0 = tl.arange(0, BLOCK_N)
     q_row = pid_bh * S + start_m
     kv_row0 = ((pid_bh // H_Q) * (H_Q // GROUP) + h_kv) * S
-    q = desc_q.load([q_row, 0])
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    q0 = desc_q.load([q_row, 0])
+    m0 = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+    l0 = tl.zeros((ROWS,), dtype=tl.float32)
+    acc0 = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+    if HALVES == 2:  # noqa: SIM108 (Triton: a constexpr branch)
+        q1 = desc_q.load([q_row + ROWS, 0])
+    else:
+        q1 = q0  # unused: one tile
+    m1, l1, acc1 = m0, l0, acc0
     qk_scale = sm_scale * LOG2E
     if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
         hi = start_m + BLOCK_M
@@ -155,49 +185,77 @@ def fwd_kernel(
         for start_n in tl.range(0, lo_diag, BLOCK_N, warp_specialize=WS):
             k = desc_k.load([kv_row0 + start_n, 0])
             v = desc_v.load([kv_row0 + start_n, 0])
-            m_i, l_i, acc = _fwd_step(
-                q, k, v, m_i, l_i, acc, qk_scale, offs_m, start_n + offs_n0, False
-            )
+            m0, l0, acc0, m1, l1, acc1 = _fwd_rows(
+                q0, q1, k, v, m0, l0, acc0, m1, l1, acc1, qk_scale, offs_m0, offs_m1,
+                start_n + offs_n0, False, HALVES,
+            )  # fmt: skip
         for start_n in tl.range(lo_diag, hi, BLOCK_N):
             k = desc_k.load([kv_row0 + start_n, 0])
             v = desc_v.load([kv_row0 + start_n, 0])
-            m_i, l_i, acc = _fwd_step(
-                q, k, v, m_i, l_i, acc, qk_scale, offs_m, start_n + offs_n0, CAUSAL
-            )
+            m0, l0, acc0, m1, l1, acc1 = _fwd_rows(
+                q0, q1, k, v, m0, l0, acc0, m1, l1, acc1, qk_scale, offs_m0, offs_m1,
+                start_n + offs_n0, CAUSAL, HALVES,
+            )  # fmt: skip
     else:
         for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
             k = desc_k.load([kv_row0 + start_n, 0])
             v = desc_v.load([kv_row0 + start_n, 0])
-            m_i, l_i, acc = _fwd_step(
-                q, k, v, m_i, l_i, acc, qk_scale, offs_m, start_n + offs_n0, CAUSAL
-            )
-    out = acc / l_i[:, None]
-    # Pointer stores: a descriptor store of a tile the consumer groups split fails to
-    # verify on Triton 3.6.
+            m0, l0, acc0, m1, l1, acc1 = _fwd_rows(
+                q0, q1, k, v, m0, l0, acc0, m1, l1, acc1, qk_scale, offs_m0, offs_m1,
+                start_n + offs_n0, CAUSAL, HALVES,
+            )  # fmt: skip
+    _fwd_store(o_ptr, lse_ptr, acc0, m0, l0, q_row, HEAD_DIM, ROWS)
+    if HALVES == 2:
+        _fwd_store(o_ptr, lse_ptr, acc1, m1, l1, q_row + ROWS, HEAD_DIM, ROWS)
+
+
+@triton.jit
+def _dkdv_step(k, v, q, do, dk, dv, lse2, delta, qk_scale, offs_n, offs_m, CAUSAL: tl.constexpr):
+    p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
+    if CAUSAL:
+        p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+    dv = tl.dot(p_t.to(do.dtype), do, dv)
+    ds_t = p_t * (tl.dot(v, do.T) - delta[None, :])
+    dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_store(dk_ptr, dv_ptr, dk, dv, sm_scale, row0, HEAD_DIM: tl.constexpr,
+                ROWS: tl.constexpr):  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = (pid_bh * S + offs_m).to(tl.int64)
-    tl.store(o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(o_ptr.dtype.element_ty))
-    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    ptrs = (row0 + tl.arange(0, ROWS)).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(dk_ptr + ptrs, (dk * sm_scale).to(dk_ptr.dtype.element_ty))
+    tl.store(dv_ptr + ptrs, dv.to(dv_ptr.dtype.element_ty))
 
 
 @triton.jit
 def dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, lse_ptr, delta_ptr, dk_ptr, dv_ptr, sm_scale, S, H_Q,
     GROUP, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, WS: tl.constexpr,
+    CAUSAL: tl.constexpr, WS: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
     """One program per (key block, batch x KV head); one flat loop over the GQA group's
-    query heads and the query blocks that see these keys."""
+    query heads and the query blocks that see these keys. HALVES == 2: the BLOCK_N key rows
+    as two halves (see row_halves)."""
+    ROWS: tl.constexpr = BLOCK_N // HALVES
     pid_bkv = tl.program_id(1)
     h_kv = pid_bkv % (H_Q // GROUP)
     start_n = tl.program_id(0) * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_n0 = start_n + tl.arange(0, ROWS)
+    offs_n1 = offs_n0 + ROWS
     kv_row = pid_bkv * S + start_n
-    k = desc_k.load([kv_row, 0])
-    v = desc_v.load([kv_row, 0])
+    k0 = desc_k.load([kv_row, 0])
+    v0 = desc_v.load([kv_row, 0])
+    if HALVES == 2:
+        k1 = desc_k.load([kv_row + ROWS, 0])
+        v1 = desc_v.load([kv_row + ROWS, 0])
+    else:
+        k1, v1 = k0, v0  # unused: one tile
     qk_scale = sm_scale * LOG2E
-    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dk0 = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+    dv0 = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+    dk1, dv1 = dk0, dv0
     if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
         lo = start_n // BLOCK_M * BLOCK_M
     else:
@@ -213,24 +271,40 @@ def dkdv_kernel(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         lse2 = tl.load(lse_ptr + row + tl.arange(0, BLOCK_M)) * LOG2E
         delta = tl.load(delta_ptr + row + tl.arange(0, BLOCK_M))
-        p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
-        if CAUSAL:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, do.T) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dk0, dv0 = _dkdv_step(k0, v0, q, do, dk0, dv0, lse2, delta, qk_scale, offs_n0, offs_m,
+                              CAUSAL)  # fmt: skip
+        if HALVES == 2:
+            dk1, dv1 = _dkdv_step(k1, v1, q, do, dk1, dv1, lse2, delta, qk_scale, offs_n1,
+                                  offs_m, CAUSAL)  # fmt: skip
+    _dkdv_store(dk_ptr, dv_ptr, dk0, dv0, sm_scale, kv_row, HEAD_DIM, ROWS)
+    if HALVES == 2:
+        _dkdv_store(dk_ptr, dv_ptr, dk1, dv1, sm_scale, kv_row + ROWS, HEAD_DIM, ROWS)
+
+
+@triton.jit
+def _dq_step(q, do, k, v, dq, lse2, delta, qk_scale, offs_m, offs_n, CAUSAL: tl.constexpr):
+    p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
+    if CAUSAL:
+        p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+    ds = p * (tl.dot(do, v.T) - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq)
+
+
+@triton.jit
+def _dq_store(dq_ptr, dq, sm_scale, row0, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    ptrs = (kv_row + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(dk_ptr + ptrs, (dk * sm_scale).to(dk_ptr.dtype.element_ty))
-    tl.store(dv_ptr + ptrs, dv.to(dv_ptr.dtype.element_ty))
+    ptrs = (row0 + tl.arange(0, ROWS)).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(dq_ptr + ptrs, (dq * sm_scale).to(dq_ptr.dtype.element_ty))
 
 
 @triton.jit
 def dq_kernel(
     desc_q, desc_k, desc_v, desc_do, lse_ptr, delta_ptr, dq_ptr, sm_scale, S, H_Q, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, WS: tl.constexpr,
+    CAUSAL: tl.constexpr, WS: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
+    """HALVES == 2: the BLOCK_M query rows as two halves (see row_halves)."""
+    ROWS: tl.constexpr = BLOCK_M // HALVES
     if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
         pid_m = tl.cdiv(S, BLOCK_M) - 1 - tl.program_id(0)
     else:
@@ -239,15 +313,24 @@ def dq_kernel(
     h_kv = (pid_bh % H_Q) // GROUP
     start_m = pid_m * BLOCK_M
     row = pid_bh * S + start_m
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    rows = row + tl.arange(0, BLOCK_M)
-    q = desc_q.load([row, 0])
-    do = desc_do.load([row, 0])
-    lse2 = tl.load(lse_ptr + rows) * LOG2E
-    delta = tl.load(delta_ptr + rows)
+    offs_m0 = start_m + tl.arange(0, ROWS)
+    offs_m1 = offs_m0 + ROWS
+    rows0 = row + tl.arange(0, ROWS)
+    q0 = desc_q.load([row, 0])
+    do0 = desc_do.load([row, 0])
+    lse2_0 = tl.load(lse_ptr + rows0) * LOG2E
+    delta0 = tl.load(delta_ptr + rows0)
+    if HALVES == 2:
+        q1 = desc_q.load([row + ROWS, 0])
+        do1 = desc_do.load([row + ROWS, 0])
+        lse2_1 = tl.load(lse_ptr + rows0 + ROWS) * LOG2E
+        delta1 = tl.load(delta_ptr + rows0 + ROWS)
+    else:  # unused: one tile
+        q1, do1, lse2_1, delta1 = q0, do0, lse2_0, delta0
     qk_scale = sm_scale * LOG2E
     kv_row0 = ((pid_bh // H_Q) * (H_Q // GROUP) + h_kv) * S
-    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    dq0 = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+    dq1 = dq0
     offs_n0 = tl.arange(0, BLOCK_N)
     if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
         hi = start_m + BLOCK_M
@@ -256,29 +339,41 @@ def dq_kernel(
     for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
         k = desc_k.load([kv_row0 + start_n, 0])
         v = desc_v.load([kv_row0 + start_n, 0])
-        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
-        if CAUSAL:
-            p = tl.where((start_n + offs_n0)[None, :] <= offs_m[:, None], p, 0.0)
-        ds = p * (tl.dot(do, v.T) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
-    offs_d = tl.arange(0, HEAD_DIM)
-    ptrs = rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(dq_ptr + ptrs, (dq * sm_scale).to(dq_ptr.dtype.element_ty))
+        offs_n = start_n + offs_n0
+        dq0 = _dq_step(q0, do0, k, v, dq0, lse2_0, delta0, qk_scale, offs_m0, offs_n, CAUSAL)
+        if HALVES == 2:
+            dq1 = _dq_step(q1, do1, k, v, dq1, lse2_1, delta1, qk_scale, offs_m1, offs_n, CAUSAL)
+    _dq_store(dq_ptr, dq0, sm_scale, row, HEAD_DIM, ROWS)
+    if HALVES == 2:
+        _dq_store(dq_ptr, dq1, sm_scale, row + ROWS, HEAD_DIM, ROWS)
 
 
 # --- compile only (CPU) -----------------------------------------------------------------
 
 
-def _signature(kernel: str, d: int, bm: int, bn: int) -> dict[str, str]:
+def row_halves(rows: int, ws: bool) -> int:
+    """2 where a warp-specialised loop's two consumer warp groups split the program's rows
+    (a 128-row tile: one 64-row half each), else 1. The kernel then loads and keeps the two
+    halves apart (the same math per row): Triton 3.9's Hopper warp specialisation splits a
+    128-row descriptor load into 64-row copies but keeps the 128-row descriptor ("descriptor
+    block and tensor must have the same number of elements"), and a pointer load of the tile
+    it refuses outright ("unsupported load type for producer commit")."""
+    return 2 if ws and rows >= 128 else 1
+
+
+def _signature(kernel: str, d: int, bm: int, bn: int, halves: int = 1) -> dict[str, str]:
+    """The kernel's argument types; a descriptor of the rows the halves split holds one half."""
+    q_rows = bm // halves if kernel in ("fwd", "dq") else bm
+    kv_rows = bn // halves if kernel == "dkdv" else bn
     sig = {
-        "desc_q": f"tensordesc<bf16[{bm},{d}]>",
-        "desc_k": f"tensordesc<bf16[{bn},{d}]>",
-        "desc_v": f"tensordesc<bf16[{bn},{d}]>",
+        "desc_q": f"tensordesc<bf16[{q_rows},{d}]>",
+        "desc_k": f"tensordesc<bf16[{kv_rows},{d}]>",
+        "desc_v": f"tensordesc<bf16[{kv_rows},{d}]>",
     }
     if kernel == "fwd":
         sig.update({"o_ptr": "*bf16", "lse_ptr": "*fp32"})
     else:
-        sig.update({"desc_do": f"tensordesc<bf16[{bm},{d}]>", "lse_ptr": "*fp32",
+        sig.update({"desc_do": f"tensordesc<bf16[{q_rows},{d}]>", "lse_ptr": "*fp32",
                     "delta_ptr": "*fp32"})  # fmt: skip
         sig.update(
             {"dk_ptr": "*bf16", "dv_ptr": "*bf16"} if kernel == "dkdv" else {"dq_ptr": "*bf16"}
@@ -292,11 +387,12 @@ def _kernels(cfg: tuple[Any, ...]) -> list[tuple[str, Any, int, int, dict[str, A
     if cfg[0] == "bwd":
         _, bm1, bn1, bm2, bn2, _stages, _warps, ws = cfg
         return [
-            ("dkdv", dkdv_kernel, bm1, bn1, {"WS": ws}),
-            ("dq", dq_kernel, bm2, bn2, {"WS": ws}),
+            ("dkdv", dkdv_kernel, bm1, bn1, {"WS": ws, "HALVES": row_halves(bn1, ws)}),
+            ("dq", dq_kernel, bm2, bn2, {"WS": ws, "HALVES": row_halves(bm2, ws)}),
         ]
     kind, bm, bn, _stages, _warps, ws = cfg
-    return [("fwd", fwd_kernel, bm, bn, {"WS": ws, "SPLIT": kind == "fwd-split"})]
+    extra = {"WS": ws, "SPLIT": kind == "fwd-split", "HALVES": row_halves(bm, ws)}
+    return [("fwd", fwd_kernel, bm, bn, extra)]
 
 
 def compile_only(cfg: tuple[Any, ...], d: int, causal: bool = True) -> dict[str, Any]:
@@ -308,7 +404,10 @@ def compile_only(cfg: tuple[Any, ...], d: int, causal: bool = True) -> dict[str,
     out: dict[str, Any] = {"status": "compiled"}
     for name, fn, bm, bn, extra in _kernels(cfg):
         constexprs = {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal, **extra}
-        sig = {**_signature(name, d, bm, bn), **{k: "constexpr" for k in constexprs}}
+        sig = {
+            **_signature(name, d, bm, bn, extra["HALVES"]),
+            **{k: "constexpr" for k in constexprs},
+        }
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs)
         compiled = triton.compile(
             src,
@@ -464,12 +563,13 @@ def _one_shape(cfg: tuple[Any, ...], p: dict[str, Any], rep: int, desc: Any) -> 
     # plain 64x64 forward (no WS), which ran on Triton 3.6 already.
     fwd_cfg = ("fwd", 64, 64, 3, 4, False) if cfg[0] == "bwd" else cfg
     _, fbm, fbn, fstages, fwarps, fws = fwd_cfg
-    split = fwd_cfg[0] == "fwd-split"
+    split, halves = fwd_cfg[0] == "fwd-split", row_halves(fbm, fws)
 
     def fwd() -> None:
         fwd_kernel[(s // fbm, b * hq)](
-            desc(q, fbm), desc(k, fbn), desc(v, fbn), o, lse, scale, s, hq, group,
+            desc(q, fbm // halves), desc(k, fbn), desc(v, fbn), o, lse, scale, s, hq, group,
             HEAD_DIM=d, BLOCK_M=fbm, BLOCK_N=fbn, CAUSAL=causal, SPLIT=split, WS=fws,
+            HALVES=halves,
             num_warps=fwarps, num_stages=fstages,
         )  # fmt: skip
 
@@ -486,18 +586,19 @@ def _one_shape(cfg: tuple[Any, ...], p: dict[str, Any], rep: int, desc: Any) -> 
         return row
     _, bm1, bn1, bm2, bn2, stages, warps, ws = cfg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    h1, h2 = row_halves(bn1, ws), row_halves(bm2, ws)
 
     def bwd() -> None:
         delta = (o.float() * do.float()).sum(-1).reshape(-1)
         dkdv_kernel[(s // bn1, b * hkv)](
-            desc(q, bm1), desc(k, bn1), desc(v, bn1), desc(do, bm1), lse, delta, dk, dv,
-            scale, s, hq, group, HEAD_DIM=d, BLOCK_M=bm1, BLOCK_N=bn1, CAUSAL=causal, WS=ws,
-            num_warps=warps, num_stages=stages,
+            desc(q, bm1), desc(k, bn1 // h1), desc(v, bn1 // h1), desc(do, bm1), lse, delta,
+            dk, dv, scale, s, hq, group, HEAD_DIM=d, BLOCK_M=bm1, BLOCK_N=bn1, CAUSAL=causal,
+            WS=ws, HALVES=h1, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         dq_kernel[(s // bm2, b * hq)](
-            desc(q, bm2), desc(k, bn2), desc(v, bn2), desc(do, bm2), lse, delta, dq,
-            scale, s, hq, group, HEAD_DIM=d, BLOCK_M=bm2, BLOCK_N=bn2, CAUSAL=causal, WS=ws,
-            num_warps=warps, num_stages=stages,
+            desc(q, bm2 // h2), desc(k, bn2), desc(v, bn2), desc(do, bm2 // h2), lse, delta,
+            dq, scale, s, hq, group, HEAD_DIM=d, BLOCK_M=bm2, BLOCK_N=bn2, CAUSAL=causal,
+            WS=ws, HALVES=h2, num_warps=warps, num_stages=stages,
         )  # fmt: skip
 
     print("launching", flush=True)

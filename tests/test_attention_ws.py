@@ -5,6 +5,7 @@ cuDNN, and an sm_90 compile of one config into the warp-specialised form."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from _script_module import load_script
@@ -88,3 +89,84 @@ def test_dry_run_compiles_the_fa3_layout_into_warp_groups(ws, capsys, tmp_path) 
         == "python bench/attention_ws.py --dry-run --d 64 --only fwd:0 --out <out>/ws.json"
     )
     assert doc["triton"] and doc["head_dim"] == 64
+
+
+def _reference(q, k, v, do, causal: bool, scale: float):
+    """o, logsumexp and dq, dk, dv in float64 from the same inputs (GQA: each KV head
+    serves q.shape[1] // k.shape[1] query heads, its gradient summed over them)."""
+    import torch
+
+    group = q.shape[1] // k.shape[1]
+    qq, kk, vv = (t.double().requires_grad_() for t in (q, k, v))
+    ke, ve = (t.repeat_interleave(group, dim=1) for t in (kk, vv))
+    s = qq @ ke.transpose(-1, -2) * scale
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.softmax(s, -1) @ ve
+    o.backward(do.double())
+    return o.detach(), torch.logsumexp(s, -1).detach(), qq.grad, kk.grad, vv.grad
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_row_halves_keep_the_kernels_math(ws, causal: bool) -> None:
+    """The kernels in Triton's interpreter on a tiny GQA shape, the rows whole (HALVES=1)
+    and as the two halves the 128-row warp-specialised layouts use (HALVES=2): both match a
+    float64 reference within the bench's own bounds, and each other within one float16 step.
+    float16, not the bench's bf16: the kernels take their dtype from the inputs, and Triton
+    3.6's interpreter returns garbage for these bf16 kernels (the ones before the halves
+    too)."""
+    torch = pytest.importorskip("torch")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from greta_core.ops import _interp_compat
+
+    assert _interp_compat.apply(), "these launches need Triton's interpreter"
+
+    b, hq, hkv, s, d = 1, 4, 2, 64, 16
+    bm, bn = 32, 16  # forward and dq: BLOCK_M x BLOCK_N; dkdv: bn x bm (keys x queries)
+    scale, group = 1.0 / math.sqrt(d), hq // hkv
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(b, h, s, d, generator=gen).to(torch.float16)
+                   for h in (hq, hkv, hkv, hq))  # fmt: skip
+    ref_o, ref_lse, ref_dq, ref_dk, ref_dv = _reference(q, k, v, do, causal, scale)
+
+    def desc(t, rows: int):
+        flat = t.reshape(-1, d)
+        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d])
+
+    def rel(a, ref) -> float:
+        return float((a.double() - ref).norm() / ref.norm())
+
+    results = {}
+    for halves in (1, 2):
+        for split in (False, True):
+            o = torch.empty_like(q)
+            lse = torch.empty(b * hq * s, dtype=torch.float32)
+            ws.fwd_kernel[(s // bm, b * hq)](
+                desc(q, bm // halves), desc(k, bn), desc(v, bn), o, lse, scale, s, hq, group,
+                HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, SPLIT=split, WS=True,
+                HALVES=halves,
+            )  # fmt: skip
+            assert rel(o, ref_o) <= ws.MAX_REL, (halves, split)
+            # fp32 scores of 16-term products and exp2/log2: a few fp32 ulps.
+            torch.testing.assert_close(lse.view(b, hq, s).double(), ref_lse, rtol=1e-5, atol=1e-5)
+        delta = (o.float() * do.float()).sum(-1).reshape(-1)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ws.dkdv_kernel[(s // (2 * bm), b * hkv)](
+            desc(q, bn), desc(k, 2 * bm // halves), desc(v, 2 * bm // halves), desc(do, bn),
+            lse, delta, dk, dv, scale, s, hq, group, HEAD_DIM=d, BLOCK_M=bn, BLOCK_N=2 * bm,
+            CAUSAL=causal, WS=True, HALVES=halves,
+        )  # fmt: skip
+        ws.dq_kernel[(s // bm, b * hq)](
+            desc(q, bm // halves), desc(k, bn), desc(v, bn), desc(do, bm // halves), lse,
+            delta, dq, scale, s, hq, group, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+            WS=True, HALVES=halves,
+        )  # fmt: skip
+        for name, got, ref in (("dq", dq, ref_dq), ("dk", dk, ref_dk), ("dv", dv, ref_dv)):
+            assert rel(got, ref) <= 2 * ws.MAX_REL, (halves, name)
+        results[halves] = (o, dq, dk, dv)
+    # Same math per row in the same order; only an fp32 last bit from the matmul's blocking
+    # may differ, one float16 step of the stored value at most.
+    for whole, half in zip(results[1], results[2], strict=True):
+        torch.testing.assert_close(half, whole, rtol=2**-10, atol=0)
