@@ -36,14 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the index's sha256 or by downloading it; writes lock/hashes.toml, then regenerates",
     )
     parser.add_argument(
-        "--pylock",
-        action="store_true",
-        help="(network) only write each lock whose pins all carry hashes as "
-        "lock/targets/pylock.<target>-py<ver>.toml (PEP 751), as `greta lock` does after "
-        "resolving: default-index files at their public URLs (PyPI's JSON API), vendor files "
-        "from the vendor's index or the matrix's `urls`; nothing is re-resolved",
-    )
-    parser.add_argument(
         "--find-links",
         action="append",
         default=[],
@@ -102,11 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     docs = {lang: repo / "docs" / lang / "framework_versions.md" for lang in docsgen.LANGUAGES}
 
-    if args.pylock:
-        return _write_pylocks(out_dir, targets, pythons, matrix, hashes_path)
     if args.check:
         problems = lockgen.stale_locks(matrix, out_dir, filled=filled)
-        problems += _stale_pylocks(out_dir, matrix, targets, pythons)
         for lang, path in docs.items():
             if not path.is_file() or path.read_text(encoding="utf-8") != docsgen.render(
                 matrix, lang
@@ -178,90 +167,7 @@ def run(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(docsgen.render(matrix, lang), encoding="utf-8")
         print(f"{path.relative_to(repo)}: written")
-    # Each lock also as PEP 751, from the locks just written (their files looked up).
-    failed += _write_pylocks(out_dir, targets, pythons, matrix, hashes_path)
     return 1 if failed else 0
-
-
-def _write_pylocks(out: Path, targets, pythons, matrix, hashes_path: Path) -> int:  # type: ignore[no-untyped-def]
-    """The committed locks as PEP 751 files beside them. Default-index files get the
-    public index's URLs; a vendor file needs its index's page or a URL the matrix (or
-    lock/hashes.toml) records with its hash. A lock with a pin lacking either gets no
-    file, and the reason is printed."""
-    import json
-    import urllib.request
-
-    from greta_install.locks import lockgen, pylock
-    from greta_install.locks.lockfile import LockError, lock_filename, parse_lock
-
-    def fetch_json(name: str) -> dict:
-        url = pylock.PUBLIC_JSON.format(name=name)
-        with urllib.request.urlopen(url, timeout=lockgen.INDEX_TIMEOUT_S) as response:
-            return json.loads(response.read().decode("utf-8"))
-
-    recorded = [*_matrix_urls(matrix), *lockgen.load_filled_files(hashes_path)]
-    json_cache: dict[str, dict] = {}
-    said: set[str] = set()
-
-    def cached(pkg: str) -> dict:
-        if pkg not in json_cache:
-            json_cache[pkg] = fetch_json(pkg)
-        return json_cache[pkg]
-
-    def vendor(index: str, pkg: str, version: str) -> list[pylock.KnownFile]:
-        found = [f for (n, v, f) in recorded if n == pkg and v == version]
-        try:
-            found += lockgen.vendor_page_files(index, pkg, version, _fetch_text)
-        except OSError as exc:
-            if index not in said:  # the matrix's URLs stand in for its page
-                said.add(index)
-                print(f"{index}: unreachable ({exc.__class__.__name__})")
-        return found
-
-    failed = 0
-    for name, py, row in _rows(matrix, targets, pythons):
-        path = out / pylock.committed_name(name, py, row)
-        try:
-            txt = out / lock_filename(name, py, row)
-            lock = parse_lock(txt.read_text(encoding="utf-8"), name, py, txt.name).for_python(py)
-            unverified = [p.name for p in lock.packages if not p.hashes]
-            if unverified:
-                path.unlink(missing_ok=True)
-                print(f"{path.name}: not written: no hash locked for {', '.join(unverified)}")
-                continue
-            files = pylock.gather_files(lock, cached, vendor)
-            text = pylock.render_committed(lock, files, row)
-        except (LockError, pylock.PylockError, OSError, ValueError) as exc:
-            print(f"{path.name}: FAILED: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        path.write_text(text, encoding="utf-8")
-        print(f"{path.name}: {text.count('[[packages]]')} packages")
-    return 1 if failed else 0
-
-
-def _matrix_urls(matrix) -> list[tuple[str, str, object]]:  # type: ignore[no-untyped-def]
-    """(name, version, KnownFile) of every URL the matrix records with a hash."""
-    from greta_install.locks import pylock
-
-    out: list[tuple[str, str, object]] = []
-    for row in matrix.rows():
-        for pin in row.pins:
-            out += [(pin.name, pin.version, f) for f in pylock.url_files(pin.urls)]
-    return out
-
-
-def _stale_pylocks(folder: Path, matrix, targets: list[str], pythons: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
-    """The committed pylock files checked against the committed locks (offline)."""
-    from greta_install.locks import pylock
-    from greta_install.locks.lockfile import lock_filename, parse_lock
-
-    def load(target: str, python: str, row: str):  # type: ignore[no-untyped-def]
-        path = folder / lock_filename(target, python, row)
-        return parse_lock(path.read_text(encoding="utf-8"), target, python, path.name)
-
-    rows = [r for r in _rows(matrix, targets, pythons) if (folder / lock_filename(*r)).is_file()]
-    return pylock.stale_committed(folder, rows, load)
 
 
 def _rows(matrix, targets: list[str], pythons: list[str]):  # type: ignore[no-untyped-def]

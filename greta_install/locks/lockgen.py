@@ -45,7 +45,6 @@ from greta_install.locks.lockfile import (
     parse_lock,
 )
 from greta_install.locks.matrix import Matrix, Pin, Row, TargetSpec
-from greta_install.locks.pylock import KnownFile
 
 FORMAT_VERSION = "1"
 UV_TIMEOUT_S = 600
@@ -495,18 +494,6 @@ def _vendor_links(pin: Pin, fetch: Callable[[str], str]) -> list[tuple[str, str,
     return out
 
 
-def vendor_page_files(
-    index: str, name: str, version: str, fetch: Callable[[str], str]
-) -> list[KnownFile]:
-    """The files of name==version on a vendor's simple page that carry a sha256 fragment."""
-    pin = Pin(name=name, version=version, role="extra", pythons=(), index=index)
-    out = []
-    for filename, url, sha in _vendor_links(pin, fetch):
-        if sha is not None and matching_wheel(filename, name, version, None):
-            out.append(KnownFile(sha, filename, url))
-    return out
-
-
 def fill_hashes(
     matrix: Matrix,
     pythons: Sequence[str],
@@ -606,30 +593,4 @@ def load_filled(path: Path) -> dict[tuple[str, str, str], tuple[str, ...]]:
         if not isinstance(sha, str) or not sha.startswith("sha256:") or len(sha) != 71:
             raise LockGenError(f"{path.name}: {key[0]}: malformed sha256 {sha!r}")
         out[key] = tuple(sorted({*out.get(key, ()), sha}))
-    return out
-
-
-def load_filled_files(path: Path) -> list[tuple[str, str, KnownFile]]:
-    """(name, version, file) of every entry in lock/hashes.toml that names its URL."""
-    import tomllib
-
-    if not path.is_file():
-        return []
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise LockGenError(f"{path.name} is unreadable: {exc}") from None
-    out = []
-    for entry in data.get("file", []):
-        url, sha = entry.get("url"), entry.get("sha256")
-        if isinstance(url, str) and isinstance(sha, str) and url.startswith("https://"):
-            name = canonicalize_name(str(entry.get("name", "")))
-            filename = str(entry.get("filename") or url.rsplit("/", 1)[-1])
-            out.append(
-                (
-                    name,
-                    str(entry.get("version")),
-                    KnownFile(sha.removeprefix("sha256:"), filename, url),
-                )
-            )
     return out

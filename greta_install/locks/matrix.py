@@ -67,10 +67,6 @@ class Pin:
     # public records where the vendor index publishes none; `hash_source` says which.
     hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     hash_source: str | None = None
-    # Where a vendor file with a locked hash lives ("sha256:..." -> https URL), for the
-    # PEP 751 pylock files; only URLs that public records give with that hash (`url_source`).
-    urls: Mapping[str, str] = field(default_factory=dict)
-    url_source: str | None = None
     per_arch: bool = False  # name holds "{arch}": one distribution per GPU arch
     sdist: bool = False  # published only as a (pure-Python) source distribution
 
@@ -432,24 +428,6 @@ def _hashes(raw: Any, where: str, problems: list[str]) -> dict[str, tuple[str, .
     return out
 
 
-def _urls(raw: Any, where: str, problems: list[str]) -> dict[str, str]:
-    value = raw.get("urls", {})
-    if not isinstance(value, dict):
-        problems.append(f"{where}: `urls` must be a table of sha256 -> https URL")
-        return {}
-    out = {}
-    for sha, url in value.items():
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", sha) or not (
-            isinstance(url, str) and url.startswith("https://") and "#" not in url
-        ):
-            problems.append(f"{where}: urls.{sha} must map 'sha256:<64 hex>' to an https URL")
-            continue
-        out[sha] = url
-    if out and not raw.get("url_source"):
-        problems.append(f"{where}: `urls` needs `url_source` (where each URL was read)")
-    return out
-
-
 def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
     if not isinstance(raw, dict):
         problems.append(f"{where} must be a table")
@@ -490,8 +468,6 @@ def _build_pin(raw: Any, where: str, problems: list[str]) -> Pin | None:
         uncertain=_str(raw, "uncertain", where, problems, required=False),
         hashes=_hashes(raw, where, problems),
         hash_source=_str(raw, "hash_source", where, problems, required=False),
-        urls=_urls(raw, where, problems),
-        url_source=_str(raw, "url_source", where, problems, required=False),
         per_arch=bool(raw.get("per_arch", False)),
         sdist=bool(raw.get("sdist", False)),
     )
