@@ -140,6 +140,8 @@ def _run_case(op: str, shape: tuple[int, ...], impls: list[str]) -> list[dict[st
     import torch
     from triton.testing import do_bench
 
+    from greta_core.bench.timing import extra_peak_bytes
+
     diff, other = _inputs(op, shape, torch.bfloat16)
     # The fp32 reference: the eager code on fp32 copies.
     ref_in = [t.detach().float().requires_grad_() for t in diff]
@@ -177,13 +179,7 @@ def _run_case(op: str, shape: tuple[int, ...], impls: list[str]) -> list[dict[st
                 for g, r in zip(got, ref_all, strict=True)
             ]
             del got
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            step()
-            torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            peak = extra_peak_bytes(step) / 2**20
             ms = do_bench(step, warmup=5, rep=40, return_mode="median")
             row.update(status="ok", ms=ms, peak_mib=peak, rel_err=max(errs))
         except Exception as exc:

@@ -198,19 +198,24 @@ def family_config(family: Family, tiny: bool) -> Any:
 
 def build(family: Family, variant: str, device: str, dtype: Any, tiny: bool) -> Any:
     """The model for `variant`; the same weights for every variant (seeded init on the device)."""
-    import torch
     import transformers
 
-    if variant == "liger":
-        import liger_kernel.transformers as liger
-
-        getattr(liger, family.liger)()  # class mode: before instantiation
-    torch.manual_seed(0)
     cls = getattr(transformers, family.model_class)
+    return build_model(cls, family_config(family, tiny), variant, device, dtype, family.liger)
+
+
+def build_model(cls: Any, config: Any, variant: str, device: str, dtype: Any, liger: str) -> Any:
+    """`cls` from `config` in `variant` (Liger's `liger` patch in class mode, GRETA applied
+    after), seeded on the device so every variant starts from the same weights."""
+    import torch
+
+    if variant == "liger":
+        import liger_kernel.transformers as liger_kernel
+
+        getattr(liger_kernel, liger)()  # class mode: before instantiation
+    torch.manual_seed(0)
     with torch.device(device):
-        model = cls._from_config(
-            family_config(family, tiny), attn_implementation="sdpa", dtype=dtype
-        )
+        model = cls._from_config(config, attn_implementation="sdpa", dtype=dtype)
     if variant.startswith("greta"):
         from greta_core.transformers import apply_greta
 
@@ -219,7 +224,7 @@ def build(family: Family, variant: str, device: str, dtype: Any, tiny: bool) -> 
     return model
 
 
-def _tokens(vocab: int, batch: int, seq: int, seed: int, device: str) -> Any:
+def tokens(vocab: int, batch: int, seq: int, seed: int, device: str) -> Any:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -237,7 +242,7 @@ def _probe(model: Any, trainer: Any, vocab: int, device: str, seq: int) -> dict[
     """Logits of one eval batch, loss and selected gradients of one training step."""
     import torch
 
-    ids = _tokens(vocab, 1, seq, 1, device)
+    ids = tokens(vocab, 1, seq, 1, device)
     model.eval()
     with torch.no_grad():
         logits = model(ids).logits[:, -PROBE_KEEP:].float().cpu()
@@ -277,7 +282,7 @@ def _train(model: Any, trainer: Any, regime: Regime, vocab: int, device: str) ->
     import torch
 
     model.train()
-    batch = _tokens(vocab, regime.batch, regime.seq, 2, device)
+    batch = tokens(vocab, regime.batch, regime.seq, 2, device)
 
     def step() -> float:
         out = trainer(batch, labels=batch)
@@ -308,7 +313,7 @@ def _decode(model: Any, regime: Regime, vocab: int, device: str, variant: str) -
     import torch
 
     model.eval()
-    prompt = _tokens(vocab, regime.batch, regime.seq, 3, device)
+    prompt = tokens(vocab, regime.batch, regime.seq, 3, device)
     n = regime.new_tokens
     kw: dict[str, Any] = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
     if regime.kind == "generate-static":

@@ -43,6 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling hf_grid.py
+import hf_grid  # noqa: E402  (its model building and tokens: one place for both benches)
+
 VARIANTS = ("vanilla", "liger", "greta", "greta-attn", "greta-sdpa")
 FIELDS = (
     "shape", "variant", "status", "reason", "params", "batch", "seq",
@@ -122,31 +125,15 @@ def _sync(device: str) -> None:
 
 def _build(shape: Shape, variant: str, device: str, dtype: Any) -> Any:
     """The model for `variant`, same weights for every variant (seeded init on the device)."""
-    import torch
     from transformers import LlamaForCausalLM
 
-    if variant == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        apply_liger_kernel_to_llama()  # class mode: before instantiation
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM._from_config(
-            shape.config(), attn_implementation="sdpa", dtype=dtype
-        )
-    if variant.startswith("greta"):
-        from greta_core.transformers import apply_greta
-
-        attention = {"greta-sdpa": False, "greta-attn": "always"}.get(variant, True)
-        apply_greta(model, attention=attention)
-    return model
+    return hf_grid.build_model(
+        LlamaForCausalLM, shape.config(), variant, device, dtype, "apply_liger_kernel_to_llama"
+    )
 
 
 def _tokens(shape: Shape, batch: int, seq: int, seed: int, device: str) -> Any:
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, shape.vocab, (batch, seq), generator=gen).to(device)
+    return hf_grid.tokens(shape.vocab, batch, seq, seed, device)
 
 
 def _memory_split(model: Any, batch: Any) -> dict[str, float]:

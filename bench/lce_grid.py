@@ -191,6 +191,7 @@ def run_cell(
     import torch
 
     from greta_core import observe
+    from greta_core.bench.timing import extra_peak_bytes
 
     on_gpu = device != "cpu"
     if on_gpu:
@@ -218,13 +219,7 @@ def run_cell(
             row["dh_rel_err"], row["dw_rel_err"] = _rel(dh, ref_dh), _rel(dw, ref_dw)
             del loss, dh, dw
             if on_gpu:
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                step()
-                torch.cuda.synchronize()
-                row["extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                row["extra_gib"] = extra_peak_bytes(step) / 2**30
                 row["ms"] = do_bench(step, warmup=5, rep=40, return_mode="median")
             else:
                 row["ms"] = _median_ms(step)

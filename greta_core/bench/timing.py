@@ -31,6 +31,21 @@ class Timing:
     calls: int  # timed calls (0 when do_bench chose the count)
 
 
+def extra_peak_bytes(fn: Callable[[], Any]) -> int:
+    """CUDA/ROCm memory one call of `fn` needs beyond what is allocated before it (its
+    peak over the allocator's live bytes; the cache emptied first, so no freed block
+    hides it)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
 def synchronize(device: str) -> None:
     if device != "cpu":
         import torch
