@@ -144,6 +144,28 @@ def _fwd_store(o_ptr, lse_ptr, acc, m_i, l_i, row0, HEAD_DIM: tl.constexpr, ROWS
 
 
 @triton.jit
+def _query_block(S, H_Q, GROUP, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+                 CAUSAL: tl.constexpr):  # fmt: skip
+    """A query-block program's place, for the forward and dq: (its first row in the flat
+    [B*Hq*S] rows, its KV head's first row, start_m, the end of its key range, the offsets
+    of its two row halves). Causal programs run the longest rows first."""
+    if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
+        pid_m = tl.cdiv(S, BLOCK_M) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    h_kv = (pid_bh % H_Q) // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m0 = start_m + tl.arange(0, ROWS)
+    kv_row0 = ((pid_bh // H_Q) * (H_Q // GROUP) + h_kv) * S
+    if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
+        hi = start_m + BLOCK_M
+    else:
+        hi = S
+    return pid_bh * S + start_m, kv_row0, start_m, hi, offs_m0, offs_m0 + ROWS
+
+
+@triton.jit
 def fwd_kernel(
     desc_q, desc_k, desc_v, o_ptr, lse_ptr, sm_scale, S, H_Q, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -154,18 +176,10 @@ def fwd_kernel(
     loop, the diagonal block masked after it. HALVES == 2: the BLOCK_M rows as two halves
     (two q loads, two softmax states), one per consumer warp group (see row_halves)."""
     ROWS: tl.constexpr = BLOCK_M // HALVES
-    if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
-        pid_m = tl.cdiv(S, BLOCK_M) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    h_kv = (pid_bh % H_Q) // GROUP
-    start_m = pid_m * BLOCK_M
-    offs_m0 = start_m + tl.arange(0, ROWS)
-    offs_m1 = offs_m0 + ROWS
+    q_row, kv_row0, start_m, hi, offs_m0, offs_m1 = _query_block(
+        S, H_Q, GROUP, BLOCK_M, ROWS, CAUSAL
+    )
     offs_n0 = tl.arange(0, BLOCK_N)
-    q_row = pid_bh * S + start_m
-    kv_row0 = ((pid_bh // H_Q) * (H_Q // GROUP) + h_kv) * S
     q0 = desc_q.load([q_row, 0])
     m0 = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
     l0 = tl.zeros((ROWS,), dtype=tl.float32)
@@ -176,10 +190,6 @@ def fwd_kernel(
         q1 = q0  # unused: one tile
     m1, l1, acc1 = m0, l0, acc0
     qk_scale = sm_scale * LOG2E
-    if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
-        hi = start_m + BLOCK_M
-    else:
-        hi = S
     if SPLIT:
         lo_diag = start_m // BLOCK_N * BLOCK_N
         for start_n in tl.range(0, lo_diag, BLOCK_N, warp_specialize=WS):
@@ -305,16 +315,9 @@ def dq_kernel(
 ):  # fmt: skip
     """HALVES == 2: the BLOCK_M query rows as two halves (see row_halves)."""
     ROWS: tl.constexpr = BLOCK_M // HALVES
-    if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
-        pid_m = tl.cdiv(S, BLOCK_M) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    h_kv = (pid_bh % H_Q) // GROUP
-    start_m = pid_m * BLOCK_M
-    row = pid_bh * S + start_m
-    offs_m0 = start_m + tl.arange(0, ROWS)
-    offs_m1 = offs_m0 + ROWS
+    row, kv_row0, _start_m, hi, offs_m0, offs_m1 = _query_block(
+        S, H_Q, GROUP, BLOCK_M, ROWS, CAUSAL
+    )
     rows0 = row + tl.arange(0, ROWS)
     q0 = desc_q.load([row, 0])
     do0 = desc_do.load([row, 0])
@@ -328,14 +331,9 @@ def dq_kernel(
     else:  # unused: one tile
         q1, do1, lse2_1, delta1 = q0, do0, lse2_0, delta0
     qk_scale = sm_scale * LOG2E
-    kv_row0 = ((pid_bh // H_Q) * (H_Q // GROUP) + h_kv) * S
     dq0 = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
     dq1 = dq0
     offs_n0 = tl.arange(0, BLOCK_N)
-    if CAUSAL:  # noqa: SIM108 (Triton: a constexpr branch)
-        hi = start_m + BLOCK_M
-    else:
-        hi = S
     for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
         k = desc_k.load([kv_row0 + start_n, 0])
         v = desc_v.load([kv_row0 + start_n, 0])
