@@ -11,45 +11,18 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from greta_core import reference
 from greta_core.errors import GretaInputError
-from greta_core.jax._rows_common import check_float, triton_ok
-from greta_core.observe import record
-from greta_core.ops.linear_cross_entropy import OP, REDUCTIONS, bad_target_message, chunks
-
-
-def _rows(logits: Any, target: Any, scale: Any, ignore_index: int, write_grad: bool) -> Any:
-    """(loss fp32 [rows], dlogits * scale[:, None] or None) of one chunk."""
-    import jax.numpy as jnp
-
-    if triton_ok(logits):
-        from greta_core.jax._plan import run
-        from greta_core.jax._runtime import jax_arch
-        from greta_core.ops.linear_cross_entropy import plan_rows
-
-        rows, vocab = logits.shape
-        plan = plan_rows(
-            rows, vocab, vocab, str(logits.dtype), int(ignore_index), write_grad, True, jax_arch()
-        )
-        loss, grad = run(plan, (target, scale, logits))
-        return loss, grad if write_grad else None
-    record(OP, "reference-jnp")
-    loss, grad = reference.cross_entropy_rows(logits, target, ignore_index)
-    if not write_grad:
-        return loss, None
-    return loss, (grad * scale.astype(jnp.float32)[:, None]).astype(logits.dtype)
-
-
-def _precision(dtype: Any) -> str | None:
-    """The chunk GEMMs' precision: float32 in full fp32, as F.linear with torch's defaults
-    (JAX's default would take TF32 on an NVIDIA GPU), unless the user chose a default
-    (jax_default_matmul_precision); half types take the tensor cores either way."""
-    import jax
-    import jax.numpy as jnp
-
-    if dtype == jnp.float32 and jax.config.jax_default_matmul_precision is None:
-        return "highest"
-    return None
+from greta_core.jax._declared import _run_plan, implementation
+from greta_core.jax._rows_common import check_float
+from greta_core.ops.linear_cross_entropy import (
+    LINEAR_CROSS_ENTROPY_BWD,
+    OP,
+    REDUCTIONS,
+    _jax_precision,
+    bad_target_message,
+    chunks,
+    jax_rows,
+)  # fmt: skip
 
 
 def _loss_rows(hidden: Any, weight: Any, target: Any, ignore_index: int) -> Any:
@@ -58,27 +31,12 @@ def _loss_rows(hidden: Any, weight: Any, target: Any, ignore_index: int) -> Any:
     n, h = hidden.shape
     out = []
     ones = jnp.ones((n,), jnp.float32)
-    prec = _precision(hidden.dtype)
+    prec = _jax_precision(hidden.dtype)
+    run = functools.partial(_run_plan, LINEAR_CROSS_ENTROPY_BWD)
     for s, e in chunks(n, weight.shape[0], h):
         logits = jnp.dot(hidden[s:e], weight.T, precision=prec).astype(hidden.dtype)
-        out.append(_rows(logits, target[s:e], ones[s:e], ignore_index, False)[0])
+        out.append(jax_rows(run, logits, target[s:e], ones[s:e], ignore_index, False)[0])
     return jnp.concatenate(out) if out else jnp.zeros((0,), jnp.float32)
-
-
-def _grads(hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int) -> Any:
-    import jax.numpy as jnp
-
-    n, h = hidden.shape
-    dh = []
-    dw = jnp.zeros(weight.shape, jnp.float32)
-    prec = _precision(hidden.dtype)
-    for s, e in chunks(n, weight.shape[0], h):
-        hc = hidden[s:e]
-        logits = jnp.dot(hc, weight.T, precision=prec).astype(hidden.dtype)
-        _, g = _rows(logits, target[s:e], row_scale[s:e], ignore_index, True)
-        dh.append(jnp.dot(g, weight, precision=prec).astype(hidden.dtype))
-        dw = dw + jnp.dot(g.T, hc, precision=prec, preferred_element_type=jnp.float32)
-    return jnp.concatenate(dh) if dh else jnp.zeros_like(hidden), dw.astype(weight.dtype)
 
 
 def _reduce(rows: Any, target: Any, ignore_index: int, reduction: str) -> tuple[Any, Any]:
@@ -116,7 +74,8 @@ def _build(ignore_index: int, reduction: str) -> Any:
             row_scale = jnp.full((n,), g, jnp.float32)
             if reduction == "mean":
                 row_scale = row_scale / n_valid
-        dh, dw = _grads(hidden, weight, target, row_scale, ignore_index)
+        dh, dw = implementation(LINEAR_CROSS_ENTROPY_BWD, hidden, weight, target, row_scale,
+                                ignore_index)  # fmt: skip
         return dh, dw, None
 
     f.defvjp(fwd, bwd)

@@ -105,7 +105,7 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
     return tuple(args), len(outputs.split(",")) if outputs else 0
 
 
-_CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int}
+_CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int, "str": str}
 
 
 class Caller:
@@ -171,7 +171,8 @@ class OpDecl:
     # reference will run (CPU tensors, float64), so the kernels' dtype/layout limits relax.
     validate: Callable[..., str]
     # (arch, *tensor Metas, *scalars) -> Plan: In(i) is the i-th tensor argument as given.
-    plan: Callable[..., Plan]
+    # None for an op with a `body` instead.
+    plan: Callable[..., Plan] | None
     reference: Callable[..., Any]  # (*args) -> output(s), torch tensors or JAX arrays
     backward: Backward | None = None
     # JAX arrays' checks (torch tensors go through `validate`); None: no extra checks.
@@ -214,6 +215,16 @@ class OpDecl:
     # cases take this order; the public functions (torch.ops.greta.<name>, the raw launch,
     # the JAX function) take the schema's, which may put a scalar before an optional tensor
     # (attention's ``causal`` before ``q_lens``).
+    # An op whose kernels interleave with the binding's own tensor ops (linear
+    # cross-entropy: a GEMM per chunk of tokens, then the kernel on its logits) has no one
+    # plan. `body(arch, *args, wrap=, stats=)` runs its whole forward on torch tensors
+    # (after `validate`) and returns every result as a tuple (with `stats`, the statistics
+    # too); `jax_body(*args, stats=)` does the same on JAX arrays (the kernels through
+    # jax-triton where they run, its own fallback elsewhere). Such an op gets no ready
+    # launch (its calls run the body) and no AOT specs from plans: its kernel module keeps
+    # ``aot_specs(arch)``.
+    body: Callable[..., tuple[Any, ...]] | None = None
+    jax_body: Callable[..., tuple[Any, ...]] | None = None
     args: tuple[Arg, ...] = field(init=False)
     public_args: tuple[Arg, ...] = field(init=False)  # the schema's order
     # For each of `args`, its position in the schema; None where the two orders agree.
@@ -244,6 +255,9 @@ class OpDecl:
                 f"{self.name}: an op that writes into its arguments has no eager front and "
                 "no autograd (front=False, backward=None)"
             )
+        if self.body is not None:
+            self.call, self.call_stats = _BodyCall(self, False), _BodyCall(self, True)
+            return
         self.plan = memo(self.plan)
         # Validation and planning once per call signature (ops/_calls.py): the plan takes
         # the call's tensors as given (unless `copies` says otherwise for one signature),
@@ -370,6 +384,25 @@ class OpDecl:
             values[n] = outputs[stats[n]] if n in stats else args[names[n]]
         values.update({f"out{i}": outputs[i] for i in self.backward.saves_outputs})
         return types.SimpleNamespace(**values)
+
+
+class _BodyCall:
+    """:class:`ForwardCall`'s interface for an op with a `body`: every call validates and
+    runs the body (no plan to cache, no ready launch)."""
+
+    __slots__ = ("_op", "_stats")
+
+    def __init__(self, op: OpDecl, stats: bool) -> None:
+        self._op, self._stats = op, stats
+
+    def run(self, wrap: Wrap, *args: Any) -> tuple[Any, ...]:
+        arch = self._op.validate(*args)
+        return self._op.body(arch, *args, wrap=wrap, stats=self._stats)  # type: ignore[misc]
+
+    def if_eager(self, *args: Any) -> tuple[Any, ...] | None:
+        from greta_core.ops._calls import eager_raw
+
+        return self.run(_identity, *args) if eager_raw(*args[: self._op.n_tensors]) else None
 
 
 DECLARED: dict[str, OpDecl] = {}

@@ -13,6 +13,7 @@ jnp.dot in JAX); the chunk schedule and the kernel plan are shared.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from greta_core import configs
@@ -23,6 +24,7 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes
 from greta_core.ops._validate import check_same_device, check_tensor
+from greta_core.ops.declare import OpDecl, declare
 
 OP = "linear_cross_entropy"
 REDUCTIONS = ("mean", "sum", "none")
@@ -61,18 +63,101 @@ def bad_target_message(value: int, vocab: int, ignore_index: int) -> str:
     )
 
 
-def check_targets(target: Any, vocab: int, ignore_index: int) -> None:
-    """GretaInputError for a target outside [0, vocab) that is not `ignore_index`, as
-    torch's cross_entropy refuses it (the kernels would read past the logits' row, or
-    count a row that is no class, and return a finite loss). Values of a traced (fake)
-    tensor are unknown and not checked."""
+def _values_on_host(target: Any) -> bool:
+    """A plain CPU tensor: its values are read without a device sync."""
+    import torch
+
+    return type(target) is torch.Tensor and target.device.type == "cpu"
+
+
+def check_targets(target: Any, vocab: int, ignore_index: int) -> Any:
+    """Refuse a target outside [0, vocab) that is not `ignore_index`, as torch's
+    cross_entropy does (the kernels would read past the logits' row, torch's own a
+    device-side assert). Returns the target to compute with.
+
+    Values on the host (a CPU tensor) are checked here: GretaInputError. A GPU tensor's
+    values are checked on the device, without the host sync a read would cost on every
+    training call (:func:`screen_targets`): the returned target has each refused entry
+    replaced by `ignore_index` (nothing reads out of bounds) and the refusal is raised by
+    a later call (:func:`raise_refused_targets`); :func:`poison` makes the loss NaN
+    meanwhile. Values of a traced (fake) or meta tensor are unknown and not checked."""
+    return screen_targets(target, vocab, ignore_index)[0]
+
+
+def screen_targets(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any | None]:
+    """(the target to compute with, the device mask of its refused entries or None): see
+    :func:`check_targets`. The mask is None where the values were checked on the host, or
+    cannot be (fake, meta, empty)."""
+    import torch
     from torch._subclasses.fake_tensor import is_fake
 
     if target.numel() == 0 or target.device.type == "meta" or is_fake(target):
-        return
-    bad = ((target < 0) | (target >= vocab)) & (target != ignore_index)
-    if bool(bad.any()):
-        raise GretaInputError(bad_target_message(int(target[bad][0]), vocab, ignore_index))
+        return target, None
+    if _values_on_host(target):
+        bad = ((target < 0) | (target >= vocab)) & (target != ignore_index)
+        if bool(bad.any()):
+            raise GretaInputError(bad_target_message(int(target[bad][0]), vocab, ignore_index))
+        return target, None
+    raise_refused_targets()
+    safe, bad = refuse_on_device(target, vocab, ignore_index)
+    # In a graph being captured (or a tensor subclass) there is no flag to read later:
+    # the refusal shows as the NaN loss alone.
+    if (
+        type(target) is torch.Tensor
+        and target.device.type == "cuda"
+        and not torch.cuda.is_current_stream_capturing()
+    ):
+        flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
+        flag.copy_(bad.any().reshape(1), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        _REFUSED.append((flag, done, vocab, ignore_index, str(target.device)))
+    return safe, bad
+
+
+def refuse_on_device(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any]:
+    """(`target` with each entry outside [0, vocab) that is not `ignore_index` replaced by
+    `ignore_index`, the mask of those entries): torch ops queued on the target's device,
+    no value read on the host."""
+    bad = (target.clamp(0, vocab - 1) != target) & (target != ignore_index)
+    return target.masked_fill(bad, ignore_index), bad
+
+
+# GPU target checks not read yet: (host flag, event after its copy, vocab, ignore_index,
+# device). A few at most: each is read by the next call whose device has passed its event.
+_REFUSED: list[tuple[Any, Any, int, int, str]] = []
+
+
+def raise_refused_targets(wait: bool = False) -> None:
+    """Raise GretaInputError for a GPU call whose target held an entry outside the
+    vocabulary (checked on the device by :func:`screen_targets`) once the device has
+    reported it; with `wait`, after waiting for every such report (a device sync: tests,
+    the end of a run). Every GRETA linear_cross_entropy call on a GPU runs this first."""
+    while _REFUSED:
+        flag, done, vocab, ignore_index, device = _REFUSED[0]
+        if not done.query():
+            if not wait:
+                return
+            done.synchronize()
+        _REFUSED.pop(0)
+        if bool(flag[0]):
+            _REFUSED.clear()  # one report per run of refusals
+            raise GretaInputError(
+                f"{OP}: argument 'target' of a call on {device} held a class outside the "
+                f"vocabulary; every entry must be in [0, {vocab}) or equal ignore_index "
+                f"({ignore_index}) (checked on the device, reported after that call returned "
+                "a NaN loss)"
+            )
+
+
+def poison(loss: Any, bad: Any | None) -> Any:
+    """`loss` (rows, or a reduced scalar) NaN where :func:`screen_targets` refused a
+    target on the device (None: nothing refused): the refused rows counted as ignored."""
+    if bad is None:
+        return loss
+    if loss.dim() == 0:
+        return loss.masked_fill(bad.any(), float("nan"))
+    return loss.masked_fill(bad, float("nan"))
 
 
 def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1, floor: float = 0.0) -> int:
@@ -256,7 +341,7 @@ def linear_cross_entropy_fwd(
     import torch
 
     arch = validate(hidden, weight, target, reduction)
-    check_targets(target, weight.shape[0], ignore_index)
+    target, refused = screen_targets(target, weight.shape[0], ignore_index)
     if dh_into_hidden:
         check_dh_into_hidden(hidden, with_grad, reduction)
     hidden, weight = hidden.contiguous(), weight.contiguous()
@@ -268,6 +353,7 @@ def linear_cross_entropy_fwd(
     loss, dh, dw = _chunked(
         hidden, weight, target, ignore_index, scale, write_grad, False, arch, wrap, dh_into_hidden
     )
+    loss = poison(loss, refused)
     if reduction == "sum":
         loss = loss.sum()
     elif reduction == "mean":
@@ -287,6 +373,124 @@ def linear_cross_entropy(
     return linear_cross_entropy_fwd(hidden, weight, target, ignore_index, reduction)[0]
 
 
+# --- the backward's kernel op, declared (greta::linear_cross_entropy_bwd, raw, JAX) -------
+
+
+def _validate_bwd(
+    hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int,
+    reference: bool = False,
+) -> str:  # fmt: skip
+    import torch
+
+    arch = validate(hidden, weight, target, "none", reference)
+    scales = (torch.float32, torch.float64) if reference else (torch.float32,)
+    check_tensor(OP, "row_scale", row_scale, dtypes=scales, ndim=1, contiguous=True)
+    if row_scale.shape[0] != hidden.shape[0]:
+        raise GretaInputError(
+            f"{OP}: argument 'row_scale' has {row_scale.shape[0]} entries; expected "
+            f"{hidden.shape[0]}"
+        )
+    return arch
+
+
+def _bwd_body(
+    arch: str, hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int,
+    *, wrap: Wrap, stats: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    target = check_targets(target, weight.shape[0], ignore_index)
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    _, dh, dw = _chunked(hidden, weight, target, ignore_index, row_scale, True, True, arch, wrap)
+    return dh, dw
+
+
+def _bwd_reference(
+    hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int
+) -> tuple[Any, Any]:
+    from greta_core import reference
+
+    target = check_targets(target, weight.shape[0], ignore_index)
+    return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
+
+
+# --- the JAX bodies: the same chunks, jnp.dot for the GEMMs ----------------------------
+
+
+def _jax_precision(dtype: Any) -> str | None:
+    """The chunk GEMMs' precision: float32 in full fp32, as F.linear with torch's defaults
+    (JAX's default would take TF32 on an NVIDIA GPU), unless the user chose a default
+    (jax_default_matmul_precision); half types take the tensor cores either way."""
+    import jax
+    import jax.numpy as jnp
+
+    if dtype == jnp.float32 and jax.config.jax_default_matmul_precision is None:
+        return "highest"
+    return None
+
+
+def jax_rows(
+    run: Callable[..., Any], logits: Any, target: Any, scale: Any, ignore_index: int,
+    write_grad: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(loss fp32 [rows], dlogits * scale[:, None] or None) of one chunk on JAX arrays:
+    the kernel through `run` (``OpDecl.jax_body``), else jax.numpy."""
+    import jax.numpy as jnp
+
+    from greta_core import reference
+    from greta_core.observe import record
+
+    rows, vocab = logits.shape
+    done = run(
+        lambda arch: plan_rows(
+            rows, vocab, vocab, str(logits.dtype), int(ignore_index), write_grad, True, arch
+        ),
+        (target, scale, logits),
+    )
+    if done is not None:
+        loss, grad = done
+        return loss, grad if write_grad else None
+    record(OP, "reference-jnp")
+    loss, grad = reference.cross_entropy_rows(logits, target, ignore_index)
+    if not write_grad:
+        return loss, None
+    return loss, (grad * scale.astype(jnp.float32)[:, None]).astype(logits.dtype)
+
+
+def _jax_bwd_body(
+    run: Callable[..., Any], hidden: Any, weight: Any, target: Any, row_scale: Any,
+    ignore_index: int, *, stats: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    import jax.numpy as jnp
+
+    n, h = hidden.shape
+    dh = []
+    dw = jnp.zeros(weight.shape, jnp.float32)
+    prec = _jax_precision(hidden.dtype)
+    for s, e in chunks(n, weight.shape[0], h):
+        hc = hidden[s:e]
+        logits = jnp.dot(hc, weight.T, precision=prec).astype(hidden.dtype)
+        _, g = jax_rows(run, logits, target[s:e], row_scale[s:e], ignore_index, True)
+        dh.append(jnp.dot(g, weight, precision=prec).astype(hidden.dtype))
+        dw = dw + jnp.dot(g.T, hc, precision=prec, preferred_element_type=jnp.float32)
+    return jnp.concatenate(dh) if dh else jnp.zeros_like(hidden), dw.astype(weight.dtype)
+
+
+LINEAR_CROSS_ENTROPY_BWD = declare(OpDecl(
+    name="linear_cross_entropy_bwd",
+    schema=(
+        "Tensor hidden, Tensor weight, Tensor target, Tensor row_scale, int ignore_index "
+        "-> (Tensor, Tensor)"
+    ),
+    describe="(dhidden, dweight) of linear_cross_entropy for per-row gradients row_scale",
+    validate=_validate_bwd,
+    plan=None,
+    body=_bwd_body,
+    jax_body=_jax_bwd_body,
+    reference=_bwd_reference,
+    front=False,
+    uses_matrix_units=True,
+))  # fmt: skip
+
+
 def linear_cross_entropy_bwd(
     hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int = -100,
     wrap: Wrap = _no_wrap,
@@ -295,16 +499,4 @@ def linear_cross_entropy_bwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
-    import torch
-
-    arch = validate(hidden, weight, target, "none")
-    check_targets(target, weight.shape[0], ignore_index)
-    check_tensor(OP, "row_scale", row_scale, dtypes=(torch.float32,), ndim=1, contiguous=True)
-    if row_scale.shape[0] != hidden.shape[0]:
-        raise GretaInputError(
-            f"{OP}: argument 'row_scale' has {row_scale.shape[0]} entries; expected "
-            f"{hidden.shape[0]}"
-        )
-    hidden, weight = hidden.contiguous(), weight.contiguous()
-    _, dh, dw = _chunked(hidden, weight, target, ignore_index, row_scale, True, True, arch, wrap)
-    return dh, dw
+    return LINEAR_CROSS_ENTROPY_BWD.raw(hidden, weight, target, row_scale, ignore_index, wrap=wrap)

@@ -76,7 +76,7 @@ _raw_call = Caller(
 )
 
 
-_TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int}
+_TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int, "str": str}
 
 
 def _signature(op: OpDecl) -> inspect.Signature:

@@ -29,6 +29,7 @@ from greta_core.arch import arch_of
 from greta_core.observe import record
 from greta_core.ops import linear_cross_entropy as raw
 from greta_core.torch._common import consuming, record_reference
+from greta_core.torch._declared import register
 from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 
@@ -52,11 +53,12 @@ def _saved_dh(hidden: torch.Tensor, dh: torch.Tensor, dh_into_hidden: bool) -> t
 
 def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden):
     raw.validate(hidden, weight, target, reduction, reference=True)
-    raw.check_targets(target, weight.shape[0], ignore_index)
+    target, refused = raw.screen_targets(target, weight.shape[0], ignore_index)
     if dh_into_hidden:
         raw.check_dh_into_hidden(hidden, with_grad, reduction)
     record_reference("linear_cross_entropy")
     loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
+    loss = raw.poison(loss, refused)
     if not with_grad or reduction == "none":
         return loss, _empty(hidden), _empty(weight)
     ct = reference.compute_dtype(hidden)
@@ -67,13 +69,6 @@ def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad, d
     if dh_into_hidden:  # nothing saved here: the contract is kept for every path alike
         hidden.copy_(dh)
     return loss.to(ct), _dh_output(hidden, dh, dh_into_hidden), dw
-
-
-def _reference_bwd(hidden, weight, target, row_scale, ignore_index):
-    raw.validate(hidden, weight, target, "none", reference=True)
-    raw.check_targets(target, weight.shape[0], ignore_index)
-    record_reference("linear_cross_entropy_bwd")
-    return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
 
 
 def _triton_fwd(
@@ -115,26 +110,8 @@ def _fwd_cpu(hidden, weight, target, ignore_index, reduction, with_grad, dh_into
     return _reference_fwd(*args)
 
 
-@triton_op("greta::linear_cross_entropy_bwd", mutates_args=())
-def linear_cross_entropy_bwd(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    row_scale: torch.Tensor,
-    ignore_index: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if takes_reference(hidden):
-        return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
-    return raw.linear_cross_entropy_bwd(
-        hidden, weight, target, row_scale, ignore_index, wrap=wrap_triton
-    )
-
-
-@linear_cross_entropy_bwd.register_kernel("cpu")
-def _bwd_cpu(hidden, weight, target, row_scale, ignore_index):
-    if run_triton_on_cpu(hidden, weight, row_scale):
-        return raw.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
-    return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
+# greta::linear_cross_entropy_bwd: derived from its declaration (ops/linear_cross_entropy.py).
+linear_cross_entropy_bwd = register(raw.LINEAR_CROSS_ENTROPY_BWD)
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -280,7 +257,7 @@ def _torch_loss(
     1 / max(1, non-ignored targets), the kernel's rule: a batch whose targets are all ignored
     gives 0 (torch's own mean gives NaN), whichever implementation ran."""
     raw.validate(hidden, weight, target, reduction)
-    raw.check_targets(target, weight.shape[0], ignore_index)
+    target, refused = raw.screen_targets(target, weight.shape[0], ignore_index)
     if not torch.compiler.is_compiling():
         record(raw.OP, impl, arch)
     if impl == raw.CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
@@ -288,6 +265,7 @@ def _torch_loss(
         loss = torch.nn.functional.linear_cross_entropy(
             hidden, weight, target, reduction="sum", ignore_index=ignore_index, options=options
         ).to(torch.float32)
+        loss = raw.poison(loss, refused)
     else:
         if impl == raw.LINEAR_CE:
             rows = torch.nn.functional.cross_entropy(
@@ -298,7 +276,7 @@ def _torch_loss(
             rows = torch.nn.functional.linear_cross_entropy(
                 hidden, weight, target, reduction="none", ignore_index=ignore_index
             )
-        rows = rows.to(torch.float32)
+        rows = raw.poison(rows.to(torch.float32), refused)
         if reduction == "none":
             return rows
         loss = rows.sum()
