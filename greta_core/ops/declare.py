@@ -159,6 +159,14 @@ class Backward:
     # ``saved.consume``: the torch forward ran inside ``greta_core.torch.consume_inputs()``,
     # so the backward may write its gradients over the saved inputs (never under JAX).
     may_consume: bool = False
+    # (*args) -> the names among `saves` and ``out<i>`` this call keeps (the others read
+    # None): a backward whose needs depend on the call's flags keeps nothing else alive
+    # (linear_cross_entropy_fwd: its precomputed gradients, or the inputs to redo them).
+    # None: every one.
+    saves_for: Callable[..., tuple[str, ...]] | None = None
+    # False: an output nobody sent a gradient for reaches `grads` as None (torch), not as
+    # zeros autograd would allocate (a [vocab, hidden] dweight output's, say).
+    materialize_grads: bool = True
 
 
 @dataclass(eq=False)
@@ -254,6 +262,14 @@ class OpDecl:
             raise GretaConfigError(
                 f"{self.name}: an op that writes into its arguments has no eager front and "
                 "no autograd (front=False, backward=None)"
+            )
+        per_call = self.backward is not None and (
+            self.backward.saves_for is not None or not self.backward.materialize_grads
+        )
+        if per_call and self.front:
+            raise GretaConfigError(
+                f"{self.name}: saves_for and materialize_grads=False are for a kernel op "
+                "(front=False): the eager front's training path saves every name"
             )
         if self.body is not None:
             self.call, self.call_stats = _BodyCall(self, False), _BodyCall(self, True)
@@ -383,6 +399,10 @@ class OpDecl:
         for n in self.backward.saves:
             values[n] = outputs[stats[n]] if n in stats else args[names[n]]
         values.update({f"out{i}": outputs[i] for i in self.backward.saves_outputs})
+        if self.backward.saves_for is not None:
+            kept = set(self.backward.saves_for(*args))
+            tensors = (*self.backward.saves, *(f"out{i}" for i in self.backward.saves_outputs))
+            values.update({n: None for n in tensors if n not in kept})
         return types.SimpleNamespace(**values)
 
 

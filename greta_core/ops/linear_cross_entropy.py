@@ -24,7 +24,7 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, float_dtypes
 from greta_core.ops._validate import check_same_device, check_tensor
-from greta_core.ops.declare import OpDecl, declare
+from greta_core.ops.declare import Backward, OpDecl, declare
 
 OP = "linear_cross_entropy"
 REDUCTIONS = ("mean", "sum", "none")
@@ -338,12 +338,20 @@ def linear_cross_entropy_fwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
+    arch = _validate_fwd(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden)
+    return _forward(
+        arch, hidden, weight, target, ignore_index, reduction, with_grad, wrap, dh_into_hidden
+    )
+
+
+def _forward(
+    arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str,
+    with_grad: bool, wrap: Wrap, dh_into_hidden: bool,
+) -> tuple[Any, Any | None, Any | None]:  # fmt: skip
+    """:func:`linear_cross_entropy_fwd` after validation."""
     import torch
 
-    arch = validate(hidden, weight, target, reduction)
     target, refused = screen_targets(target, weight.shape[0], ignore_index)
-    if dh_into_hidden:
-        check_dh_into_hidden(hidden, with_grad, reduction)
     hidden, weight = hidden.contiguous(), weight.contiguous()
     write_grad = with_grad and reduction != "none"
     if reduction == "mean":
@@ -500,3 +508,147 @@ def linear_cross_entropy_bwd(
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
     return LINEAR_CROSS_ENTROPY_BWD.raw(hidden, weight, target, row_scale, ignore_index, wrap=wrap)
+
+
+# --- the forward's kernel op, declared (greta::linear_cross_entropy_fwd) ------------------
+# Its flags `with_grad` (the forward computes the gradients, a backward follows) and
+# `dh_into_hidden` (dhidden goes over `hidden`) are chosen per call by the public op's front
+# (torch/linear_cross_entropy.py: the table's dispatch, consume_inputs()).
+
+
+def _empty(t: Any) -> Any:
+    return t.new_empty(0)
+
+
+def _validate_fwd(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, with_grad: bool,
+    dh_into_hidden: bool, reference: bool = False,
+) -> str:  # fmt: skip
+    arch = validate(hidden, weight, target, reduction, reference)
+    if dh_into_hidden:
+        check_dh_into_hidden(hidden, with_grad, reduction)
+    return arch
+
+
+# dh_into_hidden=True: dhidden is written over the input `hidden` and the op's dhidden
+# output is a 0-element placeholder. A custom op's outputs may not alias its inputs (torch
+# checks it at runtime), so `hidden` itself cannot be returned; the backward saves the input
+# `hidden` in dhidden's place instead (_saves).
+def _fwd_body(
+    arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str,
+    with_grad: bool, dh_into_hidden: bool, *, wrap: Wrap, stats: bool,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    loss, dh, dw = _forward(
+        arch, hidden, weight, target, ignore_index, reduction, with_grad, wrap, dh_into_hidden
+    )
+    keep_dh = dh is not None and not dh_into_hidden
+    return loss, dh if keep_dh else _empty(hidden), _empty(weight) if dw is None else dw
+
+
+def _fwd_reference(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, with_grad: bool,
+    dh_into_hidden: bool,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    import torch
+
+    from greta_core import reference
+    from greta_core.observe import record
+
+    target, refused = screen_targets(target, weight.shape[0], ignore_index)
+    record(OP, "reference-torch", "cpu")
+    loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
+    loss = poison(loss, refused)
+    if not with_grad or reduction == "none":
+        return loss, _empty(hidden), _empty(weight)
+    ct = reference.compute_dtype(hidden)
+    scale = torch.ones(hidden.shape[0], dtype=ct, device=hidden.device)
+    if reduction == "mean":
+        scale = scale / (target != ignore_index).sum().clamp(min=1)
+    dh, dw = reference.linear_cross_entropy_bwd(hidden, weight, target, scale, ignore_index)
+    if dh_into_hidden:  # nothing saved here: the contract is kept for every path alike
+        hidden.copy_(dh)
+        dh = _empty(hidden)
+    return loss.to(ct), dh, dw
+
+
+def _precomputed(with_grad: bool, reduction: str) -> bool:
+    """The forward computed the gradients (the backward only scales them)."""
+    return with_grad and reduction != "none"
+
+
+def _saves(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, with_grad: bool,
+    dh_into_hidden: bool,
+) -> tuple[str, ...]:  # fmt: skip
+    if _precomputed(with_grad, reduction):
+        return ("hidden" if dh_into_hidden else "out1", "out2")
+    return ("hidden", "weight", "target")
+
+
+def _scales_in_place(dloss: Any, dh: Any) -> bool:
+    """The gradients are scaled in place: a plain concrete GPU tensor in a kernel dtype
+    (the Triton path). No second dweight ([vocab, hidden]) at the train step's peak and no
+    host sync on dloss's value; a second backward through a retained graph then fails
+    autograd's version check instead of scaling twice. Elsewhere (CPU, float64 references,
+    tracing) a plain product."""
+    import torch
+
+    return (
+        type(dloss) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+        and dh.device.type != "cpu"
+        and dh.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    )
+
+
+def _fwd_grads(call: Any, grad_outputs: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    import torch
+
+    dloss = grad_outputs[0]
+    rest = (None,) * 5
+    if dloss is None:  # only the non-differentiable outputs were used
+        return (None, None, *rest)
+    if _precomputed(saved.with_grad, saved.reduction):
+        # With dh_into_hidden the saved dhidden is the input `hidden`, graph and all: a
+        # detached alias (same memory and version counter) is a plain gradient like dw.
+        dh = (saved.hidden if saved.dh_into_hidden else saved.out1).detach()
+        dw = saved.out2.detach()
+        if _scales_in_place(dloss, dh):
+            return dh.mul_(dloss.to(dh.dtype)), dw.mul_(dloss.to(dw.dtype)), *rest
+        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), *rest
+    hidden = saved.hidden
+    if saved.reduction == "none":
+        row_scale = dloss.to(torch.float32).contiguous()
+    else:
+        ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        row_scale = ones * dloss.to(torch.float32)
+        if saved.reduction == "mean":
+            row_scale = row_scale * mean_scale(saved.target, saved.ignore_index)
+    if hidden.dtype == torch.float64:
+        row_scale = row_scale.to(torch.float64)
+    dh, dw = call(
+        LINEAR_CROSS_ENTROPY_BWD, hidden, saved.weight, saved.target, row_scale,
+        saved.ignore_index,
+    )  # fmt: skip
+    return dh, dw, *rest
+
+
+LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
+    name="linear_cross_entropy_fwd",
+    schema=(
+        "Tensor hidden, Tensor weight, Tensor target, int ignore_index, str reduction, "
+        "bool with_grad, bool dh_into_hidden=False -> (Tensor, Tensor, Tensor)"
+    ),
+    describe="(loss, dhidden, dweight) of cross_entropy(hidden @ weight.T, target), chunked",
+    validate=_validate_fwd,
+    plan=None,
+    body=_fwd_body,
+    reference=_fwd_reference,
+    backward=Backward(
+        _fwd_grads, saves=("hidden", "weight", "target"), saves_outputs=(1, 2),
+        nondiff_outputs=(1, 2), saves_for=_saves, materialize_grads=False,
+    ),
+    front=False,
+    uses_matrix_units=True,
+))  # fmt: skip
