@@ -22,7 +22,7 @@ from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, g
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
-from greta_core.ops._rows import arch_for, float_dtypes
+from greta_core.ops._rows import arch_for, check_array_float, float_dtypes
 from greta_core.ops._validate import check_same_device, check_tensor
 from greta_core.ops.declare import Backward, OpDecl, declare
 
@@ -602,14 +602,37 @@ def _scales_in_place(dloss: Any, dh: Any) -> bool:
     )
 
 
-def _fwd_grads(call: Any, grad_outputs: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+def _torch_row_scale(
+    dloss: Any, hidden: Any, target: Any, ignore_index: int, reduction: str
+) -> Any:
+    """Per-row upstream gradients of the loss, as linear_cross_entropy_bwd takes them."""
     import torch
 
+    if reduction == "none":
+        row_scale = dloss.to(torch.float32).contiguous()
+    else:
+        ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        row_scale = ones * dloss.to(torch.float32)
+        if reduction == "mean":
+            row_scale = row_scale * mean_scale(target, ignore_index)
+    return row_scale.to(torch.float64) if hidden.dtype == torch.float64 else row_scale
+
+
+def _jax_row_scale(dloss: Any, hidden: Any, target: Any, ignore_index: int, reduction: str) -> Any:
+    import jax.numpy as jnp
+
+    row_scale = jnp.broadcast_to(dloss.astype(jnp.float32), (hidden.shape[0],))
+    if reduction == "mean":
+        row_scale = row_scale / _jax_n_valid(target, ignore_index)
+    return row_scale
+
+
+def _fwd_grads(call: Any, grad_outputs: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
     dloss = grad_outputs[0]
     rest = (None,) * 5
     if dloss is None:  # only the non-differentiable outputs were used
         return (None, None, *rest)
-    if _precomputed(saved.with_grad, saved.reduction):
+    if _precomputed(saved.with_grad, saved.reduction):  # torch only
         # With dh_into_hidden the saved dhidden is the input `hidden`, graph and all: a
         # detached alias (same memory and version counter) is a plain gradient like dw.
         dh = (saved.hidden if saved.dh_into_hidden else saved.out1).detach()
@@ -618,20 +641,85 @@ def _fwd_grads(call: Any, grad_outputs: tuple[Any, ...], saved: Any) -> tuple[An
             return dh.mul_(dloss.to(dh.dtype)), dw.mul_(dloss.to(dw.dtype)), *rest
         return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), *rest
     hidden = saved.hidden
-    if saved.reduction == "none":
-        row_scale = dloss.to(torch.float32).contiguous()
-    else:
-        ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        row_scale = ones * dloss.to(torch.float32)
-        if saved.reduction == "mean":
-            row_scale = row_scale * mean_scale(saved.target, saved.ignore_index)
-    if hidden.dtype == torch.float64:
-        row_scale = row_scale.to(torch.float64)
+    if type(hidden).__module__.partition(".")[0] == "torch":
+        row_scale = _torch_row_scale(
+            dloss, hidden, saved.target, saved.ignore_index, saved.reduction
+        )
+    else:  # JAX (its forward never computes the gradients)
+        row_scale = _jax_row_scale(dloss, hidden, saved.target, saved.ignore_index, saved.reduction)
     dh, dw = call(
         LINEAR_CROSS_ENTROPY_BWD, hidden, saved.weight, saved.target, row_scale,
         saved.ignore_index,
     )  # fmt: skip
     return dh, dw, *rest
+
+
+def _jax_fwd_body(
+    run: Callable[..., Any], hidden: Any, weight: Any, target: Any, ignore_index: int,
+    reduction: str, with_grad: bool, dh_into_hidden: bool, *, stats: bool,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The loss alone (JAX's backward redoes the chunks through the declared backward op)."""
+    import jax.numpy as jnp
+
+    n, h = hidden.shape
+    rows = []
+    ones = jnp.ones((n,), jnp.float32)
+    prec = _jax_precision(hidden.dtype)
+    for s, e in chunks(n, weight.shape[0], h):
+        logits = jnp.dot(hidden[s:e], weight.T, precision=prec).astype(hidden.dtype)
+        rows.append(jax_rows(run, logits, target[s:e], ones[s:e], ignore_index, False)[0])
+    loss = jnp.concatenate(rows) if rows else jnp.zeros((0,), jnp.float32)
+    if reduction != "none":
+        loss = jnp.sum(loss)
+        if reduction == "mean":
+            loss = loss / _jax_n_valid(target, ignore_index)
+    empty = jnp.zeros((0,), hidden.dtype)
+    return loss, empty, empty
+
+
+def _jax_n_valid(target: Any, ignore_index: int) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.maximum(jnp.sum(target != ignore_index), 1).astype(jnp.float32)
+
+
+def _check_arrays_fwd(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, *flags: bool
+) -> None:
+    """JAX arrays' checks (the torch binding's are `validate`)."""
+    check_array_float(OP, "hidden", hidden)
+    check_array_float(OP, "weight", weight)
+    if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
+        raise GretaInputError(
+            f"{OP}: arguments 'hidden' {hidden.shape} and 'weight' {weight.shape} must be "
+            "[N, H] and [V, H]"
+        )
+    if weight.dtype != hidden.dtype:
+        raise GretaInputError(f"{OP}: 'weight' dtype {weight.dtype} differs from 'hidden's")
+    if target.shape != (hidden.shape[0],) or "int" not in str(target.dtype):
+        raise GretaInputError(
+            f"{OP}: argument 'target' must be an int array of shape ({hidden.shape[0]},), "
+            f"got {target.shape} {target.dtype}"
+        )
+    if reduction not in REDUCTIONS:
+        raise GretaInputError(f"{OP}: reduction {reduction!r} not in {', '.join(REDUCTIONS)}")
+
+
+def _check_target_values(hidden: Any, weight: Any, target: Any, ignore_index: int, *_: Any) -> None:
+    """`OpDecl.check_values`: targets whose values are on the host (the torch CPU kernel,
+    concrete JAX arrays; torch GPU tensors are checked on the device by the body)."""
+    if type(target).__module__.partition(".")[0] == "torch":
+        check_targets(target, weight.shape[0], ignore_index)
+        return
+    import numpy as np
+
+    vocab = int(weight.shape[0])
+    if target.size == 0:
+        return
+    values = np.asarray(target)
+    bad = ((values < 0) | (values >= vocab)) & (values != ignore_index)
+    if bad.any():
+        raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))
 
 
 LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
@@ -644,6 +732,9 @@ LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
     validate=_validate_fwd,
     plan=None,
     body=_fwd_body,
+    jax_body=_jax_fwd_body,
+    check_arrays=_check_arrays_fwd,
+    check_values=_check_target_values,
     reference=_fwd_reference,
     backward=Backward(
         _fwd_grads, saves=("hidden", "weight", "target"), saves_outputs=(1, 2),
