@@ -94,9 +94,7 @@ def screen_targets(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any
     if target.numel() == 0 or target.device.type == "meta" or is_fake(target):
         return target, None
     if _values_on_host(target):
-        bad = ((target < 0) | (target >= vocab)) & (target != ignore_index)
-        if bool(bad.any()):
-            raise GretaInputError(bad_target_message(int(target[bad][0]), vocab, ignore_index))
+        refuse_on_host(target, vocab, ignore_index)
         return target, None
     raise_refused_targets()
     safe, bad = refuse_on_device(target, vocab, ignore_index)
@@ -113,6 +111,14 @@ def screen_targets(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any
         done.record()
         _REFUSED.append((flag, done, vocab, ignore_index, str(target.device)))
     return safe, bad
+
+
+def refuse_on_host(values: Any, vocab: int, ignore_index: int) -> None:
+    """GretaInputError naming the first entry of `values` (a CPU tensor, a numpy array)
+    outside [0, vocab) that is not `ignore_index`."""
+    bad = ((values < 0) | (values >= vocab)) & (values != ignore_index)
+    if bool(bad.any()):
+        raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))
 
 
 def refuse_on_device(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any]:
@@ -713,13 +719,8 @@ def _check_target_values(hidden: Any, weight: Any, target: Any, ignore_index: in
         return
     import numpy as np
 
-    vocab = int(weight.shape[0])
-    if target.size == 0:
-        return
-    values = np.asarray(target)
-    bad = ((values < 0) | (values >= vocab)) & (values != ignore_index)
-    if bad.any():
-        raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))
+    if target.size:
+        refuse_on_host(np.asarray(target), int(weight.shape[0]), ignore_index)
 
 
 LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
