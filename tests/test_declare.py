@@ -232,6 +232,24 @@ def test_an_op_that_writes_into_its_arguments_has_no_front_and_no_autograd() -> 
                        backward=backward, **stub)  # fmt: skip
 
 
+def test_saves_for_keeps_only_what_the_call_names() -> None:
+    stub = {"validate": lambda *a, **k: "cpu", "plan": None, "reference": None}
+    backward = declare.Backward(
+        lambda *a: (None,), saves=("x", "y"), saves_outputs=(1,),
+        saves_for=lambda x, y, flag: ("out1",) if flag else ("x", "y"),
+        materialize_grads=False,
+    )  # fmt: skip
+    schema = "Tensor x, Tensor y, bool flag -> (Tensor, Tensor)"
+    with pytest.raises(declare.GretaConfigError, match="for a kernel op"):
+        declare.OpDecl(name="toy_saves", schema=schema, backward=backward, **stub)
+    op = declare.OpDecl(name="toy_saves", schema=schema, backward=backward, front=False, **stub)
+    x, y, o0, o1 = (torch.zeros(1) for _ in range(4))
+    kept = op.saved((x, y, True), (o0, o1))
+    assert (kept.x, kept.y, kept.out1, kept.flag) == (None, None, o1, True)
+    kept = op.saved((x, y, False), (o0, o1))
+    assert (kept.x, kept.y, kept.out1) == (x, y, None)
+
+
 def test_raw_launch_runs_the_kernel(toy: Any) -> None:
     need_triton()
     op, *_ = toy
