@@ -121,6 +121,47 @@ TOY = declare(OpDecl(
         for d in ("float32", "bfloat16")
     ],
 ))
+
+
+# An op with a body: the binding's own GEMM, then the toy kernel on its result (no one plan).
+def validate_mm(a, b, c, alpha, reference=False):
+    check_tensor("toy_mm_add", "a", a, dtypes=float_dtypes(reference), ndim=2, contiguous=True)
+    check_tensor("toy_mm_add", "b", b, dtypes=(a.dtype,), ndim=2, contiguous=True)
+    check_tensor("toy_mm_add", "c", c, dtypes=(a.dtype,), ndim=2, contiguous=True)
+    return arch_for("toy_mm_add", a, reference)
+
+
+def mm_body(arch, a, b, c, alpha, *, wrap, stats):
+    from greta_core.ops._plan import run
+
+    ab = a @ b
+    return tuple(run(plan(arch, Meta.of(ab), Meta.of(c), alpha), (ab, c), wrap=wrap))
+
+
+def mm_jax_body(run, a, b, c, alpha, *, stats):
+    ab = a @ b
+    done = run(lambda arch: plan(arch, Meta.contiguous(ab.shape, ab.dtype),
+                                 Meta.contiguous(c.shape, c.dtype), alpha), (ab, c))
+    return done if done is not None else (ab + alpha * c,)
+
+
+def mm_grads(call, grad_outputs, saved):
+    (dy,) = grad_outputs
+    dy = call.contiguous(dy)
+    return dy @ saved.b.T, saved.a.T @ dy, call(TOY, dy, dy, saved.alpha - 1.0), None
+
+
+TOY_MM = declare(OpDecl(
+    name="toy_mm_add",
+    schema="Tensor a, Tensor b, Tensor c, float alpha=1.0 -> Tensor",
+    describe="a @ b + alpha * c",
+    validate=validate_mm,
+    plan=None,
+    body=mm_body,
+    jax_body=mm_jax_body,
+    reference=lambda a, b, c, alpha=1.0: a @ b + alpha * c,
+    backward=Backward(mm_grads, saves=("a", "b")),
+))
 """
 
 
@@ -146,6 +187,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     REGISTRY.pop(op.name, None)
     declare.DECLARED.pop(op.name, None)
     declare.DECLARED.pop("toy_scale_", None)
+    declare.DECLARED.pop("toy_mm_add", None)
     sys.modules.pop("greta_toy_op", None)
 
 
@@ -188,6 +230,24 @@ def test_an_op_that_writes_into_its_arguments_has_no_front_and_no_autograd() -> 
     with pytest.raises(declare.GretaConfigError, match="no eager front and no autograd"):
         declare.OpDecl(name="toy_bad_", schema="Tensor(a!) x -> ()", front=False,
                        backward=backward, **stub)  # fmt: skip
+
+
+def test_saves_for_keeps_only_what_the_call_names() -> None:
+    stub = {"validate": lambda *a, **k: "cpu", "plan": None, "reference": None}
+    backward = declare.Backward(
+        lambda *a: (None,), saves=("x", "y"), saves_outputs=(1,),
+        saves_for=lambda x, y, flag: ("out1",) if flag else ("x", "y"),
+        materialize_grads=False,
+    )  # fmt: skip
+    schema = "Tensor x, Tensor y, bool flag -> (Tensor, Tensor)"
+    with pytest.raises(declare.GretaConfigError, match="for a kernel op"):
+        declare.OpDecl(name="toy_saves", schema=schema, backward=backward, **stub)
+    op = declare.OpDecl(name="toy_saves", schema=schema, backward=backward, front=False, **stub)
+    x, y, o0, o1 = (torch.zeros(1) for _ in range(4))
+    kept = op.saved((x, y, True), (o0, o1))
+    assert (kept.x, kept.y, kept.out1, kept.flag) == (None, None, o1, True)
+    kept = op.saved((x, y, False), (o0, o1))
+    assert (kept.x, kept.y, kept.out1) == (x, y, None)
 
 
 def test_raw_launch_runs_the_kernel(toy: Any) -> None:
@@ -255,6 +315,41 @@ def test_jax_binding_forward_and_grad(toy: Any) -> None:
     gx, gy = jax.grad(lambda a, b: jnp.sum(jax_fn(a, b, alpha=4.0)), argnums=(0, 1))(x, y)
     np.testing.assert_allclose(np.asarray(gx), np.ones(6), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(gy), np.full(6, 4.0), rtol=1e-6)
+
+
+def test_an_op_with_a_body_gets_every_binding(toy: Any) -> None:
+    # OpDecl.body / jax_body: the binding's own GEMM, then the declared kernel's plan.
+    from greta_core.jax import _declared as jax_declared
+    from greta_core.torch import _declared as torch_declared
+
+    op = sys.modules["greta_toy_op"].TOY_MM
+    torch_declared.register(op)
+    g = torch.Generator().manual_seed(1)
+    # Small integers: every product and sum is exact in fp32, whatever the GEMM's order.
+    a, b, c = (torch.randint(-3, 4, s, generator=g).float().to(DEVICE) for s in
+               ((4, 5), (5, 6), (4, 6)))  # fmt: skip
+    want = a @ b + 2.0 * c
+    if need_triton_here():
+        torch.testing.assert_close(op.raw(a, b, c, 2.0), want, rtol=0, atol=0)
+        assert observe.last_implementation("toy_scaled_add") == expected_impl()
+    ag, bg, cg = (t.clone().requires_grad_() for t in (a, b, c))
+    out = torch.ops.greta.toy_mm_add(ag, bg, cg, 2.0)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    dy = torch.randint(-2, 3, out.shape, generator=g).float().to(DEVICE)
+    ga, gb, gc = torch.autograd.grad(out, (ag, bg, cg), dy)
+    torch.testing.assert_close(ga, dy @ b.T, rtol=0, atol=0)
+    torch.testing.assert_close(gb, a.T @ dy, rtol=0, atol=0)
+    torch.testing.assert_close(gc, 2.0 * dy, rtol=0, atol=0)
+    torch.library.opcheck(torch.ops.greta.toy_mm_add_fwd.default, (a, b, c, 0.5))
+    jax = pytest.importorskip("jax")
+    import numpy as np
+
+    jnp, jax_fn = jax.numpy, jax_declared.bind(op)
+    ja, jb, jc = (jnp.asarray(t.cpu().numpy()) for t in (a, b, c))
+    np.testing.assert_array_equal(np.asarray(jax_fn(ja, jb, jc, 2.0)), want.cpu().numpy())
+    jga, _, jgc = jax.grad(lambda *x: jnp.sum(jax_fn(*x, alpha=2.0)), argnums=(0, 1, 2))(ja, jb, jc)
+    np.testing.assert_array_equal(np.asarray(jga), np.ones((4, 6), np.float32) @ jb.T)
+    np.testing.assert_array_equal(np.asarray(jgc), np.full((4, 6), 2.0, np.float32))
 
 
 def test_compute_entry_runs_greta_then_reference(toy: Any) -> None:

@@ -1,5 +1,10 @@
 """linear_cross_entropy refuses a target that is no class (issue 30 item 8): >= vocab, or
-negative and not ignore_index. It returned a finite loss in every binding; torch raises."""
+negative and not ignore_index. It returned a finite loss in every binding; torch raises.
+
+Values on the host (CPU tensors, JAX arrays) are refused by the call itself. A GPU tensor's
+are checked on the device, with no host sync per call (issue 25): the call returns a NaN
+loss, and the refusal is raised once the device reports it (by a later call, or
+raise_refused_targets)."""
 
 from __future__ import annotations
 
@@ -7,14 +12,32 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _kernel_testing import DEVICE  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+from _kernel_testing import DEVICE, ON_GPU  # noqa: E402
 
 import greta_core.torch  # noqa: E402, F401
 from greta_core import raw  # noqa: E402
 from greta_core.errors import GretaInputError  # noqa: E402
+from greta_core.ops import linear_cross_entropy as lce  # noqa: E402
 
 VOCAB = 11
 BAD = [VOCAB, VOCAB + 5, 2**40, -1, -7, -(2**40)]
+
+
+@contextmanager
+def refused(match: str):
+    """The calls inside refuse the target: at once on the CPU; on a GPU each returns a
+    NaN loss and the refusal comes when the device reports it."""
+    losses: list[torch.Tensor] = []
+    if not ON_GPU:
+        with pytest.raises(GretaInputError, match=match):
+            yield losses
+        return
+    yield losses
+    assert losses and all(torch.isnan(loss).any() for loss in losses)
+    with pytest.raises(GretaInputError, match="every entry must be in"):
+        lce.raise_refused_targets(wait=True)
 
 
 def _case(bad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,19 +59,20 @@ def test_torch_refuses_it_too(bad: int) -> None:
 @pytest.mark.parametrize("bad", BAD)
 def test_raw_binding_refuses_a_target_outside_the_vocabulary(bad: int) -> None:
     hidden, weight, target = _case(bad)
-    with pytest.raises(GretaInputError, match=f"holds {bad}; every entry must be in"):
-        raw.linear_cross_entropy(hidden, weight, target)
+    with refused(f"holds {bad}; every entry must be in") as losses:
+        losses.append(raw.linear_cross_entropy(hidden, weight, target))
     scale = torch.ones(5, device=DEVICE)
     with pytest.raises(GretaInputError, match="every entry must be in"):
         raw.linear_cross_entropy_bwd(hidden, weight, target, scale)
+        lce.raise_refused_targets(wait=True)
 
 
 @pytest.mark.parametrize("bad", BAD)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_torch_op_refuses_a_target_outside_the_vocabulary(bad: int, reduction: str) -> None:
     hidden, weight, target = _case(bad)
-    with pytest.raises(GretaInputError, match="every entry must be in"):
-        torch.ops.greta.linear_cross_entropy(hidden, weight, target, -100, reduction)
+    with refused("every entry must be in") as losses:
+        losses.append(torch.ops.greta.linear_cross_entropy(hidden, weight, target, -100, reduction))
 
 
 def test_ignore_index_is_still_allowed_and_a_negative_one_too() -> None:
@@ -68,3 +92,24 @@ def test_jax_binding_refuses_a_target_outside_the_vocabulary(bad: int) -> None:
     target = jnp.array([0, 3, -100, bad, 2])
     with pytest.raises(GretaInputError, match="every entry must be in"):
         gjax.linear_cross_entropy(hidden, weight, target)
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_the_device_check_replaces_each_refused_entry_by_ignore_index(bad: int) -> None:
+    # What a GPU call computes with (no value read on the host): the kernels and torch's
+    # cross_entropy never see the refused class, and its mask poisons the loss rows.
+    target = torch.tensor([0, 3, -100, bad, 10, bad])
+    safe, mask = lce.refuse_on_device(target, VOCAB, -100)
+    assert safe.tolist() == [0, 3, -100, -100, 10, -100]
+    assert mask.tolist() == [False, False, False, True, False, True]
+    rows = lce.poison(torch.zeros(6), mask)
+    assert torch.isnan(rows).tolist() == mask.tolist()
+    assert torch.isnan(lce.poison(torch.zeros(()), mask))
+    assert lce.poison(torch.zeros(6), None).eq(0).all()
+
+
+def test_nothing_refused_nothing_poisoned() -> None:
+    target = torch.tensor([0, 10, -100, 7])
+    safe, mask = lce.refuse_on_device(target, VOCAB, -100)
+    assert torch.equal(safe, target) and not mask.any()
+    assert not torch.isnan(lce.poison(torch.zeros(()), mask))

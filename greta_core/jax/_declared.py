@@ -26,13 +26,26 @@ def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
     return ok and use_triton()
 
 
+def _run_plan(op: OpDecl, plan_of: Callable[[str], Any], arrays: tuple[Any, ...]) -> Any:
+    """What a `jax_body` launches with: ``plan_of(arch)`` on `arrays` through jax-triton,
+    or None where the kernels do not take them (the body's fallback runs)."""
+    if not _triton_ok(op, arrays):
+        return None
+    from greta_core.jax._plan import run
+    from greta_core.jax._runtime import jax_arch
+
+    return tuple(run(plan_of(jax_arch()), arrays))
+
+
 def forward(op: OpDecl, args: tuple[Any, ...], stats: bool = False) -> tuple[Any, ...]:
     """The outputs of `op` on JAX arrays (no autograd), the statistics too with `stats`:
     the plan, else the reference."""
     n = op.n_tensors
     tensors = args[:n]
     n_results = len(op.mutates) + op.n_outputs  # without the statistics
-    if _triton_ok(op, tensors):
+    if op.jax_body is not None:  # its own kernels-or-fallback choice (OpDecl.body)
+        outs = tuple(op.jax_body(functools.partial(_run_plan, op), *args, stats=stats))
+    elif _triton_ok(op, tensors):
         from greta_core.jax._plan import run
         from greta_core.jax._runtime import jax_arch
 

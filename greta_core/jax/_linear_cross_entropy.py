@@ -1,126 +1,18 @@
-"""greta_core.jax.linear_cross_entropy: cross-entropy of hidden @ weight.T in token chunks
-(the schedule of ``greta_core.ops.linear_cross_entropy``), differentiable (custom_vjp).
-
-The forward computes only the loss; the backward redoes each chunk's logits and takes
-dlogits from the same Triton kernel (jax-triton) or jax.numpy, with per-row gradients, so
-every reduction shares one backward.
+"""greta_core.jax.linear_cross_entropy: cross-entropy of hidden @ weight.T in token chunks,
+differentiable in hidden and weight: the JAX binding of the declared
+greta::linear_cross_entropy_fwd (ops/linear_cross_entropy.py). Its forward computes only
+the loss; the backward redoes each chunk's logits through the declared backward op, with
+per-row gradients, so every reduction shares one backward.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from greta_core import reference
-from greta_core.errors import GretaInputError
-from greta_core.jax._rows_common import check_float, triton_ok
-from greta_core.observe import record
-from greta_core.ops.linear_cross_entropy import OP, REDUCTIONS, bad_target_message, chunks
+from greta_core.jax._declared import bind
+from greta_core.ops.linear_cross_entropy import LINEAR_CROSS_ENTROPY_FWD
 
-
-def _rows(logits: Any, target: Any, scale: Any, ignore_index: int, write_grad: bool) -> Any:
-    """(loss fp32 [rows], dlogits * scale[:, None] or None) of one chunk."""
-    import jax.numpy as jnp
-
-    if triton_ok(logits):
-        from greta_core.jax._plan import run
-        from greta_core.jax._runtime import jax_arch
-        from greta_core.ops.linear_cross_entropy import plan_rows
-
-        rows, vocab = logits.shape
-        plan = plan_rows(
-            rows, vocab, vocab, str(logits.dtype), int(ignore_index), write_grad, True, jax_arch()
-        )
-        loss, grad = run(plan, (target, scale, logits))
-        return loss, grad if write_grad else None
-    record(OP, "reference-jnp")
-    loss, grad = reference.cross_entropy_rows(logits, target, ignore_index)
-    if not write_grad:
-        return loss, None
-    return loss, (grad * scale.astype(jnp.float32)[:, None]).astype(logits.dtype)
-
-
-def _precision(dtype: Any) -> str | None:
-    """The chunk GEMMs' precision: float32 in full fp32, as F.linear with torch's defaults
-    (JAX's default would take TF32 on an NVIDIA GPU), unless the user chose a default
-    (jax_default_matmul_precision); half types take the tensor cores either way."""
-    import jax
-    import jax.numpy as jnp
-
-    if dtype == jnp.float32 and jax.config.jax_default_matmul_precision is None:
-        return "highest"
-    return None
-
-
-def _loss_rows(hidden: Any, weight: Any, target: Any, ignore_index: int) -> Any:
-    import jax.numpy as jnp
-
-    n, h = hidden.shape
-    out = []
-    ones = jnp.ones((n,), jnp.float32)
-    prec = _precision(hidden.dtype)
-    for s, e in chunks(n, weight.shape[0], h):
-        logits = jnp.dot(hidden[s:e], weight.T, precision=prec).astype(hidden.dtype)
-        out.append(_rows(logits, target[s:e], ones[s:e], ignore_index, False)[0])
-    return jnp.concatenate(out) if out else jnp.zeros((0,), jnp.float32)
-
-
-def _grads(hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int) -> Any:
-    import jax.numpy as jnp
-
-    n, h = hidden.shape
-    dh = []
-    dw = jnp.zeros(weight.shape, jnp.float32)
-    prec = _precision(hidden.dtype)
-    for s, e in chunks(n, weight.shape[0], h):
-        hc = hidden[s:e]
-        logits = jnp.dot(hc, weight.T, precision=prec).astype(hidden.dtype)
-        _, g = _rows(logits, target[s:e], row_scale[s:e], ignore_index, True)
-        dh.append(jnp.dot(g, weight, precision=prec).astype(hidden.dtype))
-        dw = dw + jnp.dot(g.T, hc, precision=prec, preferred_element_type=jnp.float32)
-    return jnp.concatenate(dh) if dh else jnp.zeros_like(hidden), dw.astype(weight.dtype)
-
-
-def _reduce(rows: Any, target: Any, ignore_index: int, reduction: str) -> tuple[Any, Any]:
-    """(loss, n_valid as fp32)."""
-    import jax.numpy as jnp
-
-    n_valid = jnp.maximum(jnp.sum(target != ignore_index), 1).astype(jnp.float32)
-    if reduction == "none":
-        return rows, n_valid
-    total = jnp.sum(rows)
-    return (total if reduction == "sum" else total / n_valid), n_valid
-
-
-@functools.cache
-def _build(ignore_index: int, reduction: str) -> Any:
-    import jax
-    import jax.numpy as jnp
-
-    @jax.custom_vjp
-    def f(hidden: Any, weight: Any, target: Any) -> Any:
-        rows = _loss_rows(hidden, weight, target, ignore_index)
-        return _reduce(rows, target, ignore_index, reduction)[0]
-
-    def fwd(hidden: Any, weight: Any, target: Any) -> tuple[Any, Any]:
-        rows = _loss_rows(hidden, weight, target, ignore_index)
-        loss, n_valid = _reduce(rows, target, ignore_index, reduction)
-        return loss, (hidden, weight, target, n_valid)
-
-    def bwd(res: Any, g: Any) -> tuple[Any, Any, Any]:
-        hidden, weight, target, n_valid = res
-        n = hidden.shape[0]
-        if reduction == "none":
-            row_scale = g.astype(jnp.float32)
-        else:
-            row_scale = jnp.full((n,), g, jnp.float32)
-            if reduction == "mean":
-                row_scale = row_scale / n_valid
-        dh, dw = _grads(hidden, weight, target, row_scale, ignore_index)
-        return dh, dw, None
-
-    f.defvjp(fwd, bwd)
-    return f
+_forward = bind(LINEAR_CROSS_ENTROPY_FWD)
 
 
 def linear_cross_entropy(
@@ -128,35 +20,4 @@ def linear_cross_entropy(
 ) -> Any:
     """Cross-entropy of ``hidden @ weight.T`` ([N, H] @ [H, V]) against int `target` [N],
     chunked over tokens; differentiable in hidden and weight. The loss is float32."""
-    check_float(OP, "hidden", hidden)
-    check_float(OP, "weight", weight)
-    if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
-        raise GretaInputError(
-            f"{OP}: arguments 'hidden' {hidden.shape} and 'weight' {weight.shape} must be "
-            "[N, H] and [V, H]"
-        )
-    if weight.dtype != hidden.dtype:
-        raise GretaInputError(f"{OP}: 'weight' dtype {weight.dtype} differs from 'hidden's")
-    if target.shape != (hidden.shape[0],) or "int" not in str(target.dtype):
-        raise GretaInputError(
-            f"{OP}: argument 'target' must be an int array of shape ({hidden.shape[0]},), "
-            f"got {target.shape} {target.dtype}"
-        )
-    if reduction not in REDUCTIONS:
-        raise GretaInputError(f"{OP}: reduction {reduction!r} not in {', '.join(REDUCTIONS)}")
-    _check_targets(target, int(weight.shape[0]), int(ignore_index))
-    return _build(int(ignore_index), reduction)(hidden, weight, target)
-
-
-def _check_targets(target: Any, vocab: int, ignore_index: int) -> None:
-    """As the torch binding: a class outside [0, vocab) that is not ignore_index is refused
-    (values under jax.jit are abstract: not checked there)."""
-    import jax
-    import numpy as np
-
-    if isinstance(target, jax.core.Tracer) or target.size == 0:
-        return
-    values = np.asarray(target)
-    bad = ((values < 0) | (values >= vocab)) & (values != ignore_index)
-    if bad.any():
-        raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))
+    return _forward(hidden, weight, target, ignore_index, reduction, False)[0]

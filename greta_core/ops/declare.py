@@ -105,7 +105,7 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
     return tuple(args), len(outputs.split(",")) if outputs else 0
 
 
-_CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int}
+_CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int, "str": str}
 
 
 class Caller:
@@ -159,6 +159,14 @@ class Backward:
     # ``saved.consume``: the torch forward ran inside ``greta_core.torch.consume_inputs()``,
     # so the backward may write its gradients over the saved inputs (never under JAX).
     may_consume: bool = False
+    # (*args) -> the names among `saves` and ``out<i>`` this call keeps (the others read
+    # None): a backward whose needs depend on the call's flags keeps nothing else alive
+    # (linear_cross_entropy_fwd: its precomputed gradients, or the inputs to redo them).
+    # None: every one.
+    saves_for: Callable[..., tuple[str, ...]] | None = None
+    # False: an output nobody sent a gradient for reaches `grads` as None (torch), not as
+    # zeros autograd would allocate (a [vocab, hidden] dweight output's, say).
+    materialize_grads: bool = True
 
 
 @dataclass(eq=False)
@@ -171,7 +179,8 @@ class OpDecl:
     # reference will run (CPU tensors, float64), so the kernels' dtype/layout limits relax.
     validate: Callable[..., str]
     # (arch, *tensor Metas, *scalars) -> Plan: In(i) is the i-th tensor argument as given.
-    plan: Callable[..., Plan]
+    # None for an op with a `body` instead.
+    plan: Callable[..., Plan] | None
     reference: Callable[..., Any]  # (*args) -> output(s), torch tensors or JAX arrays
     backward: Backward | None = None
     # JAX arrays' checks (torch tensors go through `validate`); None: no extra checks.
@@ -214,6 +223,16 @@ class OpDecl:
     # cases take this order; the public functions (torch.ops.greta.<name>, the raw launch,
     # the JAX function) take the schema's, which may put a scalar before an optional tensor
     # (attention's ``causal`` before ``q_lens``).
+    # An op whose kernels interleave with the binding's own tensor ops (linear
+    # cross-entropy: a GEMM per chunk of tokens, then the kernel on its logits) has no one
+    # plan. `body(arch, *args, wrap=, stats=)` runs its whole forward on torch tensors
+    # (after `validate`) and returns every result as a tuple (with `stats`, the statistics
+    # too); `jax_body(*args, stats=)` does the same on JAX arrays (the kernels through
+    # jax-triton where they run, its own fallback elsewhere). Such an op gets no ready
+    # launch (its calls run the body) and no AOT specs from plans: its kernel module keeps
+    # ``aot_specs(arch)``.
+    body: Callable[..., tuple[Any, ...]] | None = None
+    jax_body: Callable[..., tuple[Any, ...]] | None = None
     args: tuple[Arg, ...] = field(init=False)
     public_args: tuple[Arg, ...] = field(init=False)  # the schema's order
     # For each of `args`, its position in the schema; None where the two orders agree.
@@ -244,6 +263,17 @@ class OpDecl:
                 f"{self.name}: an op that writes into its arguments has no eager front and "
                 "no autograd (front=False, backward=None)"
             )
+        per_call = self.backward is not None and (
+            self.backward.saves_for is not None or not self.backward.materialize_grads
+        )
+        if per_call and self.front:
+            raise GretaConfigError(
+                f"{self.name}: saves_for and materialize_grads=False are for a kernel op "
+                "(front=False): the eager front's training path saves every name"
+            )
+        if self.body is not None:
+            self.call, self.call_stats = _BodyCall(self, False), _BodyCall(self, True)
+            return
         self.plan = memo(self.plan)
         # Validation and planning once per call signature (ops/_calls.py): the plan takes
         # the call's tensors as given (unless `copies` says otherwise for one signature),
@@ -369,7 +399,30 @@ class OpDecl:
         for n in self.backward.saves:
             values[n] = outputs[stats[n]] if n in stats else args[names[n]]
         values.update({f"out{i}": outputs[i] for i in self.backward.saves_outputs})
+        if self.backward.saves_for is not None:
+            kept = set(self.backward.saves_for(*args))
+            tensors = (*self.backward.saves, *(f"out{i}" for i in self.backward.saves_outputs))
+            values.update({n: None for n in tensors if n not in kept})
         return types.SimpleNamespace(**values)
+
+
+class _BodyCall:
+    """:class:`ForwardCall`'s interface for an op with a `body`: every call validates and
+    runs the body (no plan to cache, no ready launch)."""
+
+    __slots__ = ("_op", "_stats")
+
+    def __init__(self, op: OpDecl, stats: bool) -> None:
+        self._op, self._stats = op, stats
+
+    def run(self, wrap: Wrap, *args: Any) -> tuple[Any, ...]:
+        arch = self._op.validate(*args)
+        return self._op.body(arch, *args, wrap=wrap, stats=self._stats)  # type: ignore[misc]
+
+    def if_eager(self, *args: Any) -> tuple[Any, ...] | None:
+        from greta_core.ops._calls import eager_raw
+
+        return self.run(_identity, *args) if eager_raw(*args[: self._op.n_tensors]) else None
 
 
 DECLARED: dict[str, OpDecl] = {}

@@ -13,6 +13,7 @@ jnp.dot in JAX); the chunk schedule and the kernel plan are shared.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from greta_core import configs
@@ -21,8 +22,9 @@ from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, g
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
-from greta_core.ops._rows import arch_for, float_dtypes
+from greta_core.ops._rows import arch_for, check_array_float, float_dtypes
 from greta_core.ops._validate import check_same_device, check_tensor
+from greta_core.ops.declare import Backward, OpDecl, declare
 
 OP = "linear_cross_entropy"
 REDUCTIONS = ("mean", "sum", "none")
@@ -61,18 +63,107 @@ def bad_target_message(value: int, vocab: int, ignore_index: int) -> str:
     )
 
 
-def check_targets(target: Any, vocab: int, ignore_index: int) -> None:
-    """GretaInputError for a target outside [0, vocab) that is not `ignore_index`, as
-    torch's cross_entropy refuses it (the kernels would read past the logits' row, or
-    count a row that is no class, and return a finite loss). Values of a traced (fake)
-    tensor are unknown and not checked."""
+def _values_on_host(target: Any) -> bool:
+    """A plain CPU tensor: its values are read without a device sync."""
+    import torch
+
+    return type(target) is torch.Tensor and target.device.type == "cpu"
+
+
+def check_targets(target: Any, vocab: int, ignore_index: int) -> Any:
+    """Refuse a target outside [0, vocab) that is not `ignore_index`, as torch's
+    cross_entropy does (the kernels would read past the logits' row, torch's own a
+    device-side assert). Returns the target to compute with.
+
+    Values on the host (a CPU tensor) are checked here: GretaInputError. A GPU tensor's
+    values are checked on the device, without the host sync a read would cost on every
+    training call (:func:`screen_targets`): the returned target has each refused entry
+    replaced by `ignore_index` (nothing reads out of bounds) and the refusal is raised by
+    a later call (:func:`raise_refused_targets`); :func:`poison` makes the loss NaN
+    meanwhile. Values of a traced (fake) or meta tensor are unknown and not checked."""
+    return screen_targets(target, vocab, ignore_index)[0]
+
+
+def screen_targets(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any | None]:
+    """(the target to compute with, the device mask of its refused entries or None): see
+    :func:`check_targets`. The mask is None where the values were checked on the host, or
+    cannot be (fake, meta, empty)."""
+    import torch
     from torch._subclasses.fake_tensor import is_fake
 
     if target.numel() == 0 or target.device.type == "meta" or is_fake(target):
-        return
-    bad = ((target < 0) | (target >= vocab)) & (target != ignore_index)
+        return target, None
+    if _values_on_host(target):
+        refuse_on_host(target, vocab, ignore_index)
+        return target, None
+    raise_refused_targets()
+    safe, bad = refuse_on_device(target, vocab, ignore_index)
+    # In a graph being captured (or a tensor subclass) there is no flag to read later:
+    # the refusal shows as the NaN loss alone.
+    if (
+        type(target) is torch.Tensor
+        and target.device.type == "cuda"
+        and not torch.cuda.is_current_stream_capturing()
+    ):
+        flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
+        flag.copy_(bad.any().reshape(1), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        _REFUSED.append((flag, done, vocab, ignore_index, str(target.device)))
+    return safe, bad
+
+
+def refuse_on_host(values: Any, vocab: int, ignore_index: int) -> None:
+    """GretaInputError naming the first entry of `values` (a CPU tensor, a numpy array)
+    outside [0, vocab) that is not `ignore_index`."""
+    bad = ((values < 0) | (values >= vocab)) & (values != ignore_index)
     if bool(bad.any()):
-        raise GretaInputError(bad_target_message(int(target[bad][0]), vocab, ignore_index))
+        raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))
+
+
+def refuse_on_device(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any]:
+    """(`target` with each entry outside [0, vocab) that is not `ignore_index` replaced by
+    `ignore_index`, the mask of those entries): torch ops queued on the target's device,
+    no value read on the host."""
+    bad = (target.clamp(0, vocab - 1) != target) & (target != ignore_index)
+    return target.masked_fill(bad, ignore_index), bad
+
+
+# GPU target checks not read yet: (host flag, event after its copy, vocab, ignore_index,
+# device). A few at most: each is read by the next call whose device has passed its event.
+_REFUSED: list[tuple[Any, Any, int, int, str]] = []
+
+
+def raise_refused_targets(wait: bool = False) -> None:
+    """Raise GretaInputError for a GPU call whose target held an entry outside the
+    vocabulary (checked on the device by :func:`screen_targets`) once the device has
+    reported it; with `wait`, after waiting for every such report (a device sync: tests,
+    the end of a run). Every GRETA linear_cross_entropy call on a GPU runs this first."""
+    while _REFUSED:
+        flag, done, vocab, ignore_index, device = _REFUSED[0]
+        if not done.query():
+            if not wait:
+                return
+            done.synchronize()
+        _REFUSED.pop(0)
+        if bool(flag[0]):
+            _REFUSED.clear()  # one report per run of refusals
+            raise GretaInputError(
+                f"{OP}: argument 'target' of a call on {device} held a class outside the "
+                f"vocabulary; every entry must be in [0, {vocab}) or equal ignore_index "
+                f"({ignore_index}) (checked on the device, reported after that call returned "
+                "a NaN loss)"
+            )
+
+
+def poison(loss: Any, bad: Any | None) -> Any:
+    """`loss` (rows, or a reduced scalar) NaN where :func:`screen_targets` refused a
+    target on the device (None: nothing refused): the refused rows counted as ignored."""
+    if bad is None:
+        return loss
+    if loss.dim() == 0:
+        return loss.masked_fill(bad.any(), float("nan"))
+    return loss.masked_fill(bad, float("nan"))
 
 
 def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1, floor: float = 0.0) -> int:
@@ -253,12 +344,20 @@ def linear_cross_entropy_fwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
+    arch = _validate_fwd(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden)
+    return _forward(
+        arch, hidden, weight, target, ignore_index, reduction, with_grad, wrap, dh_into_hidden
+    )
+
+
+def _forward(
+    arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str,
+    with_grad: bool, wrap: Wrap, dh_into_hidden: bool,
+) -> tuple[Any, Any | None, Any | None]:  # fmt: skip
+    """:func:`linear_cross_entropy_fwd` after validation."""
     import torch
 
-    arch = validate(hidden, weight, target, reduction)
-    check_targets(target, weight.shape[0], ignore_index)
-    if dh_into_hidden:
-        check_dh_into_hidden(hidden, with_grad, reduction)
+    target, refused = screen_targets(target, weight.shape[0], ignore_index)
     hidden, weight = hidden.contiguous(), weight.contiguous()
     write_grad = with_grad and reduction != "none"
     if reduction == "mean":
@@ -268,6 +367,7 @@ def linear_cross_entropy_fwd(
     loss, dh, dw = _chunked(
         hidden, weight, target, ignore_index, scale, write_grad, False, arch, wrap, dh_into_hidden
     )
+    loss = poison(loss, refused)
     if reduction == "sum":
         loss = loss.sum()
     elif reduction == "mean":
@@ -287,6 +387,124 @@ def linear_cross_entropy(
     return linear_cross_entropy_fwd(hidden, weight, target, ignore_index, reduction)[0]
 
 
+# --- the backward's kernel op, declared (greta::linear_cross_entropy_bwd, raw, JAX) -------
+
+
+def _validate_bwd(
+    hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int,
+    reference: bool = False,
+) -> str:  # fmt: skip
+    import torch
+
+    arch = validate(hidden, weight, target, "none", reference)
+    scales = (torch.float32, torch.float64) if reference else (torch.float32,)
+    check_tensor(OP, "row_scale", row_scale, dtypes=scales, ndim=1, contiguous=True)
+    if row_scale.shape[0] != hidden.shape[0]:
+        raise GretaInputError(
+            f"{OP}: argument 'row_scale' has {row_scale.shape[0]} entries; expected "
+            f"{hidden.shape[0]}"
+        )
+    return arch
+
+
+def _bwd_body(
+    arch: str, hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int,
+    *, wrap: Wrap, stats: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    target = check_targets(target, weight.shape[0], ignore_index)
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    _, dh, dw = _chunked(hidden, weight, target, ignore_index, row_scale, True, True, arch, wrap)
+    return dh, dw
+
+
+def _bwd_reference(
+    hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int
+) -> tuple[Any, Any]:
+    from greta_core import reference
+
+    target = check_targets(target, weight.shape[0], ignore_index)
+    return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
+
+
+# --- the JAX bodies: the same chunks, jnp.dot for the GEMMs ----------------------------
+
+
+def _jax_precision(dtype: Any) -> str | None:
+    """The chunk GEMMs' precision: float32 in full fp32, as F.linear with torch's defaults
+    (JAX's default would take TF32 on an NVIDIA GPU), unless the user chose a default
+    (jax_default_matmul_precision); half types take the tensor cores either way."""
+    import jax
+    import jax.numpy as jnp
+
+    if dtype == jnp.float32 and jax.config.jax_default_matmul_precision is None:
+        return "highest"
+    return None
+
+
+def jax_rows(
+    run: Callable[..., Any], logits: Any, target: Any, scale: Any, ignore_index: int,
+    write_grad: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(loss fp32 [rows], dlogits * scale[:, None] or None) of one chunk on JAX arrays:
+    the kernel through `run` (``OpDecl.jax_body``), else jax.numpy."""
+    import jax.numpy as jnp
+
+    from greta_core import reference
+    from greta_core.observe import record
+
+    rows, vocab = logits.shape
+    done = run(
+        lambda arch: plan_rows(
+            rows, vocab, vocab, str(logits.dtype), int(ignore_index), write_grad, True, arch
+        ),
+        (target, scale, logits),
+    )
+    if done is not None:
+        loss, grad = done
+        return loss, grad if write_grad else None
+    record(OP, "reference-jnp")
+    loss, grad = reference.cross_entropy_rows(logits, target, ignore_index)
+    if not write_grad:
+        return loss, None
+    return loss, (grad * scale.astype(jnp.float32)[:, None]).astype(logits.dtype)
+
+
+def _jax_bwd_body(
+    run: Callable[..., Any], hidden: Any, weight: Any, target: Any, row_scale: Any,
+    ignore_index: int, *, stats: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    import jax.numpy as jnp
+
+    n, h = hidden.shape
+    dh = []
+    dw = jnp.zeros(weight.shape, jnp.float32)
+    prec = _jax_precision(hidden.dtype)
+    for s, e in chunks(n, weight.shape[0], h):
+        hc = hidden[s:e]
+        logits = jnp.dot(hc, weight.T, precision=prec).astype(hidden.dtype)
+        _, g = jax_rows(run, logits, target[s:e], row_scale[s:e], ignore_index, True)
+        dh.append(jnp.dot(g, weight, precision=prec).astype(hidden.dtype))
+        dw = dw + jnp.dot(g.T, hc, precision=prec, preferred_element_type=jnp.float32)
+    return jnp.concatenate(dh) if dh else jnp.zeros_like(hidden), dw.astype(weight.dtype)
+
+
+LINEAR_CROSS_ENTROPY_BWD = declare(OpDecl(
+    name="linear_cross_entropy_bwd",
+    schema=(
+        "Tensor hidden, Tensor weight, Tensor target, Tensor row_scale, int ignore_index "
+        "-> (Tensor, Tensor)"
+    ),
+    describe="(dhidden, dweight) of linear_cross_entropy for per-row gradients row_scale",
+    validate=_validate_bwd,
+    plan=None,
+    body=_bwd_body,
+    jax_body=_jax_bwd_body,
+    reference=_bwd_reference,
+    front=False,
+    uses_matrix_units=True,
+))  # fmt: skip
+
+
 def linear_cross_entropy_bwd(
     hidden: Any, weight: Any, target: Any, row_scale: Any, ignore_index: int = -100,
     wrap: Wrap = _no_wrap,
@@ -295,16 +513,234 @@ def linear_cross_entropy_bwd(
 
     Raises GretaInputError for a wrong shape, dtype, device or layout.
     """
+    return LINEAR_CROSS_ENTROPY_BWD.raw(hidden, weight, target, row_scale, ignore_index, wrap=wrap)
+
+
+# --- the forward's kernel op, declared (greta::linear_cross_entropy_fwd) ------------------
+# Its flags `with_grad` (the forward computes the gradients, a backward follows) and
+# `dh_into_hidden` (dhidden goes over `hidden`) are chosen per call by the public op's front
+# (torch/linear_cross_entropy.py: the table's dispatch, consume_inputs()).
+
+
+def _empty(t: Any) -> Any:
+    return t.new_empty(0)
+
+
+def _validate_fwd(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, with_grad: bool,
+    dh_into_hidden: bool, reference: bool = False,
+) -> str:  # fmt: skip
+    arch = validate(hidden, weight, target, reduction, reference)
+    if dh_into_hidden:
+        check_dh_into_hidden(hidden, with_grad, reduction)
+    return arch
+
+
+# dh_into_hidden=True: dhidden is written over the input `hidden` and the op's dhidden
+# output is a 0-element placeholder. A custom op's outputs may not alias its inputs (torch
+# checks it at runtime), so `hidden` itself cannot be returned; the backward saves the input
+# `hidden` in dhidden's place instead (_saves).
+def _fwd_body(
+    arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str,
+    with_grad: bool, dh_into_hidden: bool, *, wrap: Wrap, stats: bool,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    loss, dh, dw = _forward(
+        arch, hidden, weight, target, ignore_index, reduction, with_grad, wrap, dh_into_hidden
+    )
+    keep_dh = dh is not None and not dh_into_hidden
+    return loss, dh if keep_dh else _empty(hidden), _empty(weight) if dw is None else dw
+
+
+def _fwd_reference(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, with_grad: bool,
+    dh_into_hidden: bool,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     import torch
 
-    arch = validate(hidden, weight, target, "none")
-    check_targets(target, weight.shape[0], ignore_index)
-    check_tensor(OP, "row_scale", row_scale, dtypes=(torch.float32,), ndim=1, contiguous=True)
-    if row_scale.shape[0] != hidden.shape[0]:
-        raise GretaInputError(
-            f"{OP}: argument 'row_scale' has {row_scale.shape[0]} entries; expected "
-            f"{hidden.shape[0]}"
+    from greta_core import reference
+    from greta_core.observe import record
+
+    target, refused = screen_targets(target, weight.shape[0], ignore_index)
+    record(OP, "reference-torch", "cpu")
+    loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
+    loss = poison(loss, refused)
+    if not with_grad or reduction == "none":
+        return loss, _empty(hidden), _empty(weight)
+    ct = reference.compute_dtype(hidden)
+    scale = torch.ones(hidden.shape[0], dtype=ct, device=hidden.device)
+    if reduction == "mean":
+        scale = scale / (target != ignore_index).sum().clamp(min=1)
+    dh, dw = reference.linear_cross_entropy_bwd(hidden, weight, target, scale, ignore_index)
+    if dh_into_hidden:  # nothing saved here: the contract is kept for every path alike
+        hidden.copy_(dh)
+        dh = _empty(hidden)
+    return loss.to(ct), dh, dw
+
+
+def _precomputed(with_grad: bool, reduction: str) -> bool:
+    """The forward computed the gradients (the backward only scales them)."""
+    return with_grad and reduction != "none"
+
+
+def _saves(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, with_grad: bool,
+    dh_into_hidden: bool,
+) -> tuple[str, ...]:  # fmt: skip
+    if _precomputed(with_grad, reduction):
+        return ("hidden" if dh_into_hidden else "out1", "out2")
+    return ("hidden", "weight", "target")
+
+
+def _scales_in_place(dloss: Any, dh: Any) -> bool:
+    """The gradients are scaled in place: a plain concrete GPU tensor in a kernel dtype
+    (the Triton path). No second dweight ([vocab, hidden]) at the train step's peak and no
+    host sync on dloss's value; a second backward through a retained graph then fails
+    autograd's version check instead of scaling twice. Elsewhere (CPU, float64 references,
+    tracing) a plain product."""
+    import torch
+
+    return (
+        type(dloss) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+        and dh.device.type != "cpu"
+        and dh.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    )
+
+
+def _torch_row_scale(
+    dloss: Any, hidden: Any, target: Any, ignore_index: int, reduction: str
+) -> Any:
+    """Per-row upstream gradients of the loss, as linear_cross_entropy_bwd takes them."""
+    import torch
+
+    if reduction == "none":
+        row_scale = dloss.to(torch.float32).contiguous()
+    else:
+        ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        row_scale = ones * dloss.to(torch.float32)
+        if reduction == "mean":
+            row_scale = row_scale * mean_scale(target, ignore_index)
+    return row_scale.to(torch.float64) if hidden.dtype == torch.float64 else row_scale
+
+
+def _jax_row_scale(dloss: Any, hidden: Any, target: Any, ignore_index: int, reduction: str) -> Any:
+    import jax.numpy as jnp
+
+    row_scale = jnp.broadcast_to(dloss.astype(jnp.float32), (hidden.shape[0],))
+    if reduction == "mean":
+        row_scale = row_scale / _jax_n_valid(target, ignore_index)
+    return row_scale
+
+
+def _fwd_grads(call: Any, grad_outputs: tuple[Any, ...], saved: Any) -> tuple[Any, ...]:
+    dloss = grad_outputs[0]
+    rest = (None,) * 5
+    if dloss is None:  # only the non-differentiable outputs were used
+        return (None, None, *rest)
+    if _precomputed(saved.with_grad, saved.reduction):  # torch only
+        # With dh_into_hidden the saved dhidden is the input `hidden`, graph and all: a
+        # detached alias (same memory and version counter) is a plain gradient like dw.
+        dh = (saved.hidden if saved.dh_into_hidden else saved.out1).detach()
+        dw = saved.out2.detach()
+        if _scales_in_place(dloss, dh):
+            return dh.mul_(dloss.to(dh.dtype)), dw.mul_(dloss.to(dw.dtype)), *rest
+        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), *rest
+    hidden = saved.hidden
+    if type(hidden).__module__.partition(".")[0] == "torch":
+        row_scale = _torch_row_scale(
+            dloss, hidden, saved.target, saved.ignore_index, saved.reduction
         )
-    hidden, weight = hidden.contiguous(), weight.contiguous()
-    _, dh, dw = _chunked(hidden, weight, target, ignore_index, row_scale, True, True, arch, wrap)
-    return dh, dw
+    else:  # JAX (its forward never computes the gradients)
+        row_scale = _jax_row_scale(dloss, hidden, saved.target, saved.ignore_index, saved.reduction)
+    dh, dw = call(
+        LINEAR_CROSS_ENTROPY_BWD, hidden, saved.weight, saved.target, row_scale,
+        saved.ignore_index,
+    )  # fmt: skip
+    return dh, dw, *rest
+
+
+def _jax_fwd_body(
+    run: Callable[..., Any], hidden: Any, weight: Any, target: Any, ignore_index: int,
+    reduction: str, with_grad: bool, dh_into_hidden: bool, *, stats: bool,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The loss alone (JAX's backward redoes the chunks through the declared backward op)."""
+    import jax.numpy as jnp
+
+    n, h = hidden.shape
+    rows = []
+    ones = jnp.ones((n,), jnp.float32)
+    prec = _jax_precision(hidden.dtype)
+    for s, e in chunks(n, weight.shape[0], h):
+        logits = jnp.dot(hidden[s:e], weight.T, precision=prec).astype(hidden.dtype)
+        rows.append(jax_rows(run, logits, target[s:e], ones[s:e], ignore_index, False)[0])
+    loss = jnp.concatenate(rows) if rows else jnp.zeros((0,), jnp.float32)
+    if reduction != "none":
+        loss = jnp.sum(loss)
+        if reduction == "mean":
+            loss = loss / _jax_n_valid(target, ignore_index)
+    empty = jnp.zeros((0,), hidden.dtype)
+    return loss, empty, empty
+
+
+def _jax_n_valid(target: Any, ignore_index: int) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.maximum(jnp.sum(target != ignore_index), 1).astype(jnp.float32)
+
+
+def _check_arrays_fwd(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str, *flags: bool
+) -> None:
+    """JAX arrays' checks (the torch binding's are `validate`)."""
+    check_array_float(OP, "hidden", hidden)
+    check_array_float(OP, "weight", weight)
+    if hidden.ndim != 2 or weight.ndim != 2 or weight.shape[1] != hidden.shape[1]:
+        raise GretaInputError(
+            f"{OP}: arguments 'hidden' {hidden.shape} and 'weight' {weight.shape} must be "
+            "[N, H] and [V, H]"
+        )
+    if weight.dtype != hidden.dtype:
+        raise GretaInputError(f"{OP}: 'weight' dtype {weight.dtype} differs from 'hidden's")
+    if target.shape != (hidden.shape[0],) or "int" not in str(target.dtype):
+        raise GretaInputError(
+            f"{OP}: argument 'target' must be an int array of shape ({hidden.shape[0]},), "
+            f"got {target.shape} {target.dtype}"
+        )
+    if reduction not in REDUCTIONS:
+        raise GretaInputError(f"{OP}: reduction {reduction!r} not in {', '.join(REDUCTIONS)}")
+
+
+def _check_target_values(hidden: Any, weight: Any, target: Any, ignore_index: int, *_: Any) -> None:
+    """`OpDecl.check_values`: targets whose values are on the host (the torch CPU kernel,
+    concrete JAX arrays; torch GPU tensors are checked on the device by the body)."""
+    if type(target).__module__.partition(".")[0] == "torch":
+        check_targets(target, weight.shape[0], ignore_index)
+        return
+    import numpy as np
+
+    if target.size:
+        refuse_on_host(np.asarray(target), int(weight.shape[0]), ignore_index)
+
+
+LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
+    name="linear_cross_entropy_fwd",
+    schema=(
+        "Tensor hidden, Tensor weight, Tensor target, int ignore_index, str reduction, "
+        "bool with_grad, bool dh_into_hidden=False -> (Tensor, Tensor, Tensor)"
+    ),
+    describe="(loss, dhidden, dweight) of cross_entropy(hidden @ weight.T, target), chunked",
+    validate=_validate_fwd,
+    plan=None,
+    body=_fwd_body,
+    jax_body=_jax_fwd_body,
+    check_arrays=_check_arrays_fwd,
+    check_values=_check_target_values,
+    reference=_fwd_reference,
+    backward=Backward(
+        _fwd_grads, saves=("hidden", "weight", "target"), saves_outputs=(1, 2),
+        nondiff_outputs=(1, 2), saves_for=_saves, materialize_grads=False,
+    ),
+    front=False,
+    uses_matrix_units=True,
+))  # fmt: skip

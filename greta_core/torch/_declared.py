@@ -76,7 +76,7 @@ _raw_call = Caller(
 )
 
 
-_TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int}
+_TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int, "str": str}
 
 
 def _signature(op: OpDecl) -> inspect.Signature:
@@ -230,6 +230,8 @@ def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
     nondiff = {*op.backward.nondiff_outputs, *range(op.n_outputs, len(outs))}  # type: ignore[union-attr]
     for i in sorted(nondiff):
         ctx.mark_non_differentiable(outs[i])
+    if not op.backward.materialize_grads:  # type: ignore[union-attr]
+        ctx.set_materialize_grads(False)
 
 
 def _saved(ctx: Any) -> types.SimpleNamespace:

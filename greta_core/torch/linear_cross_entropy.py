@@ -1,9 +1,11 @@
 """greta::linear_cross_entropy (user op, autograd): cross-entropy of hidden @ weight.T
-without the logits. It calls the triton_op greta::linear_cross_entropy_fwd -> (loss,
-dhidden, dweight): with ``with_grad`` (grad mode on, an input needing it, reduction mean
-or sum) the gradients come out of the forward's chunks and the backward only scales them;
-otherwise the backward is the triton_op greta::linear_cross_entropy_bwd, which redoes the
-chunks with per-row gradients (reduction="none").
+without the logits. Its front (this module) picks what runs and calls the triton_op
+greta::linear_cross_entropy_fwd -> (loss, dhidden, dweight), derived with its autograd from
+the declaration in ops/linear_cross_entropy.py: with ``with_grad`` (grad mode on, an input
+needing it, reduction mean or sum) the gradients come out of the forward's chunks and the
+backward only scales them; otherwise the backward is the declared triton_op
+greta::linear_cross_entropy_bwd, which redoes the chunks with per-row gradients
+(reduction="none").
 
 Inside ``consume_inputs()`` (apply_greta's causal-LM loss) the Triton path writes dhidden
 over ``hidden`` in the forward (see :func:`_consumes_hidden`): the forward's peak then holds
@@ -22,134 +24,21 @@ import inspect
 from typing import Any
 
 import torch
-from torch.library import triton_op, wrap_triton
 
-from greta_core import reference
 from greta_core.arch import arch_of
 from greta_core.observe import record
 from greta_core.ops import linear_cross_entropy as raw
-from greta_core.torch._common import consuming, record_reference
+from greta_core.torch._common import consuming
+from greta_core.torch._declared import register
 from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
-
-def _empty(t: torch.Tensor) -> torch.Tensor:
-    return t.new_empty(0)
-
-
-# dh_into_hidden=True, on every path of greta::linear_cross_entropy_fwd: dhidden is written
-# over the input `hidden` and the op's dhidden output is a 0-element placeholder. A custom
-# op's outputs may not alias its inputs (torch checks it at runtime), so `hidden` itself
-# cannot be returned; _setup_context saves the input `hidden` in dhidden's place instead.
-def _dh_output(hidden: torch.Tensor, dh: torch.Tensor | None, dh_into_hidden: bool):
-    """The op's dhidden output: a placeholder when dhidden lives in `hidden` (or is None)."""
-    return _empty(hidden) if dh_into_hidden or dh is None else dh
-
-
-def _saved_dh(hidden: torch.Tensor, dh: torch.Tensor, dh_into_hidden: bool) -> torch.Tensor:
-    """The tensor holding dhidden after the forward: `hidden` when it was written there."""
-    return hidden if dh_into_hidden else dh
-
-
-def _reference_fwd(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden):
-    raw.validate(hidden, weight, target, reduction, reference=True)
-    raw.check_targets(target, weight.shape[0], ignore_index)
-    if dh_into_hidden:
-        raw.check_dh_into_hidden(hidden, with_grad, reduction)
-    record_reference("linear_cross_entropy")
-    loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
-    if not with_grad or reduction == "none":
-        return loss, _empty(hidden), _empty(weight)
-    ct = reference.compute_dtype(hidden)
-    scale = torch.ones(hidden.shape[0], dtype=ct, device=hidden.device)
-    if reduction == "mean":
-        scale = scale / (target != ignore_index).sum().clamp(min=1)
-    dh, dw = reference.linear_cross_entropy_bwd(hidden, weight, target, scale, ignore_index)
-    if dh_into_hidden:  # nothing saved here: the contract is kept for every path alike
-        hidden.copy_(dh)
-    return loss.to(ct), _dh_output(hidden, dh, dh_into_hidden), dw
-
-
-def _reference_bwd(hidden, weight, target, row_scale, ignore_index):
-    raw.validate(hidden, weight, target, "none", reference=True)
-    raw.check_targets(target, weight.shape[0], ignore_index)
-    record_reference("linear_cross_entropy_bwd")
-    return reference.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
-
-
-def _triton_fwd(
-    hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden, wrap=None
-):
-    kw = {} if wrap is None else {"wrap": wrap}
-    loss, dh, dw = raw.linear_cross_entropy_fwd(
-        hidden, weight, target, ignore_index, reduction, with_grad, **kw,
-        dh_into_hidden=dh_into_hidden,
-    )  # fmt: skip
-    dw = _empty(weight) if dw is None else dw
-    return loss, _dh_output(hidden, dh, dh_into_hidden), dw
-
-
-# mutates_args=() although dh_into_hidden=True writes `hidden`: an op with declared mutations
-# cannot have register_autograd. _linear_cross_entropy passes True only on concrete tensors
-# (never while tracing, where functionalization would trust the schema).
-@triton_op("greta::linear_cross_entropy_fwd", mutates_args=())
-def linear_cross_entropy_fwd(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    ignore_index: int,
-    reduction: str,
-    with_grad: bool,
-    dh_into_hidden: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = (hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden)
-    if takes_reference(hidden):
-        return _reference_fwd(*args)
-    return _triton_fwd(*args, wrap_triton)
-
-
-@linear_cross_entropy_fwd.register_kernel("cpu")
-def _fwd_cpu(hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden=False):
-    args = (hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden)
-    if run_triton_on_cpu(hidden, weight):
-        return _triton_fwd(*args)
-    return _reference_fwd(*args)
-
-
-@triton_op("greta::linear_cross_entropy_bwd", mutates_args=())
-def linear_cross_entropy_bwd(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    row_scale: torch.Tensor,
-    ignore_index: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if takes_reference(hidden):
-        return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
-    return raw.linear_cross_entropy_bwd(
-        hidden, weight, target, row_scale, ignore_index, wrap=wrap_triton
-    )
-
-
-@linear_cross_entropy_bwd.register_kernel("cpu")
-def _bwd_cpu(hidden, weight, target, row_scale, ignore_index):
-    if run_triton_on_cpu(hidden, weight, row_scale):
-        return raw.linear_cross_entropy_bwd(hidden, weight, target, row_scale, ignore_index)
-    return _reference_bwd(hidden, weight, target, row_scale, ignore_index)
-
-
-def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    hidden, weight, target, ignore_index, reduction, with_grad, dh_into_hidden = inputs
-    _loss, dh, dw = output
-    ctx.precomputed = with_grad and reduction != "none"
-    ctx.ignore_index, ctx.reduction = ignore_index, reduction
-    if ctx.precomputed:
-        ctx.save_for_backward(_saved_dh(hidden, dh, dh_into_hidden), dw)
-    else:
-        ctx.save_for_backward(hidden, weight, target)
-    ctx.mark_non_differentiable(dh, dw)
-    # dh and dw are outputs too: with materialized grads autograd would hand the backward
-    # zeros shaped like them (another [vocab, hidden] dweight) for gradients nobody sends.
-    ctx.set_materialize_grads(False)
+# greta::linear_cross_entropy_fwd and greta::linear_cross_entropy_bwd: derived from their
+# declarations (ops/linear_cross_entropy.py). mutates_args=() although dh_into_hidden=True
+# writes `hidden`: an op with declared mutations cannot have register_autograd.
+# _linear_cross_entropy passes True only on concrete tensors (never while tracing, where
+# functionalization would trust the schema).
+linear_cross_entropy_bwd = register(raw.LINEAR_CROSS_ENTROPY_BWD)
+linear_cross_entropy_fwd = register(raw.LINEAR_CROSS_ENTROPY_FWD)
 
 
 def _is_concrete(t: torch.Tensor) -> bool:
@@ -185,40 +74,6 @@ def _consumes_hidden(hidden: torch.Tensor, weight: torch.Tensor, with_grad: bool
         and _takes_triton(hidden, weight)
     )
 
-
-def _backward(ctx: Any, dloss: torch.Tensor | None, _ddh: Any, _ddw: Any):
-    if dloss is None:  # only the non-differentiable outputs were used
-        return None, None, None, None, None, None, None
-    if ctx.precomputed:
-        # With dh_into_hidden the saved dhidden is the input `hidden`, graph and all: a
-        # detached alias (same memory and version counter) is a plain gradient like dw.
-        dh, dw = (t.detach() for t in ctx.saved_tensors)
-        if _is_concrete(dloss) and dh.device.type != "cpu" and not takes_reference(dh):
-            # The Triton path scales in place on the device: no second dweight ([vocab, hidden])
-            # at the train step's peak, and no host sync on dloss's value. A second backward
-            # through a retained graph then fails autograd's version check instead of
-            # scaling twice. Elsewhere (CPU, float64 references, tracing) a plain product.
-            dh.mul_(dloss.to(dh.dtype))
-            dw.mul_(dloss.to(dw.dtype))
-            return dh, dw, None, None, None, None, None
-        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None, None, None
-    hidden, weight, target = ctx.saved_tensors
-    if ctx.reduction == "none":
-        row_scale = dloss.to(torch.float32).contiguous()
-    else:
-        ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        row_scale = ones * dloss.to(torch.float32)
-        if ctx.reduction == "mean":
-            row_scale = row_scale * raw.mean_scale(target, ctx.ignore_index)
-    if hidden.dtype == torch.float64:
-        row_scale = row_scale.to(torch.float64)
-    dh, dw = torch.ops.greta.linear_cross_entropy_bwd(
-        hidden, weight, target, row_scale, ctx.ignore_index
-    )
-    return dh, dw, None, None, None, None, None
-
-
-linear_cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 _lib = torch.library.Library("greta", "FRAGMENT")
 _lib.define(
@@ -280,7 +135,7 @@ def _torch_loss(
     1 / max(1, non-ignored targets), the kernel's rule: a batch whose targets are all ignored
     gives 0 (torch's own mean gives NaN), whichever implementation ran."""
     raw.validate(hidden, weight, target, reduction)
-    raw.check_targets(target, weight.shape[0], ignore_index)
+    target, refused = raw.screen_targets(target, weight.shape[0], ignore_index)
     if not torch.compiler.is_compiling():
         record(raw.OP, impl, arch)
     if impl == raw.CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
@@ -288,6 +143,7 @@ def _torch_loss(
         loss = torch.nn.functional.linear_cross_entropy(
             hidden, weight, target, reduction="sum", ignore_index=ignore_index, options=options
         ).to(torch.float32)
+        loss = raw.poison(loss, refused)
     else:
         if impl == raw.LINEAR_CE:
             rows = torch.nn.functional.cross_entropy(
@@ -298,7 +154,7 @@ def _torch_loss(
             rows = torch.nn.functional.linear_cross_entropy(
                 hidden, weight, target, reduction="none", ignore_index=ignore_index
             )
-        rows = rows.to(torch.float32)
+        rows = raw.poison(rows.to(torch.float32), refused)
         if reduction == "none":
             return rows
         loss = rows.sum()
