@@ -293,7 +293,7 @@ def test_eager_training_path_runs_the_launches_under_a_plain_function(
     if not ON_GPU:  # the real predicate keeps CPU tensors on the triton_op's autograd
         out = torch.ops.greta.toy_scaled_add(x, y)
         assert "GeneratedBackwardFor_greta_toy_scaled_add_fwd" in out.grad_fn.name()
-    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    monkeypatch.setattr(_calls, "eager_training", lambda t: True)
     out = torch.ops.greta.toy_scaled_add(x, y, 0.5)
     assert out.grad_fn.name() == "greta_toy_scaled_add_fwd_eagerBackward"
     assert observe.last_implementation("toy_scaled_add") == expected_impl()
@@ -475,7 +475,7 @@ def test_declared_ops_train_through_the_eager_function(
         "swiglu": lambda a, b: reference.glu(a, b, "silu"),
         "geglu": lambda a, b: reference.glu(a, b, "gelu_tanh"),
     }[op]  # fmt: skip
-    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    monkeypatch.setattr(_calls, "eager_training", lambda t: True)
     out = getattr(torch.ops.greta, op)(*args)
     assert out.grad_fn.name() == f"greta_{op}_fwd_eagerBackward"
     dy = torch.randn(out.shape, generator=g, dtype=dtype).to(DEVICE)
