@@ -188,8 +188,9 @@ def register(op: OpDecl) -> Any:
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
-    def front(*args: Any, **kwargs: Any) -> Any:
-        args = public(args, kwargs)
+    def eager(args: tuple[Any, ...]) -> Any:
+        """The eager paths' decision, in one place for the front and the Python entry: the
+        call's outputs, or _DECLINED (the torch op runs it)."""
         if args[0].dtype in kernel_dtypes:
             # A training call is told apart first: the no-grad hot path's checks would
             # only find a tensor that wants a gradient, and cost it a pass.
@@ -200,13 +201,82 @@ def register(op: OpDecl) -> Any:
                     return op.unpack(done)
             elif training:
                 return train(args)
+        return _DECLINED
+
+    def front(*args: Any, **kwargs: Any) -> Any:
+        args = public(args, kwargs)
+        done = eager(args)
+        if done is not _DECLINED:
+            return done
         if op.stats:  # the statistics stay behind, for the backward
             return op.unpack(fwd_op(*args)[:n_out])
         return fwd_op(*args)
 
     # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
     _lib.impl(op.name, front, "CompositeImplicitAutograd")
+    setattr(ops, op.name, _entry(op, public, eager, getattr(torch.ops.greta, op.name)))
     return fwd_op
+
+
+# Sentinel of a call the eager paths decline.
+_DECLINED = object()
+
+# The Python entries of the declared ops with a front: ``ops.<name>(*args)`` is
+# ``torch.ops.greta.<name>(*args)``, less the dispatcher's hop where an eager path takes
+# the call (see _entry). greta_core.transformers' forwards call these.
+ops = types.SimpleNamespace()
+
+
+def _entry(
+    op: OpDecl,
+    public: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]],
+    eager: Callable[[tuple[Any, ...]], Any],
+    packet: Any,
+) -> Callable[..., Any]:
+    """``torch.ops.greta.<name>`` for Python callers, without the dispatcher's hop (its
+    boxing of the arguments into the CompositeImplicitAutograd front costs about as much as
+    the eager no-grad path itself) where the front's eager decision (`eager`) takes the
+    call. Anything else calls `packet`, the torch op, as the caller wrote it:
+
+    - ``torch.compile`` tracing (dynamo reads ``is_compiling()`` as True, so the graph
+      gets the torch op, as from a direct call);
+    - keyword arguments, or positional ones the dispatcher would convert or reject (an int
+      where the schema has a float, a missing tensor): what the front gets is typed by the
+      dispatcher, and the entry passes only calls already typed so;
+    - whatever the front's eager decision declines (modes, functorch, subclasses, CPU)."""
+    compiling = torch.compiler.is_compiling
+    lowest = sum(not a.has_default for a in op.public_args)
+    highest = len(op.public_args)
+    # Positions in the op's order: (tensor, None allowed), (scalar, the types it may be).
+    tensors = tuple((i, a.type.endswith("?")) for i, a in enumerate(op.args) if a.is_tensor)
+    scalars = tuple(
+        (i, (_TYPES[a.type.rstrip("?")], *((type(None),) if a.type.endswith("?") else ())))
+        for i, a in enumerate(op.args) if not a.is_tensor
+    )  # fmt: skip
+    no_kwargs: dict[str, Any] = {}
+
+    def typed(args: tuple[Any, ...]) -> bool:
+        for i, optional in tensors:
+            t = args[i]
+            if not isinstance(t, torch.Tensor) and (t is not None or not optional):
+                return False
+        for i, accepted in scalars:  # noqa: SIM110  (a loop: no generator built per call)
+            if type(args[i]) not in accepted:
+                return False
+        return True
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and lowest <= len(args) <= highest and not compiling():
+            full = public(args, no_kwargs)
+            if typed(full):
+                done = eager(full)
+                if done is not _DECLINED:
+                    return done
+        return packet(*args, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = op.name
+    entry.__doc__ = f"torch.ops.greta.{op.name}, without the dispatcher where eager ({op.schema})"
+    return entry
 
 
 def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
