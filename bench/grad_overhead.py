@@ -7,6 +7,10 @@ together cost at most 1.5x the host time of the PyTorch eager op it replaces. Th
 ``--calls`` forward+backward calls per case, interleaved; a case's time is the median over
 rounds and its ratio the median of the per-round ratios to its vendor.
 
+Each op is timed twice: ``torch.ops.greta.<op>`` and its Python entry
+(``greta_core.torch._declared.ops.<op>``, what apply_greta's model forwards call: no
+dispatcher hop), each with its ratio (``greta_vs_vendor``, ``entry_vs_vendor``).
+
 A call is ``torch.autograd.grad(op(*inputs), inputs, grad_outputs)``: the forward, the
 autograd graph and the backward, with no gradient accumulated into ``.grad``. Inputs are
 small (host-bound, as a small-batch training step's ops are).
