@@ -37,6 +37,12 @@ def test_tiny_cpu_run_writes_every_op(tmp_path: Path, monkeypatch: pytest.Monkey
         greta = rows[(group, "torch.ops.greta")]
         assert greta["ratio_to_vendor"] == doc["greta_vs_vendor"][group] > 0
         assert greta["within_target"] == (greta["ratio_to_vendor"] <= doc["target"])
+    # The Python entries beside torch.ops.greta, for every declared op with a front.
+    entries = {group for group, variant in rows if variant == bench.ENTRY}
+    assert GROUPS - {"linear_cross_entropy"} <= entries
+    for group in entries:
+        row = rows[(group, bench.ENTRY)]
+        assert "skipped" not in row and row["ratio_to_vendor"] == doc["entry_vs_vendor"][group]
     assert rows[("kv_cache", "torch.ops.greta")]["skipped"].startswith("no backward")
     with out.with_suffix(".csv").open() as f:
         table = list(csv.DictReader(f))

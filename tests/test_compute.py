@@ -309,30 +309,32 @@ def test_eager_raw_never_on_cpu_or_under_a_mode() -> None:
         assert eager_raw(x) is False
 
 
-def test_eager_autograd_wants_a_gradient_and_nothing_that_needs_the_torch_op(
+def test_eager_training_tells_no_grad_eager_and_torch_op_apart(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """eager_autograd (the eager training path): grad mode on and an input wanting a gradient,
-    plain GPU tensors (a subclass reporting is_cuda stands in, counted plain), no dispatch or
-    function mode, no functorch transform. Anything else declines: the torch op's autograd."""
+    """eager_training (the fronts' one pass): None where autograd records nothing (grad
+    mode off, no input wanting a gradient: the no-grad path decides); True for plain GPU
+    tensors (a subclass reporting is_cuda stands in, counted plain), no dispatch or function
+    mode, no functorch transform; False (the torch op's autograd) for anything else."""
     from greta_core.ops import _calls
 
     CudaLike = cuda_stand_in(monkeypatch)
     x = torch.randn(4, 8).as_subclass(CudaLike)
     xg = torch.randn(4, 8).as_subclass(CudaLike).requires_grad_()
-    assert _calls.eager_autograd(xg, x, None) is True
+    assert _calls.eager_training((xg, x, None)) is True
     assert _calls.eager_raw(xg, x) is False  # the no-grad front declines the same call
-    assert _calls.eager_autograd(x, x) is False  # nothing wants a gradient
+    assert _calls.eager_training((x, x)) is None  # nothing wants a gradient
     with torch.no_grad():
-        assert _calls.eager_autograd(xg, x) is False
-    assert _calls.eager_autograd(xg, torch.randn(4, 8)) is False  # a CPU tensor
+        assert _calls.eager_training((xg, x)) is None
+    assert _calls.eager_training((xg, torch.randn(4, 8))) is False  # a CPU tensor
+    assert _calls.eager_training((torch.randn(4, 8), xg)) is False  # whichever comes first
 
     with PassthroughMode():
-        assert _calls.eager_autograd(xg, x) is False
+        assert _calls.eager_training((xg, x)) is False
     with torch.device("cpu"):  # a torch function mode
-        assert _calls.eager_autograd(xg, x) is False
+        assert _calls.eager_training((xg, x)) is False
     seen = []
-    torch.func.grad(lambda t: seen.append(_calls.eager_autograd(xg, x)) or t.sum())(torch.ones(3))
+    torch.func.grad(lambda t: seen.append(_calls.eager_training((xg, x))) or t.sum())(torch.ones(3))
     assert seen == [False]  # inside a functorch transform
 
 

@@ -297,8 +297,14 @@ def test_torch_compile_keeps_the_registered_op(toy: Any) -> None:
     out = torch.compile(lambda a, b: torch.ops.greta.toy_scaled_add(a, b, 3.0), backend=backend)(
         x, y
     )
-    torch._dynamo.reset()
     assert any("greta.toy_scaled_add" in t for t in graphs[0]), sorted(graphs[0])
+    torch.testing.assert_close(out, x.detach() + 3.0 * y.detach())
+    # The Python entry (what greta_core.transformers calls) hands dynamo the same op.
+    from greta_core.torch._declared import ops as entries
+
+    out = torch.compile(lambda a, b: entries.toy_scaled_add(a, b, 3.0), backend=backend)(x, y)
+    torch._dynamo.reset()
+    assert any("greta.toy_scaled_add" in t for t in graphs[-2]), graphs  # dynamo's
     torch.testing.assert_close(out, x.detach() + 3.0 * y.detach())
 
 
@@ -388,7 +394,7 @@ def test_eager_training_path_runs_the_launches_under_a_plain_function(
     if not ON_GPU:  # the real predicate keeps CPU tensors on the triton_op's autograd
         out = torch.ops.greta.toy_scaled_add(x, y)
         assert "GeneratedBackwardFor_greta_toy_scaled_add_fwd" in out.grad_fn.name()
-    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    monkeypatch.setattr(_calls, "eager_training", lambda t: True)
     out = torch.ops.greta.toy_scaled_add(x, y, 0.5)
     assert out.grad_fn.name() == "greta_toy_scaled_add_fwd_eagerBackward"
     assert observe.last_implementation("toy_scaled_add") == expected_impl()
@@ -397,6 +403,53 @@ def test_eager_training_path_runs_the_launches_under_a_plain_function(
     torch.testing.assert_close(out, x.detach() + 0.5 * y.detach())
     torch.testing.assert_close(gx, dy)
     torch.testing.assert_close(gy, 0.5 * dy)
+
+
+def test_the_python_entry_decides_as_the_front_without_the_dispatcher(
+    toy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ops.<name>`` (greta_core.torch._declared) takes the front's eager decision itself
+    for a call typed as the schema; a call the dispatcher would convert (an int for a
+    float, keywords) goes through torch.ops, whose front then decides. Outputs and
+    gradients are the front's, bit for bit, the eager Function's backward included with
+    create_graph (once_differentiable: a second differentiation fails)."""
+    need_triton()
+    from greta_core.ops import _calls
+    from greta_core.torch._declared import ops as entries
+
+    seen: list[tuple[str, Any]] = []
+
+    def decide(tensors: tuple[Any, ...]) -> bool:
+        seen.append((sys._getframe(2).f_code.co_name, tensors))  # eager <- front | entry
+        return True
+
+    monkeypatch.setattr(_calls, "eager_training", decide)
+    x, y = _xy(grad=True)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    results = []
+    for call in (
+        lambda: torch.ops.greta.toy_scaled_add(x, y, 0.5),
+        lambda: entries.toy_scaled_add(x, y, 0.5),
+        lambda: entries.toy_scaled_add(x, y, alpha=0.5),
+    ):
+        out = call()
+        assert out.grad_fn.name() == "greta_toy_scaled_add_fwd_eagerBackward"
+        results.append((out, *torch.autograd.grad(out, (x, y), dy)))
+    assert [caller for caller, _ in seen] == ["front", "entry", "front"]
+    for got in results[1:]:
+        for have, want in zip(got, results[0], strict=True):
+            assert torch.equal(have, want)
+    seen.clear()
+    entries.toy_scaled_add(x, y, 1)  # an int alpha: the dispatcher makes it a float
+    assert [caller for caller, _ in seen] == ["front"]
+
+    dy_wants_grad = dy.clone().requires_grad_()
+    out = entries.toy_scaled_add(x, y, 0.5)
+    gx, gy = torch.autograd.grad(out, (x, y), dy_wants_grad, create_graph=True)
+    assert torch.equal(gx, results[0][1]) and torch.equal(gy, results[0][2])
+    assert gy.requires_grad  # through once_differentiable's DelayedError node
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gy.sum().backward()
 
 
 DRIVER = """
@@ -570,7 +623,7 @@ def test_declared_ops_train_through_the_eager_function(
         "swiglu": lambda a, b: reference.glu(a, b, "silu"),
         "geglu": lambda a, b: reference.glu(a, b, "gelu_tanh"),
     }[op]  # fmt: skip
-    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    monkeypatch.setattr(_calls, "eager_training", lambda t: True)
     out = getattr(torch.ops.greta, op)(*args)
     assert out.grad_fn.name() == f"greta_{op}_fwd_eagerBackward"
     dy = torch.randn(out.shape, generator=g, dtype=dtype).to(DEVICE)

@@ -91,10 +91,10 @@ def test_eager_training_path_matches_the_registered_autograd(
         return y, torch.autograd.grad(y, diff, dy), y.grad_fn.name()
 
     if ON_GPU:  # the real predicate sends plain GPU tensors to the Function
-        monkeypatch.setattr(_calls, "eager_autograd", lambda *t: False)
+        monkeypatch.setattr(_calls, "eager_training", lambda t: False)
     registered = run()
     assert registered[2].startswith(f"GeneratedBackwardFor_greta_{name}_fwd")
-    monkeypatch.setattr(_calls, "eager_autograd", lambda *t: True)
+    monkeypatch.setattr(_calls, "eager_training", lambda t: True)
     eager = run()
     assert eager[2] == f"greta_{name}_fwd_eagerBackward"
     assert torch.equal(eager[0], registered[0])

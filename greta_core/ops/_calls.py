@@ -182,6 +182,12 @@ class ForwardCall(CallCache):
         done = self.launch_args(wrap, False, args)
         return done if done is not None else self._ordinary(wrap, args)
 
+    def launch(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """:meth:`run` with no wrap, `args` as one tuple: the eager training path's forward
+        and backward launches (no repacking)."""
+        done = self.launch_args(_identity, False, args)
+        return done if done is not None else self._ordinary(_identity, args)
+
     def if_eager(self, *args: Any) -> tuple[Any, ...] | None:
         """:meth:`run` for a call :func:`eager_raw` allows (a torch.ops front's hot path:
         ``launch_args(..., True, ...)`` makes its checks in the key's pass), else None: the
@@ -429,44 +435,53 @@ def eager_raw(*tensors: Any) -> bool:
     same kernel with the same checks. Anything else, or a torch without these hooks, takes
     the torch op.
     """
-    return _eager(tensors, with_grad=False)
+    probes = _PROBES or _eager_probes()
+    if probes is None:
+        return False
+    compiling, dispatch_modes, function_modes, grad_enabled, plain, _ = probes
+    if compiling() or dispatch_modes() or function_modes():
+        return False
+    grad = grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        # is_cuda: CUDA and ROCm tensors (cheaper than building t.device.type).
+        if type(t) not in plain or not t.is_cuda or (grad and t.requires_grad):
+            return False
+    return True
 
 
-def eager_autograd(*tensors: Any) -> bool:
-    """True when an eager call that autograd records (grad enabled, an input requiring it)
-    may run GRETA's plans under a plain ``torch.autograd.Function`` instead of the torch
-    op's autograd: :func:`eager_raw`'s checks with gradients allowed, and no functorch
-    transform active (its wrapped tensors need the torch op's rules).
+def eager_training(tensors: tuple[Any, ...]) -> bool | None:
+    """How a torch.ops front runs a call, told in one pass over its tensors. None: autograd
+    does not record it (grad mode off, or no tensor requires a gradient), so the no-grad
+    path decides (:meth:`ForwardCall.if_eager`). True: it does, and GRETA's plans may run
+    under a plain ``torch.autograd.Function`` instead of the torch op's autograd (plain GPU
+    tensors, no dispatch or function mode, no functorch transform: its wrapped tensors need
+    the torch op's rules). False: it does, and the torch op must run.
 
     torch.library's autograd wrapper (argument flattening, a generated Function per call,
     the custom-op dispatch forward and backward) costs about a millisecond of host time per
     training step of one attention call on an H100 host, more than the kernels run at
     S=2048 (bench/attention_sweep.py's host column).
+
+    No compiling() probe, as in :meth:`CallCache.launch_args`: the fronts run under the
+    dispatcher, and the Python entries that skip it (``greta_core.torch.ops``) ask first.
     """
-    return _eager(tensors, with_grad=True)
-
-
-def _eager(tensors: tuple[Any, ...], with_grad: bool) -> bool:
-    """`with_grad` False: no tensor may want a gradient (eager_raw); True: one must, with
-    grad mode on and no functorch transform (eager_autograd). The other checks: both."""
     probes = _PROBES or _eager_probes()
-    if probes is None:
-        return False
-    compiling, dispatch_modes, function_modes, grad_enabled, plain, functorch_active = probes
-    if compiling() or dispatch_modes() or function_modes():
-        return False
-    grad = grad_enabled()
-    if with_grad and (not grad or functorch_active()):
-        return False
-    wants_grad = False
+    if probes is None:  # the no-grad path declines too: the torch op, autograd and all
+        return None
+    _, dispatch_modes, function_modes, grad_enabled, plain, functorch_active = probes
+    if not grad_enabled():
+        return None
+    wants_grad, eager = False, True
     for t in tensors:
-        if t is None:
-            continue
-        # is_cuda: CUDA and ROCm tensors (cheaper than building t.device.type).
-        if type(t) not in plain or not t.is_cuda:
-            return False
-        wants_grad = wants_grad or (grad and t.requires_grad)
-    return wants_grad == with_grad
+        if t is not None:
+            wants_grad = wants_grad or t.requires_grad
+            # is_cuda: CUDA and ROCm tensors (cheaper than building t.device.type).
+            eager = eager and type(t) in plain and t.is_cuda
+    if not wants_grad:
+        return None
+    return eager and not (dispatch_modes() or function_modes() or functorch_active())
 
 
 # torch's checks that eager_raw runs on every call, looked up once (a hot path). A module
@@ -486,7 +501,7 @@ def _eager_probes() -> tuple[Any, ...] | None:
             torch.is_grad_enabled,
             # Plain tensors only: subclasses (FakeTensor, DTensor...) take the torch op.
             (torch.Tensor, torch.nn.Parameter),
-            # Without this probe, no eager autograd path (eager_raw needs none).
+            # Without this probe, no eager training path (eager_raw needs none).
             getattr(torch._C, "_are_functorch_transforms_active", lambda: True),
         )
     except AttributeError:  # a torch without these hooks: every call takes the torch op

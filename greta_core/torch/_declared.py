@@ -16,7 +16,9 @@ torch.compile, dispatch modes, functorch transforms and tensor subclasses take t
 from __future__ import annotations
 
 import inspect
+import operator
 import types
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -54,16 +56,6 @@ def _torch_run(op: OpDecl, *args: Any) -> Any:
     return getattr(torch.ops.greta, op.name)(*args)
 
 
-def _wants_grad(tensors: tuple[Any, ...]) -> bool:
-    """Grad mode on and a tensor that requires a gradient: autograd records the call."""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:  # noqa: SIM110  (a loop: no generator built per call)
-        if t is not None and t.requires_grad:
-            return True
-    return False
-
-
 def _plain_device(args: tuple[Any, ...]) -> bool:
     """Plain tensors on a GPU (no fake, functional or subclass tensors, none on CPU)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -71,8 +63,9 @@ def _plain_device(args: tuple[Any, ...]) -> bool:
 
 
 _torch_call = Caller(_torch_run, _contiguous, torch.zeros_like)
+# The eager Function's backward calls (torch.Tensor.contiguous: no Python frame per call).
 _raw_call = Caller(
-    lambda op, *args: op.unpack(op.call.run(_identity, *args)), _contiguous, torch.zeros_like
+    lambda op, *args: op.unpack(op.call.launch(args)), torch.Tensor.contiguous, torch.zeros_like
 )
 
 
@@ -189,31 +182,101 @@ def register(op: OpDecl) -> Any:
             return tuple(backward.grads(_torch_call, grad_outputs[:n_out], _saved(ctx)))
 
         fwd_op.register_autograd(grads, setup_context=setup_context)
-        eager = _eager_function(op)
+        train = _eager_training(op)
     if not op.front:
         return fwd_op
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
-    def front(*args: Any, **kwargs: Any) -> Any:
-        args = public(args, kwargs)
+    def eager(args: tuple[Any, ...]) -> Any:
+        """The eager paths' decision, in one place for the front and the Python entry: the
+        call's outputs, or _DECLINED (the torch op runs it)."""
         if args[0].dtype in kernel_dtypes:
             # A training call is told apart first: the no-grad hot path's checks would
             # only find a tensor that wants a gradient, and cost it a pass.
-            if backward is not None and _wants_grad(args[:n]):
-                if _calls.eager_autograd(*args[:n]):
-                    return eager.apply(*args)
-            else:
+            training = _calls.eager_training(args[:n]) if backward is not None else None
+            if training is None:
                 done = op.call.if_eager(*args)
                 if done is not None:
                     return op.unpack(done)
+            elif training:
+                return train(args)
+        return _DECLINED
+
+    def front(*args: Any, **kwargs: Any) -> Any:
+        args = public(args, kwargs)
+        done = eager(args)
+        if done is not _DECLINED:
+            return done
         if op.stats:  # the statistics stay behind, for the backward
             return op.unpack(fwd_op(*args)[:n_out])
         return fwd_op(*args)
 
     # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
     _lib.impl(op.name, front, "CompositeImplicitAutograd")
+    setattr(ops, op.name, _entry(op, public, eager, getattr(torch.ops.greta, op.name)))
     return fwd_op
+
+
+# Sentinel of a call the eager paths decline.
+_DECLINED = object()
+
+# The Python entries of the declared ops with a front: ``ops.<name>(*args)`` is
+# ``torch.ops.greta.<name>(*args)``, less the dispatcher's hop where an eager path takes
+# the call (see _entry). greta_core.transformers' forwards call these.
+ops = types.SimpleNamespace()
+
+
+def _entry(
+    op: OpDecl,
+    public: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]],
+    eager: Callable[[tuple[Any, ...]], Any],
+    packet: Any,
+) -> Callable[..., Any]:
+    """``torch.ops.greta.<name>`` for Python callers, without the dispatcher's hop (its
+    boxing of the arguments into the CompositeImplicitAutograd front costs about as much as
+    the eager no-grad path itself) where the front's eager decision (`eager`) takes the
+    call. Anything else calls `packet`, the torch op, as the caller wrote it:
+
+    - ``torch.compile`` tracing (dynamo reads ``is_compiling()`` as True, so the graph
+      gets the torch op, as from a direct call);
+    - keyword arguments, or positional ones the dispatcher would convert or reject (an int
+      where the schema has a float, a missing tensor): what the front gets is typed by the
+      dispatcher, and the entry passes only calls already typed so;
+    - whatever the front's eager decision declines (modes, functorch, subclasses, CPU)."""
+    compiling = torch.compiler.is_compiling
+    lowest = sum(not a.has_default for a in op.public_args)
+    highest = len(op.public_args)
+    # Positions in the op's order: (tensor, None allowed), (scalar, the types it may be).
+    tensors = tuple((i, a.type.endswith("?")) for i, a in enumerate(op.args) if a.is_tensor)
+    scalars = tuple(
+        (i, (_TYPES[a.type.rstrip("?")], *((type(None),) if a.type.endswith("?") else ())))
+        for i, a in enumerate(op.args) if not a.is_tensor
+    )  # fmt: skip
+    no_kwargs: dict[str, Any] = {}
+
+    def typed(args: tuple[Any, ...]) -> bool:
+        for i, optional in tensors:
+            t = args[i]
+            if not isinstance(t, torch.Tensor) and (t is not None or not optional):
+                return False
+        for i, accepted in scalars:  # noqa: SIM110  (a loop: no generator built per call)
+            if type(args[i]) not in accepted:
+                return False
+        return True
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and lowest <= len(args) <= highest and not compiling():
+            full = public(args, no_kwargs)
+            if typed(full):
+                done = eager(full)
+                if done is not _DECLINED:
+                    return done
+        return packet(*args, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = op.name
+    entry.__doc__ = f"torch.ops.greta.{op.name}, without the dispatcher where eager ({op.schema})"
+    return entry
 
 
 def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
@@ -241,52 +304,83 @@ def _saved(ctx: Any) -> types.SimpleNamespace:
     )  # fmt: skip
 
 
-def _eager_function(op: OpDecl) -> type:
-    """The eager training path: a ``torch.autograd.Function`` whose forward takes ``ctx``
-    (no ``setup_context``: ``apply`` then binds no defaults through ``inspect.signature``).
+def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
+    """The eager training path of `op`: a plain ``torch.autograd.Function`` over the ready
+    launches, called with a complete argument tuple in the op's order.
 
-    What the backward reads (``OpDecl.saved``'s names) is picked by position from the
-    arguments and outputs, decided here once: a per-call namespace and dicts cost host time
-    on the path this function exists to make cheap."""
+    Everything a call would otherwise recompute is decided here once, as it is the same for
+    every call: which arguments and outputs the backward reads (picked by position into
+    ``save_for_backward``), and what it gets as ``saved`` (a tuple whose fields are named
+    as ``Backward`` says, built from ``ctx.saved_tensors`` without a dict or namespace).
+
+    The Function is entered through autograd's C ``apply`` (what ``Function.apply`` calls
+    once it has found no functorch transform, which ``eager_training`` has made sure of),
+    after the same unwrapping of dead functorch wrappers. Its backward runs the op's
+    declared backward without ``once_differentiable``'s ``no_grad`` block, which is a no-op
+    there: autograd runs a backward with grad mode off unless ``create_graph`` is set, and
+    then ``once_differentiable`` itself runs (a second differentiation must fail)."""
     backward = op.backward
     assert backward is not None
-    n_args, n_out = len(op.args), op.n_outputs
+    n, n_args, n_out = op.n_tensors, len(op.args), op.n_outputs
     at = {a.name: i for i, a in enumerate(op.args)}
     at.update({s: n_args + n_out + i for i, s in enumerate(op.stats)})
     tensor_names = (*backward.saves, *(f"out{i}" for i in backward.saves_outputs))
     tensor_at = (*(at[s] for s in backward.saves), *(n_args + i for i in backward.saves_outputs))
-    scalar_names = tuple(a.name for a in op.args if not a.is_tensor)
-    scalar_at = tuple(i for i, a in enumerate(op.args) if not a.is_tensor)
+    # One pick for the saved tensors, always a tuple (a slice for a single one).
+    pick: Callable[[tuple[Any, ...]], Any] = (
+        operator.itemgetter(*tensor_at) if len(tensor_at) > 1
+        else operator.itemgetter(slice(tensor_at[0], tensor_at[0] + 1)) if tensor_at
+        else (lambda src: ())
+    )  # fmt: skip
+    # The op's scalars come after its tensors (OpDecl.args): ctx keeps them as one slice.
+    names = (*tensor_names, *(a.name for a in op.args[n:]), "consume", "needs_grad")
+    saved_type = type(f"{op.name}_saved", (tuple,), {
+        "__slots__": (), **{name: property(operator.itemgetter(i)) for i, name in enumerate(names)},
+    })  # fmt: skip
+    new_saved = tuple.__new__
     nondiff = tuple(i for i in backward.nondiff_outputs if i < n_out)
-    run = op.call_stats.run
+    launch = op.call_stats.launch
     may_consume = backward.may_consume
+    grads_of = backward.grads
+    grad_enabled = torch.is_grad_enabled
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outs = run(_identity, *args)
-        src = (*args, *outs)
-        ctx.save_for_backward(*[src[i] for i in tensor_at])  # None: an absent optional
-        ctx.scalars = [args[i] for i in scalar_at]
+        outs = launch(args)
+        ctx.save_for_backward(*pick(args + outs))  # None: an absent optional
         # Whether the backward may overwrite what it saved: decided while the forward runs
         # (``consuming()`` is a context the caller's forward pass sets), read by the backward.
-        ctx.consume = consuming() if may_consume else False
+        ctx.rest = (*args[n:], consuming() if may_consume else False)
         for i in nondiff:
             ctx.mark_non_differentiable(outs[i])
-        return outs[0] if n_out == 1 else tuple(outs[:n_out])
+        return outs[0] if n_out == 1 else outs[:n_out]
+
+    def saved(ctx: Any) -> Any:
+        return new_saved(saved_type, ctx.saved_tensors + ctx.rest + (ctx.needs_input_grad,))
 
     @once_differentiable
+    def differentiable_once(ctx: Any, *grad_outputs: Any) -> tuple:
+        return tuple(grads_of(_raw_call, grad_outputs, saved(ctx)))
+
     def grads(ctx: Any, *grad_outputs: Any) -> tuple:
-        saved = types.SimpleNamespace(
-            **dict(zip(tensor_names, ctx.saved_tensors, strict=True)),
-            **dict(zip(scalar_names, ctx.scalars, strict=True)),
-            needs_grad=ctx.needs_input_grad,
-        )
-        if may_consume:
-            saved.consume = ctx.consume
-        return tuple(backward.grads(_raw_call, grad_outputs, saved))
+        if grad_enabled():  # create_graph=True
+            return differentiable_once(ctx, *grad_outputs)
+        return tuple(grads_of(_raw_call, grad_outputs, saved(ctx)))
 
     # Named after the triton_op it stands in for (its grad_fn reads "<name>_eagerBackward").
-    return type(
+    function = type(
         f"greta_{op.name}_fwd_eager",
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(grads)},
     )
+    # autograd's C apply: Function.apply's own call, once no functorch transform is active.
+    apply = super(torch.autograd.Function, function).apply
+    unwrap = torch._C._functorch.unwrap_if_dead
+    optional = any(a.type == "Tensor?" for a in op.args)
+
+    def train(args: tuple[Any, ...]) -> Any:
+        if optional:
+            return apply(*[t if t is None else unwrap(t) for t in args[:n]], *args[n:])
+        return apply(*map(unwrap, args[:n]), *args[n:])
+
+    train.function = function  # type: ignore[attr-defined]
+    return train

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from greta_core.torch._declared import ops as greta_ops
 from greta_core.transformers._fallback import fall_back
 
 NAME = "greta"
@@ -85,7 +86,7 @@ def _attention_forward(by_table: bool):
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
         # One query (a decode step) sees every key: no causal masking to do.
         causal = bool(causal) and query.shape[2] > 1
-        out = torch.ops.greta.attention(query, key, value, causal, scaling)
+        out = greta_ops.attention(query, key, value, causal, scaling)
         return out.transpose(1, 2).contiguous(), None
 
     return forward

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from greta_core.torch._declared import ops as greta_ops
 from greta_core.transformers.rms_norm import norm_eps, norm_weight
 
 
@@ -32,7 +33,7 @@ def decoder_layer_forward(
         **kwargs,
     )
     norm = self.post_attention_layernorm
-    hidden_states, residual = torch.ops.greta.add_rms_norm(
+    hidden_states, residual = greta_ops.add_rms_norm(
         hidden_states, residual, norm_weight(norm), norm_eps(norm)
     )
     return residual + self.mlp(hidden_states)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from greta_core.torch._common import consume_inputs
+from greta_core.torch._declared import ops as greta_ops
 from greta_core.transformers._fallback import fall_back
 
 # transformers' ACT2FN names -> the GRETA op computing act(gate) * up.
@@ -35,5 +36,5 @@ def glu_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(getattr(torch.ops.greta, op)(gate, up))
     # gate and up are this forward's own: the backward may write their gradients over them.
     with consume_inputs():
-        hidden = getattr(torch.ops.greta, op)(gate, up)
+        hidden = getattr(greta_ops, op)(gate, up)
     return self.down_proj(hidden)

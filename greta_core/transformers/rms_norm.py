@@ -1,8 +1,11 @@
-"""RMSNorm module forwards: ``torch.ops.greta.rms_norm`` in place of the model's own."""
+"""RMSNorm module forwards: ``torch.ops.greta.rms_norm`` in place of the model's own (its
+Python entry, ``greta_core.torch._declared.ops``: no dispatcher hop on the eager paths)."""
 
 from __future__ import annotations
 
 import torch
+
+from greta_core.torch._declared import ops as greta_ops
 
 
 def norm_weight(module: torch.nn.Module) -> torch.Tensor:
@@ -17,4 +20,4 @@ def norm_eps(module: torch.nn.Module) -> float:
 
 
 def rms_norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    return torch.ops.greta.rms_norm(hidden_states, norm_weight(self), norm_eps(self))
+    return greta_ops.rms_norm(hidden_states, norm_weight(self), norm_eps(self))

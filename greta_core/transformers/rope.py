@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from greta_core.torch._declared import ops as greta_ops
 from greta_core.transformers._fallback import fall_back
 
 
@@ -24,10 +25,10 @@ def make_apply_rotary_pos_emb(original: Callable) -> Callable:
         half = cos.shape[-1] // 2
         c, s = cos[..., :half], sin[..., :half]
         if unsqueeze_dim == 1:
-            q_rot = torch.ops.greta.rope(q.transpose(1, 2), c, s).transpose(1, 2)
-            k_rot = torch.ops.greta.rope(k.transpose(1, 2), c, s).transpose(1, 2)
+            q_rot = greta_ops.rope(q.transpose(1, 2), c, s).transpose(1, 2)
+            k_rot = greta_ops.rope(k.transpose(1, 2), c, s).transpose(1, 2)
         else:
-            q_rot, k_rot = torch.ops.greta.rope(q, c, s), torch.ops.greta.rope(k, c, s)
+            q_rot, k_rot = greta_ops.rope(q, c, s), greta_ops.rope(k, c, s)
         return q_rot, k_rot
 
     apply_rotary_pos_emb.__greta_original__ = original  # type: ignore[attr-defined]

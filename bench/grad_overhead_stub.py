@@ -1,0 +1,184 @@
+"""GRETA's own Python host cost of forward+backward per op, on a CPU, with no kernel run.
+
+``bench/grad_overhead.py`` times the training path on a GPU, where Triton's launcher, the
+CUDA allocator and the driver add their share. This probe leaves only GRETA's Python (the
+front or Python entry, the eager checks, the call signature's key, the ready launch's
+allocations, the autograd.Function and the declared backward) beside a bare
+``torch.autograd.Function`` of two inputs (its forward and backward allocate like a norm's
+and launch nothing: the floor any Python autograd path pays): every launch of every plan is
+a no-op, and CPU tensors pass the eager checks (``ops._calls``' checks, recompiled with the
+CUDA test inverted). Same cases (bf16) and interleaved timing as grad_overhead.py, on the
+thread's CPU clock by default (a shared host's other tenants left out).
+
+    python bench/grad_overhead_stub.py --out <tmp>/stub.json [--only rms_norm softmax]
+
+A dev probe: its numbers are this host's, meaningful against each other (floor, trees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benches
+
+FLOOR = ("floor", "autograd.Function")
+
+
+def _recompile(owner: Any, name: str, old: str, new: str, module: Any) -> None:
+    """`owner.name` with `old` replaced by `new` in its source, in `module`'s globals."""
+    fn = getattr(owner, name)
+    source = textwrap.dedent(inspect.getsource(getattr(fn, "__func__", fn)))
+    assert old in source, (name, old)
+    found: dict[str, Any] = {}
+    exec(compile(source.replace(old, new), module.__file__, "exec"), module.__dict__, found)
+    setattr(owner, name, found[name])
+
+
+def _no_launch(*args: Any) -> None:
+    return None
+
+
+class _Captured:
+    """A direct launcher that launches nothing (ReadyLaunch.build's view of one)."""
+
+    def __init__(self, grid: tuple[int, ...]) -> None:
+        self._grid3 = (*grid, 1, 1)[:3]
+
+    def usable(self) -> bool:
+        return True
+
+    def usable_parts(self) -> tuple[Any, list[Any]]:
+        from greta_core.ops import _direct
+
+        support = _direct.support()
+        return (support.quiet if support is not None else (lambda: True)), []
+
+    def captured(self, args: Any, device: int) -> tuple[Any, ...]:
+        return _no_launch, self._grid3, (), ()
+
+    def __call__(self, args: Any) -> None:
+        return None
+
+
+def stub() -> None:
+    """CPU tensors take the GPU hot path; no kernel runs."""
+    from greta_core.ops import _calls, _direct, _plan
+
+    if hasattr(_calls, "_eager"):  # a tree before eager_training
+        _recompile(_calls, "_eager", "not t.is_cuda", "t.is_cuda", _calls)
+    else:
+        _recompile(_calls, "eager_raw", "not t.is_cuda", "t.is_cuda", _calls)
+        _recompile(_calls, "eager_training", "and t.is_cuda", "and not t.is_cuda", _calls)
+    _recompile(_calls.CallCache, "launch_args", "cuda = t.is_cuda", "cuda = not t.is_cuda", _calls)
+    real_form = _plan._torch_form
+    forms: dict[int, Any] = {}
+
+    def form(plan: Any) -> Any:
+        got = forms.get(id(plan))
+        if got is not None and got[0] is plan:
+            return got[1]
+        f = real_form(plan)
+        launches = [(*launch[:4], _Captured(launch[1])) for launch in f.launches]
+        forms[id(plan)] = (plan, _plan._TorchForm(f.allocs, f.plain, launches, f.empty))
+        return forms[id(plan)][1]
+
+    _plan._torch_form = _calls._torch_form = form
+    _direct._driver = lambda: (int, int)  # device 0, stream 0
+
+
+def _floor_step() -> Any:
+    import grad_overhead
+    import torch
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, w: Any, eps: float) -> Any:
+            ctx.save_for_backward(x, w)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx: Any, dy: Any) -> Any:
+            x, w = ctx.saved_tensors
+            return torch.empty_like(x), torch.empty_like(w), None
+
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(64, dtype=torch.bfloat16, requires_grad=True)
+    return grad_overhead._step(Floor.apply, (x, w), (1e-6,))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--only", nargs="*", help="these groups only")
+    parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    args = parser.parse_args(argv)
+    stub()
+    import grad_overhead
+    import interleaved
+    import torch
+
+    from greta_core.bench.metadata import collect
+
+    torch.set_num_threads(1)
+    real_to = torch.Tensor.to
+
+    def to_bf16(self: Any, *a: Any, **k: Any) -> Any:  # the CPU cases in the kernels' dtype
+        if k.get("dtype") is torch.float32:
+            k["dtype"] = torch.bfloat16
+        return real_to(self, *a, **k)
+
+    torch.Tensor.to = to_bf16  # type: ignore[method-assign]
+    try:
+        found = grad_overhead.cases("cpu", False)
+    finally:
+        torch.Tensor.to = real_to  # type: ignore[method-assign]
+    rows, runnable = interleaved.runnable_cases(
+        (({"group": g, "variant": v, "case": name}, step, why)
+         for g, v, name, step, why in found if not args.only or g in args.only),
+        lambda: None,
+    )  # fmt: skip
+    runnable[FLOOR] = _floor_step()
+    if args.clock == "thread":
+        interleaved.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
+    per = interleaved.interleaved_host_us(
+        runnable, args.calls, args.rounds, args.warmup, lambda: None
+    )
+    floor = per[FLOOR]
+    results = []
+    for (group, variant), times in per.items():
+        if (group, variant) == FLOOR:
+            continue
+        results.append({
+            "group": group, "variant": variant, "host_us": round(statistics.median(times), 2),
+            "over_floor_us": round(statistics.median([t - f for t, f in zip(times, floor, strict=True)]), 2),
+            "per_floor": round(statistics.median([t / f for t, f in zip(times, floor, strict=True)]), 3),
+        })  # fmt: skip
+    doc = {
+        **collect("grad_overhead_stub", "cpu"),
+        "clock": args.clock, "calls": args.calls, "rounds": args.rounds,
+        "floor_us": round(statistics.median(floor), 2), "results": results,
+        "skipped": [row for row in rows if "skipped" in row],
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"floor (bare autograd.Function) {doc['floor_us']:.1f} us")
+    for r in results:
+        print(f"{r['group']:22} {r['variant']:22} {r['host_us']:8.1f} us  "
+              f"{r['per_floor']:5.2f}x floor  +{r['over_floor_us']:.1f} us")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
