@@ -419,6 +419,9 @@ class _BodyCall:
         arch = self._op.validate(*args)
         return self._op.body(arch, *args, wrap=wrap, stats=self._stats)  # type: ignore[misc]
 
+    def launch(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return self.run(_identity, *args)
+
     def if_eager(self, *args: Any) -> tuple[Any, ...] | None:
         from greta_core.ops._calls import eager_raw
 

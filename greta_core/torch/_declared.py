@@ -182,9 +182,10 @@ def register(op: OpDecl) -> Any:
             return tuple(backward.grads(_torch_call, grad_outputs[:n_out], _saved(ctx)))
 
         fwd_op.register_autograd(grads, setup_context=setup_context)
-        train = _eager_training(op)
     if not op.front:
         return fwd_op
+    if backward is not None:  # the eager training path is the front's (a body op has none)
+        train = _eager_training(op)
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
