@@ -209,8 +209,8 @@ def build_all(
             for module, specs, error in modules:
                 if error:
                     module_errors[arch].append({"module": module, "arch": arch, "error": error})
-                for index, (name, has_ints) in enumerate(specs):
-                    for variant in variants_of(has_ints, variants, module):
+                for index, (name, kind) in enumerate(specs):
+                    for variant in variants_of(kind, variants, module):
                         tasks.append(
                             buildpool.Task(
                                 arch, module, index, name, variant, staging[arch], tables[arch]
@@ -264,7 +264,7 @@ def plan_counts(
     """Per arch: the kernels a build compiles (per module), as the workers would list them
     with the table the wheel ships; nothing is compiled."""
     from greta_core import configs
-    from greta_core.kernel_wheels.aot import discover, has_int_args, variants_of
+    from greta_core.kernel_wheels.aot import discover, int_kind, variants_of
 
     rows = []
     for arch in archs:
@@ -276,7 +276,7 @@ def plan_counts(
             configs.build_with_table(arch, None)
         per_module = {
             item.module: sum(
-                len(variants_of(has_int_args(s), variants, item.module)) for s in item.specs
+                len(variants_of(int_kind(s), variants, item.module)) for s in item.specs
             )
             for item in found
         }
