@@ -289,8 +289,12 @@ def _aot(arch: str) -> list[tuple[Any, ...]]:
         for dim in HEAD_DIMS:
             for heads in AOT_HEADS:
                 for seq in AOT_SEQS:
-                    cases.append((*_aot_qkv(dtype, dim, heads, seq, seq), None, None, True, None, False))
-                    cases.append((*_aot_qkv(dtype, dim, heads, 1, seq), None, None, False, None, False))
+                    cases.append(
+                        (*_aot_qkv(dtype, dim, heads, seq, seq), None, None, True, None, False)
+                    )
+                    cases.append(
+                        (*_aot_qkv(dtype, dim, heads, 1, seq), None, None, False, None, False)
+                    )
             for causal in (True, False):
                 qkv = _aot_qkv(dtype, dim, AOT_HEADS[0], AOT_SEQS[0], AOT_SEQS[0])
                 cases.append((*qkv, lens, lens, causal, None, False))

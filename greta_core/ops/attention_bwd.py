@@ -220,7 +220,7 @@ ATTENTION_BWD = declare(OpDecl(
     front=False,
     # fp32: the logsumexp (q's dtype is fp16/bf16, which validation asks for).
     kernel_dtypes=("float16", "bfloat16", "float32"),
-    uses_matrix_units=True,
+    uses_matrix_units=("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"),  # not delta
     aot_cases=_aot,
     aot_case_ints=True,
 ))  # fmt: skip

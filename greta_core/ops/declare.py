@@ -180,7 +180,8 @@ class OpDecl:
     # optional tensor; with `stats`, each case ends with the plan's `stats` flag).
     aot_cases: Callable[[str], Iterable[tuple[Any, ...]]] | None = None
     kernel_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
-    uses_matrix_units: bool = False
+    # Its kernels reach the matrix units (the AOT report checks): all, or those named.
+    uses_matrix_units: bool | tuple[str, ...] = False
     describe: str = ""  # one line for GretaCompute and reports
     # Saved statistics (a norm's rstd): outputs of greta::<name>_fwd after the schema's,
     # which the public op drops and the backward reads. With stats, `plan` takes a trailing
@@ -453,9 +454,14 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
             specs[key] = AotSpec(
                 name=f"{name}#{taken}" if taken else name, kernel=launch.kernel,
                 signature=signature, constexprs=constexprs, options=options,
-                uses_matrix_units=op.uses_matrix_units, int_divisible=divisible,
+                uses_matrix_units=_matrix(op.uses_matrix_units, launch.kernel),
+                int_divisible=divisible,
             )  # fmt: skip
     return list(specs.values())
+
+
+def _matrix(uses: bool | tuple[str, ...], kernel: Any) -> bool:
+    return uses if isinstance(uses, bool) else kernel.__name__ in uses
 
 
 def _kernel_module(kernel: Any) -> str:
