@@ -560,8 +560,8 @@ def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str) -> None:
     from greta_core.ops.declare import aot_specs
 
     specs = aot_specs(bwd_ops.ATTENTION_BWD, arch)
-    # head dims x lengths x (delta: Hq 16-divisible or not + 3 heads x (dkdv, dq))
-    assert len(specs) == 2 * 2 * (2 + 3 * 2)
+    # head dims x lengths x (delta: Hq 16-divisible or not + 2 GQA heads x (dkdv, dq))
+    assert len(specs) == 2 * 2 * (2 + 2 * 2)
     compiled = {
         (spec.kernel, tuple(sorted(spec.constexprs.items())), tuple(sorted(spec.options.items())))
         for spec in specs
