@@ -281,8 +281,10 @@ print(json.dumps({"spec": spec.name, "code": observe.kernel_code_counts(),
 """
 
 
-def test_a_real_attention_call_takes_the_wheels_code(tmp_path: Path) -> None:
-    """End to end for one kernel (a full wheel is too slow for CI): the gfx942 entry of the
+# One compile in CI (gfx942's is the cheaper); sm_90's runs with `-m slow`.
+@pytest.mark.parametrize("arch", ["gfx942", pytest.param("sm_90", marks=pytest.mark.slow)])
+def test_a_real_attention_call_takes_the_wheels_code(arch: str, tmp_path: Path) -> None:
+    """End to end for one kernel (a full wheel is too slow for CI): the `arch` entry of the
     attention spec for a Qwen2.5-0.5B prefill (ints mixed: strides 16-divisible, 333 tokens,
     14 query heads and a group of 7 not) is compiled into a directory; then the JIT meets the
     real call (torch tensors in transformers' layout, the plan's arguments) and finds its code
@@ -292,7 +294,7 @@ def test_a_real_attention_call_takes_the_wheels_code(tmp_path: Path) -> None:
     script.write_text(_LOOKUP)
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(script), "gfx942", str(tmp_path / "wheel"), str(tmp_path / "cache")],
+        [sys.executable, str(script), arch, str(tmp_path / "wheel"), str(tmp_path / "cache")],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
