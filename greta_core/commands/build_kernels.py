@@ -233,10 +233,10 @@ def build_all(
 # machine (gfx942, Triton 3.6, commit 8f968b7, load average 3-7: "per_module" and
 # "wheel_bytes" in bench/results/kernel_build/gfx942.json): the workers' CPU seconds per
 # compiled kernel of each module (a matrix-unit kernel costs eight times a norm), and wheel
-# bytes per kernel (11.28 MB / 867). attention_bwd: its cases are causal only since 2aeffac
-# (the causal kernels cost more to compile): 2.33 CPU-s per kernel under a load of 6-8
-# (bench/results/kernel_build/gfx942_attention.json), where attention took 1.80 against 1.55
-# idle; 2.0 is that run scaled by the forward's ratio.
+# bytes per kernel (11.28 MB / 867). attention_bwd: 2.33 CPU-s per kernel at 2aeffac under a
+# load of 6-8 (bench/results/kernel_build/gfx942_attention.json), where its cases are causal
+# only (the causal kernels cost more to compile) and attention took 1.80 against 1.55 idle;
+# 2.0 is that run scaled by the forward's ratio.
 # Modules not measured take EST_CPU_S_DEFAULT. EST_FIXED_CPU_S is per build (that run's CPU
 # outside the compiles): each worker's start and first compile (Triton's specialiser imports
 # torch there) and the parent's packaging. Estimates for the dry run only; a real build
