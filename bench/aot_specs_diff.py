@@ -1,7 +1,8 @@
 """Compare the AOT specs of two GRETA trees: what a migration to a declaration must keep.
 
-Each spec is reduced to (kernel, signature in order, constexprs, options, matrix units); its
-name is left out (derived specs are named after the kernel). Dump each tree, then compare:
+Each spec is reduced to (kernel, signature in order, constexprs, options, matrix units, and,
+for a spec compiled at its case's ints, which ints are 16-divisible); its name is left out
+(derived specs are named after the kernel). Dump each tree, then compare:
 
     git archive OLD greta_core | tar -x -C <old>
     PYTHONPATH=<old> python bench/aot_specs_diff.py dump --out old.json --modules vec_add,rope
@@ -17,8 +18,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ARCHS = ("gfx942", "gfx1100", "gfx1201", "sm_90", "sm_80", "gfx90a")
+
+
+def _case_ints(spec: Any) -> list[Any]:
+    """[the ints' divisibility] for a spec with its case's ints; [] otherwise (as before)."""
+    divisible = getattr(spec, "int_divisible", None)
+    return [] if divisible is None else [sorted(divisible.items())]
 
 
 def dump(modules: list[str], archs: list[str]) -> dict[str, list[str]]:
@@ -32,6 +40,7 @@ def dump(modules: list[str], archs: list[str]) -> dict[str, list[str]]:
                 json.dumps([
                     s.kernel.__name__, list(s.signature.items()), sorted(s.constexprs.items()),
                     sorted(s.options.items()), s.uses_matrix_units,
+                    *_case_ints(s),
                 ], default=str)
                 for s in found.specs
             )  # fmt: skip

@@ -10,6 +10,11 @@ is never found: the declarations set ``aot_unit_ints``.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +26,12 @@ import torch
 
 import greta_core.torch  # noqa: F401  (imports every declared op)
 from greta_core.kernel_wheels import aot
+from greta_core.ops import attention_bwd as bwd_ops
 from greta_core.ops._plan import In, Out
 from greta_core.ops.declare import DECLARED, Meta, aot_specs
 
 ARCHS = ("sm_90", "gfx942")
+ROOT = Path(__file__).resolve().parent.parent
 _BINDERS: dict[tuple[str, str], Any] = {}
 
 
@@ -80,7 +87,7 @@ def wheel_keys(op: Any, arch: str) -> set[tuple]:
     for spec in aot_specs(op, arch):
         names = list(spec.kernel.arg_names)
         module = _module(spec.kernel)
-        for variant in aot.variants_of(aot.has_int_args(spec), aot.VARIANTS, module):
+        for variant in aot.variants_of(aot.int_kind(spec), aot.VARIANTS, module):
             ints = aot.int_args_for(spec, variant)
             args = [
                 spec.constexprs[n] if n in spec.constexprs
@@ -143,9 +150,12 @@ def test_a_real_call_with_unit_ints_finds_its_precompiled_entry(
     assert key in wheel_keys(op, arch)  # ...and so did the wheel's compile
 
 
-def _covered(key: tuple, variants: tuple[str, ...]) -> bool:
-    """Whether the call's ints are all 16-divisible (or units), or none is: the two int
-    variants a wheel compiles. A mix is compiled by no variant (it compiles on first use)."""
+def _covered(op: Any, key: tuple, variants: tuple[str, ...]) -> bool:
+    """Whether the wheel compiles the call's ints: its own case's (``aot_case_ints``), or
+    all 16-divisible (or units), or none: the two int variants. A mix is compiled by no
+    variant (it compiles on first use)."""
+    if op.aot_case_ints:
+        return True
     divisible = {attr == "D" for ty, attr in key[2] if ty in ("i32", "i64")}
     aligned = divisible <= {True} and "aligned" in variants
     return aligned or (divisible <= {False} and "ragged" in variants)
@@ -167,8 +177,128 @@ def test_every_aot_case_a_variant_covers_is_found_at_run_time(arch: str) -> None
                 # wheel's stand-ins always have it (swiglu's 2**31-element i64 cases).
                 continue
             for key in runtime_keys(op, arch, tensors, tuple(case[op.n_tensors :])):
-                if _covered(key, aot.precompiled_int_variants(key[0])):
+                if _covered(op, key, aot.precompiled_int_variants(key[0])):
                     assert key in wheel, (op.name, key)
                     found[op.name] = found.get(op.name, 0) + 1
-    for name in ("rope", "rope_positions", "matmul", "rms_norm", "layer_norm", "softmax"):
+    for name in ("rope", "rope_positions", "matmul", "rms_norm", "layer_norm", "softmax",
+                 "attention", "attention_bwd"):  # fmt: skip
         assert found.get(name), (name, found)
+
+
+def _hf(batch: int, heads: int, seq: int, dim: int, dtype: str) -> CallTensor:
+    """A [B, H, S, D] tensor as transformers' attention hands it over: the [B, S, H, D]
+    projection viewed through ``transpose(1, 2)``."""
+    return CallTensor(
+        Meta((batch, heads, seq, dim), (seq * heads * dim, dim, heads * dim, 1), dtype)
+    )
+
+
+def _cache(batch: int, heads: int, seq: int, dim: int, dtype: str) -> CallTensor:
+    """Keys or values of a KV cache: contiguous [B, Hkv, Skv, D] (DynamicCache's cat)."""
+    return CallTensor(Meta.contiguous((batch, heads, seq, dim), dtype))
+
+
+# Calls transformers' attention hook makes (greta_core/transformers/attention.py), at shapes
+# and models that are not the declaration's cases: (query heads, KV heads, head dim, dtype).
+_MODELS = {
+    "llama-3.1-8b": (32, 8, 128, "bfloat16"),
+    "qwen2.5-0.5b": (14, 2, 64, "bfloat16"),  # group 7, query heads not 16-divisible
+    "llama-3.2-3b": (24, 8, 128, "float16"),
+    "llama-2-7b": (32, 32, 128, "float16"),  # MHA: the group is the constant 1
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("model", sorted(_MODELS))
+@pytest.mark.parametrize("seq", [4096, 333])
+def test_apply_greta_attention_calls_find_their_precompiled_entries(
+    arch: str, model: str, seq: int
+) -> None:
+    """A prefill (causal, Sq == Skv), a decode step (one query over `seq` cached keys, not
+    causal) and, in training, the backward (do as the transpose of the hook's contiguous
+    [B, S, H, D] output's gradient): each launch's key, as the JIT computes it for the call,
+    is one of the wheel's. The prefill's ints mix 16-divisible strides with lengths and head
+    counts that are not (and MHA's group is the constexpr 1): no all-aligned or all-ragged
+    variant holds it."""
+    heads_q, heads_kv, dim, dtype = _MODELS[model]
+    fwd, bwd = DECLARED["attention"], DECLARED["attention_bwd"]
+    wheel = wheel_keys(fwd, arch)
+    q, kv = _hf(2, heads_q, seq, dim, dtype), _hf(2, heads_kv, seq, dim, dtype)
+    prefill = runtime_keys(fwd, arch, [q, kv, kv, None, None], (True, dim**-0.5, False))
+    decode = runtime_keys(
+        fwd, arch, [_hf(2, heads_q, 1, dim, dtype), *[_cache(2, heads_kv, seq, dim, dtype)] * 2,
+                    None, None], (False, dim**-0.5, False),
+    )  # fmt: skip
+    assert ("constexpr", 1) in decode[0][2]  # Sq == 1
+    for key in (*prefill, *decode):
+        assert key in wheel, (model, seq, key)
+    if dtype in bwd_ops.AOT_DTYPES:
+        o = CallTensor(Meta.contiguous((2, heads_q, seq, dim), dtype))
+        lse = CallTensor(Meta.contiguous((2, heads_q, seq), "float32"))
+        keys = runtime_keys(bwd, arch, [q, q, kv, kv, o, lse], (True, dim**-0.5))
+        assert len(keys) == 3  # delta, dkdv, dq
+        assert set(keys) <= wheel_keys(bwd, arch), (model, seq)
+
+
+# Run without TRITON_INTERPRET (under it @triton.jit gives interpreted functions).
+_LOOKUP = """
+import json, sys
+from pathlib import Path
+
+import torch
+
+from greta_core import observe
+from greta_core.kernel_wheels import aot, precompiled
+from greta_core.ops._plan import In
+from greta_core.ops.attention import ATTENTION
+from greta_core.ops.declare import Meta
+
+arch, wheel, cache = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+# Qwen2.5-0.5B's prefill of a 333-token prompt, as transformers' hook hands it over.
+q = torch.empty(2, 333, 14, 64, dtype=torch.bfloat16).transpose(1, 2)
+k = torch.empty(2, 333, 2, 64, dtype=torch.bfloat16).transpose(1, 2)
+tensors = [q, k, k.clone(), None, None]
+plan = ATTENTION.plan_for(arch, [None if t is None else Meta.of(t) for t in tensors], (True, 0.125))
+[launch] = plan.launches
+bufs = [torch.empty(b.shape, dtype=getattr(torch, b.dtype)) for b in plan.buffers]
+args = [tensors[a.index] if type(a) is In else bufs[a.index] if type(a).__name__ == "Out"
+        else a for a in launch.args]
+ints = {n: a % 16 == 0 for n, a in zip(launch.kernel.arg_names, launch.args)
+        if type(a) is int and a != 1}
+# The wheel's one entry for this call: the spec of its kernel, tiles and ints' divisibility.
+[found] = aot.discover(arch, ["attention"])
+[spec] = [s for s in found.specs if s.int_divisible == ints and s.signature["q_ptr"] == "*bf16"
+          and s.constexprs.items() >= launch.constexprs.items() and s.options == launch.options]
+with aot.compiling_for(arch, wheel):
+    res = aot.compile_spec(spec, "attention", arch, aot.CASE)
+assert res.ok, res.error
+launch.kernel.device_caches.clear()  # the JIT must look the code up, not remember it
+with aot.compiling_for(arch, cache):
+    precompiled.add_root(wheel)
+    launch.kernel.warmup(*args, grid=launch.grid, **launch.constexprs, **launch.options)
+print(json.dumps({"spec": spec.name, "code": observe.kernel_code_counts(),
+                  "compiled": sorted(p.name for p in cache.rglob("*.json"))}))
+"""
+
+
+# One compile in CI (gfx942's is the cheaper); sm_90's runs with `-m slow`.
+@pytest.mark.parametrize("arch", ["gfx942", pytest.param("sm_90", marks=pytest.mark.slow)])
+def test_a_real_attention_call_takes_the_wheels_code(arch: str, tmp_path: Path) -> None:
+    """End to end for one kernel (a full wheel is too slow for CI): the `arch` entry of the
+    attention spec for a Qwen2.5-0.5B prefill (ints mixed: strides 16-divisible, 333 tokens,
+    14 query heads and a group of 7 not) is compiled into a directory; then the JIT meets the
+    real call (torch tensors in transformers' layout, the plan's arguments) and finds its code
+    through the kernel-wheel cache manager (greta_core.kernel_wheels.precompiled): served,
+    nothing compiled into Triton's own cache."""
+    script = tmp_path / "lookup.py"
+    script.write_text(_LOOKUP)
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(script), arch, str(tmp_path / "wheel"), str(tmp_path / "cache")],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["spec"].endswith(";ragged=Sq,Skv,H_Q,GROUP]"), out["spec"]
+    assert out["code"] == {"attention_fwd_kernel": {"precompiled": 1, "compiled": 0}}
+    assert out["compiled"] == []

@@ -209,8 +209,8 @@ def build_all(
             for module, specs, error in modules:
                 if error:
                     module_errors[arch].append({"module": module, "arch": arch, "error": error})
-                for index, (name, has_ints) in enumerate(specs):
-                    for variant in variants_of(has_ints, variants, module):
+                for index, (name, kind) in enumerate(specs):
+                    for variant in variants_of(kind, variants, module):
                         tasks.append(
                             buildpool.Task(
                                 arch, module, index, name, variant, staging[arch], tables[arch]
@@ -233,13 +233,16 @@ def build_all(
 # machine (gfx942, Triton 3.6, commit 8f968b7, load average 3-7: "per_module" and
 # "wheel_bytes" in bench/results/kernel_build/gfx942.json): the workers' CPU seconds per
 # compiled kernel of each module (a matrix-unit kernel costs eight times a norm), and wheel
-# bytes per kernel (11.28 MB / 867).
+# bytes per kernel (11.28 MB / 867). attention_bwd: 2.33 CPU-s per kernel at 2aeffac under a
+# load of 6-8 (bench/results/kernel_build/gfx942_attention.json), where its cases are causal
+# only (the causal kernels cost more to compile) and attention took 1.80 against 1.55 idle;
+# 2.0 is that run scaled by the forward's ratio.
 # Modules not measured take EST_CPU_S_DEFAULT. EST_FIXED_CPU_S is per build (that run's CPU
 # outside the compiles): each worker's start and first compile (Triton's specialiser imports
 # torch there) and the parent's packaging. Estimates for the dry run only; a real build
 # reports what it took.
 EST_CPU_S_PER_KERNEL: dict[str, float] = {
-    "add_rms_norm": 0.193, "attention": 1.591, "attention_bwd": 1.288, "col_sum": 0.158,
+    "add_rms_norm": 0.193, "attention": 1.591, "attention_bwd": 2.0, "col_sum": 0.158,
     "kv_cache": 0.176, "layer_norm": 0.199, "linear_cross_entropy": 0.23, "matmul": 0.653,
     "rms_norm": 0.197, "rope": 0.607, "softmax": 0.142, "swiglu": 0.107, "vec_add": 0.065,
 }  # fmt: skip
@@ -264,7 +267,7 @@ def plan_counts(
     """Per arch: the kernels a build compiles (per module), as the workers would list them
     with the table the wheel ships; nothing is compiled."""
     from greta_core import configs
-    from greta_core.kernel_wheels.aot import discover, has_int_args, variants_of
+    from greta_core.kernel_wheels.aot import discover, int_kind, variants_of
 
     rows = []
     for arch in archs:
@@ -276,7 +279,7 @@ def plan_counts(
             configs.build_with_table(arch, None)
         per_module = {
             item.module: sum(
-                len(variants_of(has_int_args(s), variants, item.module)) for s in item.specs
+                len(variants_of(int_kind(s), variants, item.module)) for s in item.specs
             )
             for item in found
         }

@@ -39,6 +39,9 @@ from greta_core.ops import declare as _declared
 
 # Which specialisations of the int arguments to compile (see `int_args_for`).
 VARIANTS: tuple[str, ...] = ("aligned", "ragged")
+# The one variant of a spec that carries its declared case's ints (AotSpec.int_divisible):
+# compiled whatever VARIANTS a build selects.
+CASE = "case"
 
 # Values the stand-in arguments take. Divisible by 16 -> Triton adds tt.divisibility=16;
 # odd -> no attribute. Never 1: the JIT turns an int equal to 1 into a constexpr (specs
@@ -209,7 +212,15 @@ def discover(arch: str, only: Sequence[str] = ()) -> list[Discovered]:
 
 
 def int_args_for(spec: Any, variant: str) -> dict[str, int]:
-    """Stand-in int values: all divisible by 16 ("aligned") or none ("ragged")."""
+    """Stand-in int values: all divisible by 16 ("aligned"), none ("ragged"), or, for a spec
+    that carries its case's ints ("case"), each as divisible as that call's."""
+    divisible = getattr(spec, "int_divisible", None)
+    if divisible is not None:
+        return {
+            name: (_ALIGNED_INT if divisible[name] else _RAGGED_INT)[ty]
+            for name, ty in spec.signature.items()
+            if ty in _ALIGNED_INT
+        }
     table = _ALIGNED_INT if variant == "aligned" else _RAGGED_INT
     return {name: table[ty] for name, ty in spec.signature.items() if ty in table}
 
@@ -218,12 +229,19 @@ def has_int_args(spec: Any) -> bool:
     return any(ty in _ALIGNED_INT for ty in spec.signature.values())
 
 
+def int_kind(spec: Any) -> str:
+    """What decides a spec's int specialisation: CASE (its own, see `int_args_for`),
+    "variants" (the build's VARIANTS) or "" (no int args). `variants_of` takes it."""
+    if getattr(spec, "int_divisible", None) is not None:
+        return CASE
+    return "variants" if has_int_args(spec) else ""
+
+
 # Kernel modules whose calls never pass every int ragged, so their wheel entries are
-# "aligned" only. Attention: the forward passes the strides of its contiguous result, the
-# backward those of o and do (the forward's result, or a permutation of a contiguous tensor):
-# multiples of HEAD_DIM (64 or 128) either way. RoPE passes the strides of its contiguous
-# result too: with a head_dim divisible by 16 some int always is (tests/test_precompiled_set.py).
-_ALIGNED_ONLY_MODULES: frozenset[str] = frozenset({"attention", "attention_bwd", "rope"})
+# "aligned" only. RoPE passes the strides of its contiguous result: with a head_dim
+# divisible by 16 some int always is (tests/test_precompiled_set.py). (Attention's specs
+# carry their cases' ints: `int_kind`.)
+_ALIGNED_ONLY_MODULES: frozenset[str] = frozenset({"rope"})
 
 
 def precompiled_int_variants(module: str) -> tuple[str, ...]:
@@ -237,9 +255,12 @@ def precompiled_int_variants(module: str) -> tuple[str, ...]:
     return VARIANTS
 
 
-def variants_of(has_ints: bool, variants: Sequence[str], module: str = "") -> list[str]:
-    """The variants compiled for a spec of kernel `module`: "ragged" only differs from
-    "aligned" for int args, and only those `precompiled_int_variants` covers."""
+def variants_of(has_ints: bool | str, variants: Sequence[str], module: str = "") -> list[str]:
+    """The variants compiled for a spec of kernel `module` (`has_ints`: its `int_kind`, or
+    whether it has int args): CASE alone for a spec with its own ints; else "ragged" only
+    differs from "aligned" for int args, and only those `precompiled_int_variants` covers."""
+    if has_ints == CASE:
+        return [CASE]
     covered = precompiled_int_variants(module)
     return [v for v in variants if (v != "ragged" or has_ints) and v in covered]
 
@@ -412,7 +433,7 @@ def run_aot(
                         {"module": found.module, "arch": arch, "error": found.error}
                     )
                 for spec in found.specs:
-                    for variant in variants_of(has_int_args(spec), variants, found.module):
+                    for variant in variants_of(int_kind(spec), variants, found.module):
                         res = compile_spec(spec, found.module, arch, variant)
                         results.append(res)
                         if progress:
@@ -451,7 +472,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help="int specialisations to compile: aligned (ints divisible by 16), ragged (not)",
+        help="int specialisations to compile: aligned (ints divisible by 16), ragged (not); "
+        "specs derived with their cases' ints compile once, as those",
     )
     parser.add_argument("--cache-dir", type=Path, help="keep the compiled cache entries here")
     parser.add_argument("--quiet", action="store_true")

@@ -98,10 +98,10 @@ def _exit_with_parent(parent: int) -> None:
 
 def discover_specs(
     arch: str, only: Sequence[str], table: str | None = None
-) -> list[tuple[str, list[tuple[str, bool]], str]]:
-    """(module, [(spec name, has int args)], import error) per kernel module (in a worker),
-    with `table` as the arch's config table (the specs' blocks come from it)."""
-    from greta_core.kernel_wheels.aot import discover, has_int_args
+) -> list[tuple[str, list[tuple[str, str]], str]]:
+    """(module, [(spec name, its `aot.int_kind`)], import error) per kernel module (in a
+    worker), with `table` as the arch's config table (the specs' blocks come from it)."""
+    from greta_core.kernel_wheels.aot import discover, int_kind
 
     _use_table(arch, table)
 
@@ -111,7 +111,7 @@ def discover_specs(
         if len(set(names)) != len(names):
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise AotError(f"module {item.module}: spec names repeat for {arch}: {dupes}")
-        found.append((item.module, [(s.name, has_int_args(s)) for s in item.specs], item.error))
+        found.append((item.module, [(s.name, int_kind(s)) for s in item.specs], item.error))
     return found
 
 

@@ -20,3 +20,6 @@ class AotSpec:
     constexprs: dict[str, Any]  # constexpr arg -> value
     options: dict[str, Any] = field(default_factory=dict)  # num_warps, num_stages, HIP knobs
     uses_matrix_units: bool = False  # GEMM/attention: the AOT report checks for MFMA/WMMA/wgmma
+    # The int args of the call this spec was derived from: divisible by 16 or not (Triton's
+    # JIT specialises on it). None: the build's int variants ("aligned", "ragged") decide.
+    int_divisible: dict[str, bool] | None = None

@@ -272,60 +272,6 @@ def attention_fwd_kernel(
     tl.store(lse_ptr + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
 
 
-_SCALAR_ARGS = (
-    "Sq", "Skv", "H_Q", "GROUP",
-    "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
-    "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
-)  # fmt: skip
-
-
 def features(head_dim: int, seq_q: int, seq_kv: int, causal: bool) -> dict[str, object]:
     """What the config tables' rules key on."""
     return {"D": head_dim, "Sq": seq_q, "Skv": seq_kv, "causal": bool(causal)}
-
-
-def aot_specs(arch: str) -> list:
-    from greta_core import configs
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    for head_dim in (64, 128):
-        config = configs.lookup("attention", arch, features(head_dim, 4096, 4096, True))
-        options = configs.launch_options(config, arch)
-        meta = configs.meta_params(config)
-        for dtype in ("fp16", "bf16"):
-            for causal in (False, True):
-                for has_lens in (False, True):
-                    name = f"attention_fwd[{dtype},d{head_dim}"
-                    name += ",causal" if causal else ""
-                    name += ",lens]" if has_lens else "]"
-                    signature = {
-                        "q_ptr": f"*{dtype}",
-                        "k_ptr": f"*{dtype}",
-                        "v_ptr": f"*{dtype}",
-                        "q_lens_ptr": "*i32",
-                        "kv_lens_ptr": "*i32",
-                        "sm_scale": "fp32",
-                    }
-                    for arg in _SCALAR_ARGS:
-                        signature[arg] = "i32"
-                    signature["o_ptr"] = f"*{dtype}"
-                    signature["lse_ptr"] = "*fp32"
-                    specs.append(
-                        AotSpec(
-                            name=name,
-                            kernel=attention_fwd_kernel,
-                            signature=signature,
-                            constexprs={
-                                "HEAD_DIM": head_dim,
-                                "BLOCK_M": meta["BLOCK_M"],
-                                "BLOCK_N": meta["BLOCK_N"],
-                                "CAUSAL": causal,
-                                "HAS_LENS": has_lens,
-                                "UPCAST": False,
-                            },
-                            options=options,
-                            uses_matrix_units=True,
-                        )
-                    )
-    return specs

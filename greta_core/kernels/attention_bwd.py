@@ -370,23 +370,11 @@ def attention_bwd_dq_kernel(
     _store_rows(dq_ptr + pid_bh.to(tl.int64) * Sq * HEAD_DIM, offs_m, Sq, dq, HEAD_DIM, UPCAST)
 
 
-SCALAR_ARGS = (
-    "Sq", "Skv", "H_Q", "GROUP",
-    "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
-    "stride_vb", "stride_vh", "stride_vs", "stride_dob", "stride_doh", "stride_dos",
-)  # fmt: skip
-
-
-DELTA_SCALAR_ARGS = (
-    "Sq", "H_Q", "stride_ob", "stride_oh", "stride_os", "stride_dob", "stride_doh", "stride_dos",
-)  # fmt: skip
-
-
 Config = dict[str, int]
 
 
-# Here, not in ops/attention_bwd.py, because aot_specs needs them too and kernels/ imports
-# nothing from ops/ (tests/test_layers.py): the launch plan and the AOT specs read one rule.
+# Beside the kernels: the launch plan (ops/attention_bwd.py, whose plans give the AOT specs)
+# and the tuning benches read this one rule.
 def kernel_configs(arch: str, head_dim: int) -> tuple[Config, Config]:
     """(dkdv config, dq config) from the tables: block sizes + num_warps/num_stages."""
     from greta_core import configs
@@ -405,52 +393,3 @@ def delta_config(arch: str, head_dim: int) -> Config:
     from greta_core.arch import backend
 
     return configs.lookup("attention_bwd_delta", arch, {"D": head_dim, "backend": backend(arch)})
-
-
-def aot_specs(arch: str) -> list:
-    """The delta kernel and the dkdv/dq pair at the table's tiles, per head dim, dtype and
-    causal flag."""
-    from greta_core import configs
-    from greta_core.kernels._aot import AotSpec
-
-    specs = []
-    for head_dim in (64, 128):
-        dkdv_cfg, dq_cfg = kernel_configs(arch, head_dim)
-        delta_cfg = delta_config(arch, head_dim)
-        for dtype in ("fp16", "bf16"):
-            signature = {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}"}
-            signature |= {arg: "i32" for arg in DELTA_SCALAR_ARGS} | {"delta_ptr": "*fp32"}
-            specs.append(
-                AotSpec(
-                    name=f"attention_bwd_delta[{dtype},d{head_dim}]",
-                    kernel=attention_bwd_delta_kernel,
-                    signature=signature,
-                    constexprs={"HEAD_DIM": head_dim, "UPCAST": False}
-                    | configs.meta_params(delta_cfg),
-                    options=configs.launch_options(delta_cfg, arch),
-                )
-            )
-            for causal in (False, True):
-                for name, kernel, outs, config in (
-                    ("dkdv", attention_bwd_dkdv_kernel, ("dk_ptr", "dv_ptr"), dkdv_cfg),
-                    ("dq", attention_bwd_dq_kernel, ("dq_ptr",), dq_cfg),
-                ):
-                    signature = {f"{t}_ptr": f"*{dtype}" for t in ("q", "k", "v", "do")}
-                    signature |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "sm_scale": "fp32"}
-                    signature |= {arg: "i32" for arg in SCALAR_ARGS}
-                    signature |= {out: f"*{dtype}" for out in outs}
-                    blocks = configs.meta_params(config)
-                    options = configs.launch_options(config, arch)
-                    specs.append(
-                        AotSpec(
-                            name=f"attention_bwd_{name}[{dtype},d{head_dim}"
-                            + (",causal]" if causal else "]"),
-                            kernel=kernel,
-                            signature=signature,
-                            constexprs={"HEAD_DIM": head_dim, "CAUSAL": causal, "UPCAST": False}
-                            | blocks,
-                            options=options,
-                            uses_matrix_units=True,
-                        )
-                    )
-    return specs

@@ -254,6 +254,53 @@ def _reference(
     return out, xp.astype(lse, xp.float32)
 
 
+# --- the AOT cases: the calls apply_greta makes ----------------------------------------------
+# A call's key holds each int's divisibility by 16 (a 1 is the constexpr 1), and attention's
+# ints mix: the strides are multiples of the head dim, the lengths and head counts are any.
+# So each case is compiled at its own ints (``aot_case_ints``), and the cases are the calls
+# transformers' attention hook makes (greta_core/transformers/attention.py: no lengths,
+# Sq == Skv and causal, or a one-token decode step over any number of keys, not causal):
+
+# (query heads, KV heads): what reaches the key is Hq's divisibility and the group's (1 is a
+# constant). GQA with 16-divisible query heads (32/8: Llama-3-8B, Mistral-7B, Qwen3-8B), GQA
+# with others (28/4: Qwen2.5-7B; Llama-3.2-3B's 24/8 and Qwen3-14B's 40/8 meet the same
+# key), MHA with 16-divisible heads (32/32: Llama-2-7B, Phi-3-mini). MHA with other head
+# counts (Llama-2-13B's 40) compiles on first use.
+AOT_HEADS: tuple[tuple[int, int], ...] = ((32, 8), (28, 4), (32, 32))
+# Sequence (prefill, training) or cache (decode) lengths: 16-divisible or not. Prompts of
+# 2-16 tokens take the table's short-query tiles and compile on first use.
+AOT_SEQS: tuple[int, ...] = (2048, 1037)
+
+
+def _aot_qkv(dtype: str, dim: int, heads: tuple[int, int], seq_q: int, seq_kv: int) -> tuple:
+    heads_q, heads_kv = heads
+    q = Meta.contiguous((1, heads_q, seq_q, dim), dtype)
+    kv = Meta.contiguous((1, heads_kv, seq_kv, dim), dtype)
+    return q, kv, kv
+
+
+def _aot(arch: str) -> list[tuple[Any, ...]]:
+    """Per dtype and head dim: prefill/training (causal) and decode (one query, not causal)
+    for each of AOT_HEADS x AOT_SEQS, and the raw API's lengths (q_lens and kv_lens given),
+    causal or not, at 16-divisible sizes."""
+    cases: list[tuple[Any, ...]] = []
+    lens = Meta.contiguous((1,), "int32")
+    for dtype in KERNEL_DTYPE_NAMES:
+        for dim in HEAD_DIMS:
+            for heads in AOT_HEADS:
+                for seq in AOT_SEQS:
+                    cases.append(
+                        (*_aot_qkv(dtype, dim, heads, seq, seq), None, None, True, None, False)
+                    )
+                    cases.append(
+                        (*_aot_qkv(dtype, dim, heads, 1, seq), None, None, False, None, False)
+                    )
+            for causal in (True, False):
+                qkv = _aot_qkv(dtype, dim, AOT_HEADS[0], AOT_SEQS[0], AOT_SEQS[0])
+                cases.append((*qkv, lens, lens, causal, None, False))
+    return cases
+
+
 def _binding_of(a: Any) -> str:
     return "torch" if type(a).__module__.partition(".")[0] == "torch" else "jnp"
 
@@ -296,6 +343,8 @@ ATTENTION = declare(OpDecl(
     kernel_dtypes=KERNEL_DTYPE_NAMES,
     uses_matrix_units=True,
     stats=("lse",),
+    aot_cases=_aot,
+    aot_case_ints=True,
 ))  # fmt: skip
 
 # The call cache the torch front's no-grad path takes (and tests reach).

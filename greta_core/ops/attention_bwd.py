@@ -23,7 +23,7 @@ from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._validate import GretaInputError, check_tensor
-from greta_core.ops.attention import default_scale, validate
+from greta_core.ops.attention import AOT_HEADS, AOT_SEQS, HEAD_DIMS, default_scale, validate
 from greta_core.ops.declare import Meta, OpDecl, declare
 
 OP = "attention_bwd"
@@ -187,6 +187,27 @@ def _validate(
     return validate_bwd(do, q, k, v, o, lse)
 
 
+# Training in bf16 (fp16 training on these GPUs is rare: it needs loss scaling), causal (a
+# decoder's), GQA (the forward's AOT_HEADS less MHA), at AOT_SEQS: each kernel here costs
+# about 2 CPU-s to build, and the gfx942 wheel must build in under 3 minutes on 2 cores.
+# The rest compiles on first use.
+AOT_DTYPES: tuple[str, ...] = ("bfloat16",)
+AOT_BWD_HEADS: tuple[tuple[int, int], ...] = tuple(h for h in AOT_HEADS if h[0] != h[1])
+
+
+def _aot(arch: str) -> list[tuple[Any, ...]]:
+    """The backward of each training forward case of ops/attention.py."""
+    cases: list[tuple[Any, ...]] = []
+    for dtype in AOT_DTYPES:
+        for dim in HEAD_DIMS:
+            for (heads_q, heads_kv), seq in ((h, s) for h in AOT_BWD_HEADS for s in AOT_SEQS):
+                q = Meta.contiguous((1, heads_q, seq, dim), dtype)
+                kv = Meta.contiguous((1, heads_kv, seq, dim), dtype)
+                lse = Meta.contiguous((1, heads_q, seq), "float32")
+                cases.append((q, q, kv, kv, q, lse, True, None))
+    return cases
+
+
 ATTENTION_BWD = declare(OpDecl(
     name=OP,
     schema=(
@@ -202,7 +223,9 @@ ATTENTION_BWD = declare(OpDecl(
     front=False,
     # fp32: the logsumexp (q's dtype is fp16/bf16, which validation asks for).
     kernel_dtypes=("float16", "bfloat16", "float32"),
-    uses_matrix_units=True,
+    uses_matrix_units=("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"),  # not delta
+    aot_cases=_aot,
+    aot_case_ints=True,
 ))  # fmt: skip
 
 

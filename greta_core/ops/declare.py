@@ -189,7 +189,8 @@ class OpDecl:
     # optional tensor; with `stats`, each case ends with the plan's `stats` flag).
     aot_cases: Callable[[str], Iterable[tuple[Any, ...]]] | None = None
     kernel_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
-    uses_matrix_units: bool = False
+    # Its kernels reach the matrix units (the AOT report checks): all, or those named.
+    uses_matrix_units: bool | tuple[str, ...] = False
     describe: str = ""  # one line for GretaCompute and reports
     # Saved statistics (a norm's rstd): outputs of greta::<name>_fwd after the schema's,
     # which the public op drops and the backward reads. With stats, `plan` takes a trailing
@@ -214,6 +215,10 @@ class OpDecl:
     # AOT: an int argument equal to 1 is the constexpr 1, as Triton's JIT specialises it
     # at run time (the cases name the unit strides the launches have).
     aot_unit_ints: bool = False
+    # AOT: compile each case at its own ints' specialisation (each 16-divisible or not, a
+    # unit int the constexpr 1), not at the build's all-aligned/all-ragged variants: for
+    # calls that mix the two (attention: strides divisible, lengths and head counts not).
+    aot_case_ints: bool = False
     # (*tensor Metas) -> False where the kernels do not take a call the op accepts (a head
     # dim they were not built for): the JAX binding then runs the reference. None: they
     # take every call in `kernel_dtypes`.
@@ -480,28 +485,39 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
         for launch in plan.launches:
             signature = launch_signature(plan, launch, metas)
             constexprs, options = dict(launch.constexprs), dict(launch.options)
-            if op.aot_unit_ints:
+            divisible: dict[str, bool] | None = {} if op.aot_case_ints else None
+            if op.aot_unit_ints or op.aot_case_ints:
                 names = launch.kernel.arg_names
                 for name, arg in zip(names, launch.args, strict=False):
                     if type(arg) is int and arg == 1:
                         del signature[name]
                         constexprs[name] = 1
+                    elif type(arg) is int and divisible is not None:
+                        divisible[name] = arg % 16 == 0
             key = (
                 launch.kernel,
                 *(tuple(sorted(d.items())) for d in (signature, constexprs, options)),
+                None if divisible is None else tuple(sorted(divisible.items())),
             )
             if key in specs:
                 continue
             pointers = ",".join(t[1:] for t in signature.values() if t.startswith("*"))
             consts = ",".join(f"{k}={v}" for k, v in constexprs.items())
+            if divisible is not None:  # the ints not 16-divisible, Triton's "no attribute"
+                consts += ";ragged=" + ",".join(n for n, d in divisible.items() if not d)
             name = f"{launch.kernel.__name__}[{pointers};{consts}]"
             taken = sum(s.name.startswith(name) for s in specs.values())
             specs[key] = AotSpec(
                 name=f"{name}#{taken}" if taken else name, kernel=launch.kernel,
                 signature=signature, constexprs=constexprs, options=options,
-                uses_matrix_units=op.uses_matrix_units,
+                uses_matrix_units=_matrix(op.uses_matrix_units, launch.kernel),
+                int_divisible=divisible,
             )  # fmt: skip
     return list(specs.values())
+
+
+def _matrix(uses: bool | tuple[str, ...], kernel: Any) -> bool:
+    return uses if isinstance(uses, bool) else kernel.__name__ in uses
 
 
 def _kernel_module(kernel: Any) -> str:
