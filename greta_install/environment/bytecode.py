@@ -24,9 +24,8 @@ FRAMEWORKS: tuple[str, ...] = ("torch", "triton", "jax")
 # import writes the cache of the modules it touched only, which is well under half.
 COMPILED_SHARE = 0.5
 COMPILE_TIMEOUT_S = 900.0
-# Folders of a package's own test suite: no program imports them (their pytest run would
-# compile them), yet they are a fifth of the cpu row's source (sympy, scipy, numpy,
-# networkx), so compiling them only lengthened every install.
+# Folders of a package's own test suite (sympy's, scipy's, numpy's, networkx's in the cpu
+# row): no program imports them, so compiling them only lengthened every install.
 TEST_FOLDERS = frozenset({"tests", "test"})
 
 
