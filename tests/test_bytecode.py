@@ -44,7 +44,14 @@ def test_package_state_counts_compiled_modules(tmp_path: Path, monkeypatch) -> N
 def test_the_install_compiles_the_files_its_wheels_wrote(tmp_path: Path, monkeypatch) -> None:
     from _install_helpers import make_wheel
 
-    filename, data = make_wheel("fakefw2", "1.0", extra={"fakefw2/broken.py": b"def (:\n"})
+    extra = {
+        "fakefw2/broken.py": b"def (:\n",
+        # its own test suite: never imported by a program, not compiled
+        "fakefw2/tests/test_a.py": b"Z = 3\n",
+        "fakefw2/sub/test/test_b.py": b"Z = 4\n",
+        "fakefw2/testing.py": b"Z = 5\n",  # a module, not a test folder
+    }
+    filename, data = make_wheel("fakefw2", "1.0", extra=extra)
     wheel = tmp_path / filename
     wheel.write_bytes(data)
     site = tmp_path / "site"
@@ -52,12 +59,12 @@ def test_the_install_compiles_the_files_its_wheels_wrote(tmp_path: Path, monkeyp
         archive.extractall(site)
     (site / "other.py").write_text("Y = 2\n", encoding="utf-8")  # not the install's
     sources = bytecode.installed_sources([wheel], site)
-    assert sorted(p.name for p in sources) == ["__init__.py", "broken.py"]
+    assert sorted(p.name for p in sources) == ["__init__.py", "broken.py", "testing.py"]
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     assert bytecode.compile_installed(sys.executable, sources) is None  # broken.py: no failure
     monkeypatch.syspath_prepend(str(site))
     state = bytecode.package_state("fakefw2")
-    assert state is not None and (state.modules, state.compiled) == (2, 1)
+    assert state is not None and (state.modules, state.compiled) == (5, 2)
     assert not (site / "__pycache__").exists()  # other.py was left alone
 
 

@@ -25,6 +25,10 @@ def test_llama_block_matches_reference(tmp_path: Path) -> None:
         if not k.startswith("GRETA_IMPL") and k != "GRETA_TRITON_ON_CPU"
     }
     env["PYTHONPATH"] = str(ROOT)
+    # Compile mode through dynamo and AOTAutograd (functionalisation of the KV-cache append
+    # included) without inductor's C++ builds: those took 40 of this test's 45 CPU-s here;
+    # inductor over GRETA's ops, forward and backward, is test_kernel_norms'.
+    env["GRETA_COMPILE_BACKEND"] = "aot_eager"
     args = ["--batch", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2",
             "--prefill-len", "7", "--decode-steps", "3", "--repeats", "1", "--out", str(tmp_path),
             "--modes", "eager,graph,compile"]  # fmt: skip
@@ -38,17 +42,17 @@ def test_llama_block_matches_reference(tmp_path: Path) -> None:
     data = json.loads(result.read_text())
     assert [r["mode"] for r in data["results"]] == ["eager", "graph", "compile"]
     assert all(r["match"] and r["rel_err"] <= r["tolerance"] for r in data["results"])
-    assert data["metadata"]["compile_backend"] in ("inductor", "aot_eager", "tensorrt", "migraphx")
+    assert data["metadata"]["compile_backend"] == "aot_eager"
     assert set(data["metadata"]["implementations"]) >= {"compute.matmul", "compute.attention"}
     assert list(tmp_path.glob("llama_block_*.csv"))
 
 
-def test_llama_block_rejects_bad_arguments() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "llama_block.py"), "--dim", "65"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode == 2 and "--dim must split" in done.stderr
+def test_llama_block_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    # In this process: the script's main is what `python examples/llama_block.py` runs.
+    module = load_script("examples/llama_block.py")
+    with pytest.raises(SystemExit) as exited:
+        module.main(["--dim", "65"])
+    assert exited.value.code == 2 and "--dim must split" in capsys.readouterr().err
 
 
 def test_llama_block_cpu_defaults_are_small() -> None:

@@ -279,14 +279,27 @@ def _install_fails_and_is_undone(
     return proc.stderr
 
 
-@pytest.mark.parametrize(
-    ("fault", "step", "words", "doctor"),
-    [
-        ("wrong-matmul", "matmul", "bfloat16 matmul (k=64)", "torch.arch"),
-        ("nan-after", "training", f"at step {NAN_AFTER_STEPS} of", "torch.arch"),
-        ("no-kernel", "torch", "HIP error: invalid device function", "torch.arch"),
-    ],
-)
+WRONG_GPUS = [
+    ("wrong-matmul", "matmul", "bfloat16 matmul (k=64)", "torch.arch"),
+    ("nan-after", "training", f"at step {NAN_AFTER_STEPS} of", "torch.arch"),
+    ("no-kernel", "torch", "HIP error: invalid device function", "torch.arch"),
+]
+
+
+@pytest.mark.parametrize(("fault", "step", "words", "doctor"), WRONG_GPUS[:2])
+def test_a_gpu_that_computes_wrong_fails_the_smoke_test(
+    tmp_path: Path, fault: str, step: str, words: str, doctor: str
+) -> None:
+    """Each wrong GPU is caught at its step, with the message the install prints; the
+    install's undo on a smoke failure is the same whichever step failed (next test)."""
+    report = smoke.run_smoke(fault_env(tmp_path / "env", fault), "gpu")
+    message = report.failure_message()
+    assert not report.ok and report.failed is not None and report.failed.name == step, message
+    assert message.startswith(f"smoke test step '{step}' failed"), message
+    assert words in message and f"doctor: {doctor}" in message and "fix: greta doctor" in message
+
+
+@pytest.mark.parametrize(("fault", "step", "words", "doctor"), WRONG_GPUS[2:])
 def test_a_gpu_that_computes_wrong_undoes_the_install(
     template_venv: Path, tmp_path: Path, fault: str, step: str, words: str, doctor: str
 ) -> None:

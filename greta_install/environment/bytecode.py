@@ -24,6 +24,9 @@ FRAMEWORKS: tuple[str, ...] = ("torch", "triton", "jax")
 # import writes the cache of the modules it touched only, which is well under half.
 COMPILED_SHARE = 0.5
 COMPILE_TIMEOUT_S = 900.0
+# Folders of a package's own test suite (sympy's, scipy's, numpy's, networkx's in the cpu
+# row): no program imports them, so compiling them only lengthened every install.
+TEST_FOLDERS = frozenset({"tests", "test"})
 
 
 def compile_argv(python: str) -> list[str]:
@@ -34,7 +37,8 @@ def compile_argv(python: str) -> list[str]:
 
 def installed_sources(wheels: Iterable[Path], site: Path) -> list[Path]:
     """The .py files the install wrote into `site`, read from the wheels it installed
-    (files under `<name>.data/purelib|platlib/` land in site too; scripts do not)."""
+    (files under `<name>.data/purelib|platlib/` land in site too; scripts do not), less
+    those in a package's own test folders (TEST_FOLDERS)."""
     found: list[Path] = []
     for wheel in wheels:
         if wheel.suffix != ".whl":
@@ -49,6 +53,8 @@ def installed_sources(wheels: Iterable[Path], site: Path) -> list[Path]:
                     if scheme not in ("purelib", "platlib"):
                         continue
                     name = rest
+                if TEST_FOLDERS.intersection(name.split("/")[1:-1]):
+                    continue
                 found.append(site / name)
     return found
 
