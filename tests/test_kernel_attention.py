@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import pytest
 
@@ -343,19 +344,11 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
 
     _need_kernel()
     calls = {"fwd": 0, "bwd": 0}
-    # Every binding runs the declarations' call caches: count the plans they run.
-    fwd, bwd = attn_ops.ATTENTION.call_stats.run, ATTENTION_BWD.call.run
-
-    def counted_fwd(*a, **kw):
-        calls["fwd"] += 1
-        return fwd(*a, **kw)
-
-    def counted_bwd(*a, **kw):
-        calls["bwd"] += 1
-        return bwd(*a, **kw)
-
-    monkeypatch.setattr(attn_ops.ATTENTION.call_stats, "run", counted_fwd)
-    monkeypatch.setattr(ATTENTION_BWD.call, "run", counted_bwd)
+    # Every binding runs the declarations' call caches (`run`; the eager training path's
+    # `launch`): count the plans they run.
+    for key, call in (("fwd", attn_ops.ATTENTION.call_stats), ("bwd", ATTENTION_BWD.call)):
+        for method in ("run", "launch"):
+            monkeypatch.setattr(call, method, _counting(calls, key, getattr(call, method)))
     q, k, v = _inputs(1, 2, 2, 17, 17, 64, torch.bfloat16)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     do = torch.randn_like(q)
@@ -364,6 +357,14 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
     for mine, want in zip(leaves, _grads64(q, k, v, do, True), strict=True):
         err = ((mine.grad.double().cpu() - want).norm() / want.norm()).item()
         assert err < TOL[torch.bfloat16]
+
+
+def _counting(calls: dict[str, int], key: str, fn: Any) -> Any:
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls[key] += 1
+        return fn(*a, **kw)
+
+    return counted
 
 
 def _needs_cuda() -> None:
