@@ -340,13 +340,15 @@ def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
     })  # fmt: skip
     new_saved = tuple.__new__
     nondiff = tuple(i for i in backward.nondiff_outputs if i < n_out)
-    launch = op.call_stats.launch
+    # Looked up per call (one attribute), not bound here: the forward then runs whatever the
+    # op's call cache is now, as the backward's _raw_call does (tests count launches).
+    call = op.call_stats
     may_consume = backward.may_consume
     grads_of = backward.grads
     grad_enabled = torch.is_grad_enabled
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outs = launch(args)
+        outs = call.launch(args)
         ctx.save_for_backward(*pick(args + outs))  # None: an absent optional
         # Whether the backward may overwrite what it saved: decided while the forward runs
         # (``consuming()`` is a context the caller's forward pass sets), read by the backward.
