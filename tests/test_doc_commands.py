@@ -164,6 +164,11 @@ def _check_install(where: str, argv: list[str]) -> None:
         if match:
             for extra in match.group(1).split(","):
                 assert extra in extras, f"{where}: no extra {extra!r} in pyproject.toml"
+    if "--exclude-newer" in argv:
+        # The test extra sees the index as the lock saw it: one cut-off, the matrix's.
+        matrix = tomllib.loads((ROOT / "lock/matrix.toml").read_text(encoding="utf-8"))
+        cutoff = argv[argv.index("--exclude-newer") + 1]
+        assert cutoff == matrix["lock"]["exclude_newer"], where
     if "-r" in argv:
         name = argv[argv.index("-r") + 1]
         assert name.endswith((".txt", ".toml")), where
