@@ -97,19 +97,38 @@ def test_jax_binding_refuses_a_target_outside_the_vocabulary(bad: int) -> None:
 @pytest.mark.parametrize("bad", BAD)
 def test_the_device_check_replaces_each_refused_entry_by_ignore_index(bad: int) -> None:
     # What a GPU call computes with (no value read on the host): the kernels and torch's
-    # cross_entropy never see the refused class, and its mask poisons the loss rows.
+    # cross_entropy never see the refused class, and its NaN mark poisons the loss rows.
     target = torch.tensor([0, 3, -100, bad, 10, bad])
-    safe, mask = lce.refuse_on_device(target, VOCAB, -100)
+    safe, marks = lce.refuse_on_device(target, VOCAB, -100)
     assert safe.tolist() == [0, 3, -100, -100, 10, -100]
-    assert mask.tolist() == [False, False, False, True, False, True]
-    rows = lce.poison(torch.zeros(6), mask)
-    assert torch.isnan(rows).tolist() == mask.tolist()
-    assert torch.isnan(lce.poison(torch.zeros(()), mask))
+    refused = [False, False, False, True, False, True]
+    assert torch.isnan(marks).tolist() == refused and marks.nan_to_num().eq(0).all()
+    rows = lce.poison(torch.zeros(6), marks)
+    assert torch.isnan(rows).tolist() == refused
+    assert torch.isnan(lce.poison(torch.zeros(()), marks))
     assert lce.poison(torch.zeros(6), None).eq(0).all()
+    # Counted (the delegated "mean"): 1 per class, 0 for ignore_index, NaN if refused.
+    _, counted = lce.refuse_on_device(target, VOCAB, -100, counted=True)
+    assert torch.isnan(counted.sum())
+    assert counted[:3].tolist() == [1.0, 1.0, 0.0] and counted[4].item() == 1.0
+
+
+@pytest.mark.parametrize("ignore_index", [-100, -1, 0, 5, VOCAB, VOCAB + 3])
+def test_the_device_check_knows_every_ignore_index(ignore_index: int) -> None:
+    # ignore_index below, inside or above the vocabulary: each value is kept or refused
+    # as the host check (refuse_on_host) decides.
+    values = torch.arange(-110, VOCAB + 10)
+    safe, counted = lce.refuse_on_device(values, VOCAB, ignore_index, counted=True)
+    refused = ((values < 0) | (values >= VOCAB)) & (values != ignore_index)
+    assert torch.isnan(counted).tolist() == refused.tolist()
+    assert torch.equal(safe, values.masked_fill(refused, ignore_index))
+    kept = ~refused
+    classes = kept & (values != ignore_index)
+    assert counted[kept].tolist() == classes[kept].float().tolist()
 
 
 def test_nothing_refused_nothing_poisoned() -> None:
     target = torch.tensor([0, 10, -100, 7])
-    safe, mask = lce.refuse_on_device(target, VOCAB, -100)
-    assert torch.equal(safe, target) and not mask.any()
-    assert not torch.isnan(lce.poison(torch.zeros(()), mask))
+    safe, marks = lce.refuse_on_device(target, VOCAB, -100)
+    assert torch.equal(safe, target) and not marks.isnan().any()
+    assert not torch.isnan(lce.poison(torch.zeros(()), marks))

@@ -14,6 +14,7 @@ jnp.dot in JAX); the chunk schedule and the kernel plan are shared.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -195,17 +196,18 @@ class _DeviceReport:
         self.vocab, self.ignore_index = vocab, ignore_index
         if not self.in_flight:
             self.host.copy_(self.flag, non_blocking=True)
-            self.done.record()
+            # On the flag's device's stream, which need not be the current device's.
+            self.done.record(torch.cuda.current_stream(self.device))
             self.in_flight = True
 
     def read(self, wait: bool) -> bool:
         """Whether the device has reported a refusal (with `wait`: every call so far)."""
         if wait:
-            refused = bool(self.flag.isnan().item())
+            refused = math.isnan(self.flag.item())  # a device sync
         else:
             if not self.in_flight or not self.done.query():
                 return False
-            refused = bool(self.host.isnan().item())
+            refused = math.isnan(self.host.item())
         self.in_flight = False
         if refused:
             self.flag.zero_()  # one report per run of refusals
