@@ -331,6 +331,7 @@ def _register_public(op: OpDecl, fwd_op: Any) -> None:
     context = _Context(tuple(getattr(torch, d) for d in op.kernel_dtypes))
     route = spec.route
     public_call = op.public_call
+    whole = op.n_fwd_outputs == n_out  # the kernel op returns the public outputs as they are
 
     def run(full: tuple[Any, ...]) -> Any:
         """A complete call, typed as the schema says."""
@@ -339,6 +340,8 @@ def _register_public(op: OpDecl, fwd_op: Any) -> None:
             if done is not None:
                 return done
         outs = fwd_op(*public_call(context, full))
+        if whole:
+            return outs
         return outs[0] if n_out == 1 else tuple(outs[:n_out])
 
     def front(*given: Any, **kwargs: Any) -> Any:
