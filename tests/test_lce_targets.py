@@ -107,10 +107,10 @@ def test_the_device_check_replaces_each_refused_entry_by_ignore_index(bad: int) 
     assert torch.isnan(rows).tolist() == refused
     assert torch.isnan(lce.poison(torch.zeros(()), marks))
     assert lce.poison(torch.zeros(6), None).eq(0).all()
-    # Counted (the delegated "mean"): 1 per class, 0 for ignore_index, NaN if refused.
+    # Counted (the delegated "mean"): 1 per class, ~0 for ignore_index, NaN if refused.
     _, counted = lce.refuse_on_device(target, VOCAB, -100, counted=True)
     assert torch.isnan(counted.sum())
-    assert counted[:3].tolist() == [1.0, 1.0, 0.0] and counted[4].item() == 1.0
+    assert counted[[0, 1, 4]].tolist() == [1.0, 1.0, 1.0] and 0 < counted[2].item() < 1e-10
 
 
 @pytest.mark.parametrize("ignore_index", [-100, -1, 0, 5, VOCAB, VOCAB + 3])
@@ -122,9 +122,20 @@ def test_the_device_check_knows_every_ignore_index(ignore_index: int) -> None:
     refused = ((values < 0) | (values >= VOCAB)) & (values != ignore_index)
     assert torch.isnan(counted).tolist() == refused.tolist()
     assert torch.equal(safe, values.masked_fill(refused, ignore_index))
-    kept = ~refused
-    classes = kept & (values != ignore_index)
-    assert counted[kept].tolist() == classes[kept].float().tolist()
+    classes = ~refused & (values != ignore_index)
+    assert counted[classes].eq(1).all()
+    ignored = counted[values == ignore_index]
+    assert ignored.numel() == 1 and 0 < ignored.item() < 1e-10
+
+
+def test_mean_divisor_counts_classes_exactly_and_is_never_zero() -> None:
+    # The delegated "mean" divides by the counted marks' sum: exactly the number of
+    # classes (the ignore_index marks vanish beside any 1), and > 0 when all are ignored.
+    target = torch.tensor([-100] * 1000 + [3] * 7 + [-100] * 1000)
+    _, counted = lce.refuse_on_device(target, VOCAB, -100, counted=True)
+    assert counted.sum().item() == 7.0
+    _, ignored = lce.refuse_on_device(torch.full((4096,), -100), VOCAB, -100, counted=True)
+    assert ignored.sum().item() > 0 and (torch.zeros(()) / ignored.sum()).item() == 0.0
 
 
 def test_nothing_refused_nothing_poisoned() -> None:

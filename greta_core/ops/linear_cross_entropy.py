@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -149,8 +150,16 @@ def _tables(vocab: int, ignore_index: int, index: int) -> tuple[Any, ...]:
         torch.tensor(points, dtype=torch.int64, device=device),
         torch.tensor([k == 2 for k in kinds], device=device),
         torch.tensor([nan if k == 2 else 0.0 for k in kinds], device=device),
-        torch.tensor([nan if k == 2 else float(k) for k in kinds], device=device),
+        torch.tensor([nan if k == 2 else 1.0 if k else _TINY for k in kinds], device=device),
     )
+
+
+# What ignore_index counts for in "mean"'s divisor: a sum of N of them is far below half
+# a float32 ulp of 1 (N < 6e12), so any count of classes >= 1 comes out exact, and a
+# batch that is all ignore_index divides its loss, exactly 0, by N * _TINY > 0: 0, with no
+# max(1, .) op. Its gradient, the upstream gradient / (N * _TINY), stays finite (below
+# 3.4e38 for upstream gradients below 3.4e18) and meets rows whose gradients are 0.
+_TINY = 1e-20
 
 
 def refuse_on_device(
@@ -158,8 +167,8 @@ def refuse_on_device(
 ) -> tuple[Any, Any]:
     """(`target` with each entry outside [0, vocab) that is not `ignore_index` replaced by
     `ignore_index`, float32 marks: NaN for those entries, else 0, or with `counted` 1 for
-    a class and 0 for ignore_index): torch ops queued on the target's device, no value
-    read on the host. Four small ops (a bucketize, two lookups in tables made once per
+    a class and :data:`_TINY` for ignore_index): torch ops queued on the target's device,
+    no value read on the host. Four small ops (a bucketize, two lookups in tables made once per
     vocabulary and device, a masked_fill): the training path pays them on every call."""
     import torch
 
@@ -170,49 +179,73 @@ def refuse_on_device(
 
 
 class _DeviceReport:
-    """One device's deferred report of refused targets. Every call folds its refusals (a
-    NaN scalar) into `flag` on the device, one op; `flag` is copied to pinned `host`
-    memory, with an event after it, whenever no copy is in flight. One buffer and one
-    event per device for the whole run, not one per call."""
+    """One device's deferred report of refused targets. Each call leaves its refusal sum
+    (a 0-dim device tensor, NaN where it refused a target) here, no op queued; every
+    :data:`_EVERY_S` seconds at most (or :data:`_MOST` calls), with no copy in flight, the
+    pending sums go to pinned host memory in one copy, an event after it. One buffer and
+    one event per device for the whole run, not one per call."""
 
-    __slots__ = ("device", "done", "flag", "host", "ignore_index", "in_flight", "vocab")
+    __slots__ = (
+        "device", "done", "host", "ignore_index", "in_flight", "last", "pending", "vocab",
+    )  # fmt: skip
 
     def __init__(self, device: Any) -> None:
         import torch
 
         self.device = device
-        self.flag = torch.zeros((), dtype=torch.float32, device=device)
-        self.host = torch.zeros((), dtype=torch.float32, pin_memory=True)
+        self.host = torch.zeros(_MOST, dtype=torch.float32, pin_memory=True)
         self.done = torch.cuda.Event()
-        self.in_flight = False
+        self.pending: list[Any] = []
+        self.in_flight = 0  # how many sums the copy in flight carries
+        self.last = 0.0
         self.vocab, self.ignore_index = 0, 0
 
     def fold(self, refused: Any, vocab: int, ignore_index: int) -> None:
-        """`refused`: a device scalar, NaN where the call refused a target."""
+        self.pending.append(refused)
+        self.vocab, self.ignore_index = vocab, ignore_index
+        if not self.in_flight and (
+            len(self.pending) >= _MOST or time.monotonic() - self.last >= _EVERY_S
+        ):
+            self._copy()
+
+    def _copy(self) -> None:
         import torch
 
-        # NaN wins in torch.maximum: the flag stays NaN from the first refusal on.
-        torch.maximum(self.flag, refused, out=self.flag)
-        self.vocab, self.ignore_index = vocab, ignore_index
-        if not self.in_flight:
-            self.host.copy_(self.flag, non_blocking=True)
-            # On the flag's device's stream, which need not be the current device's.
-            self.done.record(torch.cuda.current_stream(self.device))
-            self.in_flight = True
+        sums = torch.stack(self.pending)
+        if len(sums) > _MOST:  # the device ran far behind: one sum is NaN if any is
+            sums = sums.sum().reshape(1)
+        n = len(sums)
+        self.host[:n].copy_(sums, non_blocking=True)
+        # On the sums' device's stream, which need not be the current device's.
+        self.done.record(torch.cuda.current_stream(self.device))
+        self.pending.clear()
+        self.in_flight, self.last = n, time.monotonic()
 
     def read(self, wait: bool) -> bool:
-        """Whether the device has reported a refusal (with `wait`: every call so far)."""
-        if wait:
-            refused = math.isnan(self.flag.item())  # a device sync
-        else:
-            if not self.in_flight or not self.done.query():
+        """Whether the device has reported a refusal (with `wait`: every call so far, a
+        device sync)."""
+        import torch
+
+        values: list[float] = []
+        if self.in_flight:
+            if wait:
+                self.done.synchronize()
+            elif not self.done.query():
                 return False
-            refused = math.isnan(self.host.item())
-        self.in_flight = False
+            values = self.host[: self.in_flight].tolist()
+            self.in_flight = 0
+        if wait and self.pending:
+            values += torch.stack(self.pending).tolist()
+            self.pending.clear()
+        refused = any(math.isnan(v) for v in values)
         if refused:
-            self.flag.zero_()  # one report per run of refusals
+            self.pending.clear()  # one report per run of refusals
         return refused
 
+
+# The report's copy rule: at most one copy per _EVERY_S seconds, or per _MOST calls.
+_EVERY_S = 0.01
+_MOST = 64
 
 # The deferred reports by GPU index (GPU targets checked on the device).
 _REPORTS: dict[int, _DeviceReport] = {}
@@ -949,7 +982,7 @@ def _torch_loss(
     _validate_once(hidden, weight, target, reduction)
     mean = reduction == "mean"
     # For "mean" the marks count the classes (NaN if any entry was refused): their sum is
-    # the divisor, poisoned where it must be.
+    # the divisor, poisoned where it must be and never 0.
     target, marks, total = screen_targets(target, weight.shape[0], ignore_index, mean)
     if not torch.compiler.is_compiling():
         record(OP, impl, arch)
@@ -973,8 +1006,8 @@ def _torch_loss(
     if not mean:
         return poison(loss, marks, total)
     if total is None:  # the values were checked on the host
-        total = (target != ignore_index).sum()
-    return loss / total.clamp(min=1)
+        return loss / (target != ignore_index).sum().clamp(min=1)
+    return loss / total  # all ignored: 0 / (N * _TINY), see _TINY
 
 
 LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
