@@ -143,3 +143,54 @@ def test_nothing_refused_nothing_poisoned() -> None:
     safe, marks = lce.refuse_on_device(target, VOCAB, -100)
     assert torch.equal(safe, target) and not marks.isnan().any()
     assert not torch.isnan(lce.poison(torch.zeros(()), marks))
+
+
+class _FakeEvent:
+    """torch.cuda.Event's part the report uses, done when the test says so."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def record(self, stream=None) -> None:
+        self.ready = False
+
+    def query(self) -> bool:
+        return self.ready
+
+    def synchronize(self) -> None:
+        self.ready = True
+
+
+def test_the_device_report_copies_pending_sums_and_reports_once(monkeypatch) -> None:
+    # The per-GPU report's logic on CPU tensors (its event faked): sums wait in a list, go
+    # to the host in one copy when none is in flight and the interval has passed, are read
+    # once the event is done; a refusal is reported once, and `wait` reads everything.
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    report = lce._DeviceReport(torch.device("cpu"))
+    nan = torch.tensor(float("nan"))
+    report.fold(torch.tensor(0.0), VOCAB, -100)  # the first call copies at once
+    assert report.in_flight == 1 and not report.pending
+    report.fold(nan, VOCAB, -100)  # a copy in flight: this one waits
+    assert report.pending and not report.read(wait=False)  # the event is not done
+    report.done.ready = True
+    assert not report.read(wait=False)  # the copy held the clean sum only
+    assert report.read(wait=True)  # the pending NaN, read with a sync
+    assert not report.read(wait=True)  # reported once
+    monkeypatch.setattr(lce, "_EVERY_S", 0.0)
+    for _ in range(3):
+        report.fold(torch.tensor(2.0), VOCAB, -100)
+        report.done.ready = True
+        assert not report.read(wait=False)
+    report.fold(nan, VOCAB, -100)
+    report.done.ready = True
+    assert report.read(wait=False) and report.in_flight == 0 and not report.pending
+    # Far more pending sums than the buffer holds: one sum, NaN if any is.
+    report.fold(torch.tensor(0.0), VOCAB, -100)
+    report.pending += [torch.tensor(0.0)] * (2 * lce._MOST) + [nan]
+    report.done.ready = True
+    report.read(wait=False)
+    report.fold(torch.tensor(0.0), VOCAB, -100)
+    assert report.in_flight == 1
+    report.done.ready = True
+    assert report.read(wait=False)

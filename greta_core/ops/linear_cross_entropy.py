@@ -193,7 +193,8 @@ class _DeviceReport:
         import torch
 
         self.device = device
-        self.host = torch.zeros(_MOST, dtype=torch.float32, pin_memory=True)
+        pinned = torch.device(device).type == "cuda"  # (a CPU device: the logic's tests)
+        self.host = torch.zeros(_MOST, dtype=torch.float32, pin_memory=pinned)
         self.done = torch.cuda.Event()
         self.pending: list[Any] = []
         self.in_flight = 0  # how many sums the copy in flight carries
