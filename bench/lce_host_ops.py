@@ -5,8 +5,8 @@ forward+backward, beside the PyTorch eager loss it stands for.
 torch's own path, so its host time is the ops GRETA adds around torch's. This probe runs
 that path on CPU tensors: the table's choice forced to "torch", the target screened as a
 GPU target is (on the device, no value read: ``ops.linear_cross_entropy._values_on_host``
-answers False). The deferred report's device flag (CUDA only: its copy to pinned memory
-and event) is not run here; its ops are listed in the output's ``not_counted``.
+answers False). The deferred report's CUDA-only part (its copies to pinned memory and
+events) is not run here: see the output's ``not_counted``.
 
 Counts: every aten op a ``TorchDispatchMode`` sees (forward, autograd's backward), by
 name. Times: ``bench/interleaved.py``'s rule on the thread's CPU clock.
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "label": args.label,
         **collect("lce_host_ops", "cpu"),
         "clock": "thread", "calls": args.calls, "rounds": args.rounds,
-        "not_counted": "the CUDA-only device flag of the deferred target report",
+        "not_counted": "the CUDA-only part of the deferred target report",
         "results": results,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
