@@ -928,9 +928,11 @@ _VALIDATED: set[tuple[Any, ...]] = set()
 def _validate_once(hidden: Any, weight: Any, target: Any, reduction: str) -> None:
     """:func:`validate` once per call signature: everything it reads of the tensors is in
     the key (their values are :func:`screen_targets`' business)."""
+    # get_device(): an int (-1 on the CPU), cheaper than building a torch.device.
     key = (
-        hidden.shape, hidden.dtype, hidden.device, weight.shape, weight.dtype, weight.device,
-        target.shape, target.dtype, target.device, target.is_contiguous(), reduction,
+        hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
+        weight.get_device(), target.shape, target.dtype, target.get_device(),
+        target.is_contiguous(), reduction,
     )  # fmt: skip
     try:
         if key in _VALIDATED:

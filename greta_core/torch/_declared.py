@@ -359,6 +359,12 @@ def _register_public(op: OpDecl, fwd_op: Any) -> None:
     plain = (torch.Tensor, torch.nn.Parameter)
     kinds = tuple(plain if a.is_tensor else (_TYPES[a.type],) for a in args)
 
+    def typed(full: tuple[Any, ...]) -> bool:
+        for v, kind in zip(full, kinds, strict=True):  # noqa: SIM110  (no generator per call)
+            if type(v) not in kind:
+                return False
+        return True
+
     def entry(*given: Any, **kwargs: Any) -> Any:
         # The front itself where the dispatcher would only have called it: positional
         # arguments of the schema's exact types, plain tensors (a subclass may override
@@ -366,9 +372,7 @@ def _register_public(op: OpDecl, fwd_op: Any) -> None:
         # records the torch op).
         if not kwargs and lowest <= len(given) <= n_args and not compiling():
             full = given + defaults[len(given) :]
-            if not function_modes() and all(
-                type(v) in kind for v, kind in zip(full, kinds, strict=True)
-            ):
+            if not function_modes() and typed(full):
                 return run(full)
         return packet(*given, **kwargs)
 
