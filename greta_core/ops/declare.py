@@ -108,6 +108,30 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
 _CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int, "str": str}
 
 
+def _bind(
+    name: str, spec: tuple[Arg, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any]:
+    """`args` then `kwargs` as one positional list after `spec`: defaults filled, scalars
+    converted. Raises GretaInputError for a missing or unexpected argument."""
+    if len(args) > len(spec):
+        raise GretaInputError(f"{name}: takes {len(spec)} arguments")
+    out = list(args)
+    for a in spec[len(args) :]:
+        if a.name in kwargs:
+            out.append(kwargs.pop(a.name))
+        elif a.has_default:
+            out.append(a.default)
+        else:
+            raise GretaInputError(f"{name}: missing argument '{a.name}'")
+    if kwargs:
+        raise GretaInputError(f"{name}: unexpected argument(s) {sorted(kwargs)}")
+    for i, a in enumerate(spec):
+        convert = _CONVERT.get(a.type)
+        if convert is not None and out[i] is not None:
+            out[i] = convert(out[i])
+    return out
+
+
 class Caller:
     """What a declared backward gets as `call`: ``call(op, *args)`` runs a declared op in
     the binding that differentiates; ``call.contiguous(t)`` is a dense copy of a strided
@@ -200,23 +224,7 @@ class Front:
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The complete public call (the schema's order): defaults filled, scalars
         converted. Raises GretaInputError for a missing or unexpected argument."""
-        if len(args) > len(self.args):
-            raise GretaInputError(f"{self.name}: takes {len(self.args)} arguments")
-        out = list(args)
-        for a in self.args[len(args) :]:
-            if a.name in kwargs:
-                out.append(kwargs.pop(a.name))
-            elif a.has_default:
-                out.append(a.default)
-            else:
-                raise GretaInputError(f"{self.name}: missing argument '{a.name}'")
-        if kwargs:
-            raise GretaInputError(f"{self.name}: unexpected argument(s) {sorted(kwargs)}")
-        for i, a in enumerate(self.args):
-            convert = _CONVERT.get(a.type)
-            if convert is not None and out[i] is not None:
-                out[i] = convert(out[i])
-        return tuple(out)
+        return tuple(_bind(self.name, self.args, args, kwargs))
 
 
 class NoContext:
@@ -407,23 +415,7 @@ class OpDecl:
     ) -> tuple[Any, ...]:
         """The full positional argument tuple in the op's order (tensors first): defaults
         filled, scalars converted. `public`: `args` come in the schema's order."""
-        spec = self.public_args if public else self.args
-        if len(args) > len(spec):
-            raise GretaInputError(f"{self.name}: takes {len(spec)} arguments")
-        out = list(args)
-        for a in spec[len(args) :]:
-            if a.name in kwargs:
-                out.append(kwargs.pop(a.name))
-            elif a.has_default:
-                out.append(a.default)
-            else:
-                raise GretaInputError(f"{self.name}: missing argument '{a.name}'")
-        if kwargs:
-            raise GretaInputError(f"{self.name}: unexpected argument(s) {sorted(kwargs)}")
-        for i, a in enumerate(spec):
-            convert = _CONVERT.get(a.type)
-            if convert is not None and out[i] is not None:
-                out[i] = convert(out[i])
+        out = _bind(self.name, self.public_args if public else self.args, args, kwargs)
         if public and self._from_public is not None:
             out = [out[i] for i in self._from_public]
         return tuple(out)
