@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from greta_core.bench.metadata import collect, command_line
     from greta_core.bench.report import write_csv, write_json
-    from greta_core.torch.linear_cross_entropy import core_api
+    from greta_core.ops.linear_cross_entropy import core_api
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ import triton.language as tl
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan
 from greta_core.ops._rows import arch_for, float_dtypes
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
-from greta_core.ops.declare import Backward, Meta, OpDecl, declare
+from greta_core.ops.declare import Backward, Front, Meta, OpDecl, declare
 
 
 @triton.jit
@@ -162,6 +162,38 @@ TOY_MM = declare(OpDecl(
     reference=lambda a, b, c, alpha=1.0: a @ b + alpha * c,
     backward=Backward(mm_grads, saves=("a", "b")),
 ))
+
+
+# A kernel op whose last argument no caller gives: its public op (a Front) decides it per
+# call from the binding's context. The toy shows it in its output: x + (alpha + 1) * y
+# where a backward follows. alpha == 0 goes to torch's own code (a route).
+def flagged_plan(arch, x, y, alpha, follows):
+    return plan(arch, x, y, alpha + float(follows))
+
+
+def flagged_grads(call, grad_outputs, saved):
+    (dy,) = grad_outputs
+    dy = call.contiguous(dy)
+    return dy, call(TOY, dy, dy, saved.alpha + float(saved.follows) - 1.0), None, None
+
+
+def flagged_route(context, x, y, alpha):
+    return x * 1.0 if alpha == 0.0 else None
+
+
+TOY_FLAGGED = declare(OpDecl(
+    name="toy_flagged_kernel",
+    schema="Tensor x, Tensor y, float alpha, bool follows=False -> Tensor",
+    validate=lambda x, y, alpha, follows, reference=False: validate(x, y, alpha, reference),
+    plan=flagged_plan,
+    reference=lambda x, y, alpha, follows=False: x + (alpha + float(follows)) * y,
+    backward=Backward(flagged_grads),
+    front=False,
+    public=Front(
+        "toy_flagged", "Tensor x, Tensor y, float alpha=1.0 -> Tensor",
+        lambda context, x, y, alpha: (context.backward_follows(x, y),), flagged_route,
+    ),
+))
 """
 
 
@@ -188,6 +220,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     declare.DECLARED.pop(op.name, None)
     declare.DECLARED.pop("toy_scale_", None)
     declare.DECLARED.pop("toy_mm_add", None)
+    declare.DECLARED.pop("toy_flagged_kernel", None)
     sys.modules.pop("greta_toy_op", None)
 
 
@@ -356,6 +389,40 @@ def test_an_op_with_a_body_gets_every_binding(toy: Any) -> None:
     jga, _, jgc = jax.grad(lambda *x: jnp.sum(jax_fn(*x, alpha=2.0)), argnums=(0, 1, 2))(ja, jb, jc)
     np.testing.assert_array_equal(np.asarray(jga), np.ones((4, 6), np.float32) @ jb.T)
     np.testing.assert_array_equal(np.asarray(jgc), np.full((4, 6), 2.0, np.float32))
+
+
+def test_a_public_front_decides_its_kernel_ops_flags_per_call(toy: Any) -> None:
+    # OpDecl.public: torch.ops.greta.<name> and its Python entry take the public schema and
+    # fill the kernel op's flag from the call (a backward follows, or not); JAX's context
+    # tells nothing; a route hands a call to other code, which torch differentiates.
+    from greta_core.jax import _declared as jax_declared
+    from greta_core.torch import _declared as torch_declared
+
+    torch_declared.register(sys.modules["greta_toy_op"].TOY_FLAGGED)
+    x, y = _xy()
+    entry = torch_declared.ops.toy_flagged
+    for call in (torch.ops.greta.toy_flagged, entry):
+        torch.testing.assert_close(call(x, y), x + y)  # no backward follows
+        torch.testing.assert_close(call(x, y, alpha=0.5), x + 0.5 * y)
+        xg, yg = (t.clone().requires_grad_() for t in (x, y))
+        out = call(xg, yg, 0.5)
+        torch.testing.assert_close(out.detach(), x + 1.5 * y)  # flagged: one more y
+        gx, gy = torch.autograd.grad(out, (xg, yg), torch.ones_like(out))
+        torch.testing.assert_close(gx, torch.ones_like(x))
+        torch.testing.assert_close(gy, torch.full_like(y, 1.5))
+        routed = call(xg, yg, 0.0)  # torch's own code: x alone, differentiated by torch
+        torch.testing.assert_close(routed.detach(), x)
+        assert torch.autograd.grad(routed.sum(), xg)[0].eq(1).all()
+    jax = pytest.importorskip("jax")
+    import numpy as np
+
+    fn = jax_declared.bind_public(sys.modules["greta_toy_op"].TOY_FLAGGED)
+    jx, jy = (jax.numpy.asarray(t.cpu().numpy()) for t in (x, y))
+    np.testing.assert_allclose(np.asarray(fn(jx, jy, 0.5)), (x + 0.5 * y).cpu().numpy())
+    gy = jax.grad(lambda a, b: jax.numpy.sum(fn(a, b, alpha=0.5)), argnums=1)(jx, jy)
+    np.testing.assert_allclose(np.asarray(gy), np.full(y.shape, 0.5, np.float32))
+    with pytest.raises(declare.GretaInputError, match="missing argument 'y'"):
+        fn(jx)
 
 
 def test_compute_entry_runs_greta_then_reference(toy: Any) -> None:

@@ -18,7 +18,6 @@ import greta_core.torch  # noqa: E402, F401
 from greta_core import configs, observe  # noqa: E402
 from greta_core.errors import ConfigError, GretaInputError  # noqa: E402
 from greta_core.ops import linear_cross_entropy as lce  # noqa: E402
-from greta_core.torch import linear_cross_entropy as lce_torch  # noqa: E402
 
 F = torch.nn.functional
 DISPATCH = lce.DISPATCH
@@ -109,24 +108,24 @@ def test_chunk_floor_comes_from_the_config_table() -> None:
 
 
 def test_core_api_reads_the_installed_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    lce_torch.core_api.cache_clear()
+    lce.core_api.cache_clear()
     try:
         want = "none"
         if HAS_CORE_OP:
-            want = "options" if lce_torch.core_options_class() is not None else "plain"
-        assert lce_torch.core_api() == want
-        lce_torch.core_api.cache_clear()
+            want = "options" if lce.core_options_class() is not None else "plain"
+        assert lce.core_api() == want
+        lce.core_api.cache_clear()
         monkeypatch.delattr(F, "linear_cross_entropy", raising=False)
-        assert lce_torch.core_api() == "none"
-        lce_torch.core_api.cache_clear()
+        assert lce.core_api() == "none"
+        lce.core_api.cache_clear()
 
         def old_style(input, linear_weight, target, *, reduction="mean", ignore_index=None):
             raise AssertionError("not called")
 
         monkeypatch.setattr(F, "linear_cross_entropy", old_style, raising=False)
-        assert lce_torch.core_api() == "plain"
+        assert lce.core_api() == "plain"
     finally:
-        lce_torch.core_api.cache_clear()
+        lce.core_api.cache_clear()
 
 
 # --- numerics of every implementation ----------------------------------------------------
@@ -183,7 +182,7 @@ def test_each_backend_matches_float64_and_says_it_ran(backend, want, reduction) 
 
 
 def test_linear_then_cross_entropy_runs_where_torch_has_no_op(monkeypatch) -> None:
-    monkeypatch.setattr(lce_torch, "core_api", lambda: "none")
+    monkeypatch.setattr(lce, "core_api", lambda: "none")
     loss, grads, ran, (hidden, weight, target, upstream) = _run("torch", "mean")
     assert ran == lce.LINEAR_CE
     ref, ref_grads = _reference(hidden, weight, target, "mean", upstream)
@@ -193,7 +192,7 @@ def test_linear_then_cross_entropy_runs_where_torch_has_no_op(monkeypatch) -> No
 
 
 @pytest.mark.skipif(
-    lce_torch.core_api() != "options", reason="torch < 2.13 has no chunked linear_cross_entropy"
+    lce.core_api() != "options", reason="torch < 2.13 has no chunked linear_cross_entropy"
 )
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_torch_chunked_backend_matches_float64(reduction: str) -> None:
@@ -287,7 +286,7 @@ def test_gpu_call_runs_what_the_arch_table_chose(n: int) -> None:
     observe.reset()
     loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target)
     grads = torch.autograd.grad(loss, (hidden, weight))
-    chose = lce.choose(device_arch(), n, v, h, "mean", lce_torch.core_api())
+    chose = lce.choose(device_arch(), n, v, h, "mean", lce.core_api())
     assert observe.last_implementation("linear_cross_entropy") == (
         "triton" if chose == "greta" else chose
     )

@@ -97,19 +97,100 @@ def test_jax_binding_refuses_a_target_outside_the_vocabulary(bad: int) -> None:
 @pytest.mark.parametrize("bad", BAD)
 def test_the_device_check_replaces_each_refused_entry_by_ignore_index(bad: int) -> None:
     # What a GPU call computes with (no value read on the host): the kernels and torch's
-    # cross_entropy never see the refused class, and its mask poisons the loss rows.
+    # cross_entropy never see the refused class, and its NaN mark poisons the loss rows.
     target = torch.tensor([0, 3, -100, bad, 10, bad])
-    safe, mask = lce.refuse_on_device(target, VOCAB, -100)
+    safe, marks = lce.refuse_on_device(target, VOCAB, -100)
     assert safe.tolist() == [0, 3, -100, -100, 10, -100]
-    assert mask.tolist() == [False, False, False, True, False, True]
-    rows = lce.poison(torch.zeros(6), mask)
-    assert torch.isnan(rows).tolist() == mask.tolist()
-    assert torch.isnan(lce.poison(torch.zeros(()), mask))
+    refused = [False, False, False, True, False, True]
+    assert torch.isnan(marks).tolist() == refused and marks.nan_to_num().eq(0).all()
+    rows = lce.poison(torch.zeros(6), marks)
+    assert torch.isnan(rows).tolist() == refused
+    assert torch.isnan(lce.poison(torch.zeros(()), marks))
     assert lce.poison(torch.zeros(6), None).eq(0).all()
+    # Counted (the delegated "mean"): 1 per class, ~0 for ignore_index, NaN if refused.
+    _, counted = lce.refuse_on_device(target, VOCAB, -100, counted=True)
+    assert torch.isnan(counted.sum())
+    assert counted[[0, 1, 4]].tolist() == [1.0, 1.0, 1.0] and 0 < counted[2].item() < 1e-10
+
+
+@pytest.mark.parametrize("ignore_index", [-100, -1, 0, 5, VOCAB, VOCAB + 3])
+def test_the_device_check_knows_every_ignore_index(ignore_index: int) -> None:
+    # ignore_index below, inside or above the vocabulary: each value is kept or refused
+    # as the host check (refuse_on_host) decides.
+    values = torch.arange(-110, VOCAB + 10)
+    safe, counted = lce.refuse_on_device(values, VOCAB, ignore_index, counted=True)
+    refused = ((values < 0) | (values >= VOCAB)) & (values != ignore_index)
+    assert torch.isnan(counted).tolist() == refused.tolist()
+    assert torch.equal(safe, values.masked_fill(refused, ignore_index))
+    classes = ~refused & (values != ignore_index)
+    assert counted[classes].eq(1).all()
+    ignored = counted[values == ignore_index]
+    assert ignored.numel() == 1 and 0 < ignored.item() < 1e-10
+
+
+def test_mean_divisor_counts_classes_exactly_and_is_never_zero() -> None:
+    # The delegated "mean" divides by the counted marks' sum: exactly the number of
+    # classes (the ignore_index marks vanish beside any 1), and > 0 when all are ignored.
+    target = torch.tensor([-100] * 1000 + [3] * 7 + [-100] * 1000)
+    _, counted = lce.refuse_on_device(target, VOCAB, -100, counted=True)
+    assert counted.sum().item() == 7.0
+    _, ignored = lce.refuse_on_device(torch.full((4096,), -100), VOCAB, -100, counted=True)
+    assert ignored.sum().item() > 0 and (torch.zeros(()) / ignored.sum()).item() == 0.0
 
 
 def test_nothing_refused_nothing_poisoned() -> None:
     target = torch.tensor([0, 10, -100, 7])
-    safe, mask = lce.refuse_on_device(target, VOCAB, -100)
-    assert torch.equal(safe, target) and not mask.any()
-    assert not torch.isnan(lce.poison(torch.zeros(()), mask))
+    safe, marks = lce.refuse_on_device(target, VOCAB, -100)
+    assert torch.equal(safe, target) and not marks.isnan().any()
+    assert not torch.isnan(lce.poison(torch.zeros(()), marks))
+
+
+class _FakeEvent:
+    """torch.cuda.Event's part the report uses, done when the test says so."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def record(self, stream=None) -> None:
+        self.ready = False
+
+    def query(self) -> bool:
+        return self.ready
+
+    def synchronize(self) -> None:
+        self.ready = True
+
+
+def test_the_device_report_copies_pending_sums_and_reports_once(monkeypatch) -> None:
+    # The per-GPU report's logic on CPU tensors (its event faked): sums wait in a list, go
+    # to the host in one copy when none is in flight and the interval has passed, are read
+    # once the event is done; a refusal is reported once, and `wait` reads everything.
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    report = lce._DeviceReport(torch.device("cpu"))
+    nan = torch.tensor(float("nan"))
+    report.fold(torch.tensor(0.0), VOCAB, -100)  # the first call copies at once
+    assert report.in_flight == 1 and not report.pending
+    report.fold(nan, VOCAB, -100)  # a copy in flight: this one waits
+    assert report.pending and not report.read(wait=False)  # the event is not done
+    report.done.ready = True
+    assert not report.read(wait=False)  # the copy held the clean sum only
+    assert report.read(wait=True)  # the pending NaN, read with a sync
+    assert not report.read(wait=True)  # reported once
+    monkeypatch.setattr(lce, "_EVERY_S", 0.0)
+    for _ in range(3):
+        report.fold(torch.tensor(2.0), VOCAB, -100)
+        report.done.ready = True
+        assert not report.read(wait=False)
+    report.fold(nan, VOCAB, -100)
+    report.done.ready = True
+    assert report.read(wait=False) and report.in_flight == 0 and not report.pending
+    # Far more pending sums than the buffer holds: one sum, NaN if any is.
+    report.fold(torch.tensor(0.0), VOCAB, -100)
+    report.pending += [torch.tensor(0.0)] * (2 * lce._MOST) + [nan]
+    report.done.ready = True
+    report.read(wait=False)
+    report.fold(torch.tensor(0.0), VOCAB, -100)
+    assert report.in_flight == 1
+    report.done.ready = True
+    assert report.read(wait=False)

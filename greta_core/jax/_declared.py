@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from greta_core.observe import record
-from greta_core.ops.declare import Caller, Meta, OpDecl
+from greta_core.ops.declare import Caller, Meta, NoContext, OpDecl
 
 
 def _triton_ok(op: OpDecl, tensors: tuple[Any, ...]) -> bool:
@@ -141,6 +141,26 @@ def bind(op: OpDecl) -> Callable[..., Any]:
 
     call.__name__ = call.__qualname__ = op.name
     call.__doc__ = f"{op.describe}\n\nJAX binding of the declared op {op.name!r}."
+    return call
+
+
+def bind_public(op: OpDecl) -> Callable[..., Any]:
+    """The public JAX function of `op`'s ``Front`` (a kernel op whose trailing flags each
+    call's context decides): JAX tells the flags nothing (``NoContext``: no backward is
+    known to follow, no input is the op's to overwrite); no other implementation runs."""
+    spec = op.public
+    assert spec is not None
+    n_out = spec.n_outputs
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        given = spec.bind(args, kwargs)
+        outs = _vjp(op)(*_checked(op, (*given, *spec.flags(NoContext, *given)), {}))
+        if op.n_outputs == n_out:  # the kernel op returns the public outputs as they are
+            return outs
+        return outs[0] if n_out == 1 else outs[:n_out]
+
+    call.__name__ = call.__qualname__ = spec.name
+    call.__doc__ = f"{op.describe}\n\nJAX binding of the declared op {spec.name!r}."
     return call
 
 

@@ -108,6 +108,30 @@ def parse_schema(schema: str) -> tuple[tuple[Arg, ...], int]:
 _CONVERT: dict[str, Callable[[Any], Any]] = {"bool": bool, "float": float, "int": int, "str": str}
 
 
+def _bind(
+    name: str, spec: tuple[Arg, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any]:
+    """`args` then `kwargs` as one positional list after `spec`: defaults filled, scalars
+    converted. Raises GretaInputError for a missing or unexpected argument."""
+    if len(args) > len(spec):
+        raise GretaInputError(f"{name}: takes {len(spec)} arguments")
+    out = list(args)
+    for a in spec[len(args) :]:
+        if a.name in kwargs:
+            out.append(kwargs.pop(a.name))
+        elif a.has_default:
+            out.append(a.default)
+        else:
+            raise GretaInputError(f"{name}: missing argument '{a.name}'")
+    if kwargs:
+        raise GretaInputError(f"{name}: unexpected argument(s) {sorted(kwargs)}")
+    for i, a in enumerate(spec):
+        convert = _CONVERT.get(a.type)
+        if convert is not None and out[i] is not None:
+            out[i] = convert(out[i])
+    return out
+
+
 class Caller:
     """What a declared backward gets as `call`: ``call(op, *args)`` runs a declared op in
     the binding that differentiates; ``call.contiguous(t)`` is a dense copy of a strided
@@ -167,6 +191,60 @@ class Backward:
     # False: an output nobody sent a gradient for reaches `grads` as None (torch), not as
     # zeros autograd would allocate (a [vocab, hidden] dweight output's, say).
     materialize_grads: bool = True
+
+
+@dataclass(frozen=True)
+class Front:
+    """The public op of a kernel op (``front=False``) whose trailing arguments are not its
+    callers' to give but each call's context (linear_cross_entropy_fwd's ``with_grad``: a
+    backward follows; ``dh_into_hidden``: the caller lets it write over `hidden`), and
+    which may hand a call to another implementation (the config table's choice of torch's
+    own code). Each binding derives the public op from it: ``torch.ops.greta.<name>`` with
+    its Python entry, ``greta_core.jax.<name>``.
+
+    `schema`: the public op's; its arguments are the kernel op's leading ones (the schema's
+    order), its outputs the kernel op's first ones. `flags(context, *args)`: the kernel
+    op's remaining arguments for one call, from what the binding's `context` tells of it
+    (:class:`NoContext`'s questions). `route(context, *args)`: the result of another
+    implementation where one takes the call (torch tensors; torch's autograd
+    differentiates it), else None."""
+
+    name: str
+    schema: str
+    flags: Callable[..., tuple[Any, ...]]
+    route: Callable[..., Any] | None = None
+    args: tuple[Arg, ...] = field(init=False)
+    n_outputs: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        args, n_outputs = parse_schema(self.schema)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "n_outputs", n_outputs)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The complete public call (the schema's order): defaults filled, scalars
+        converted. Raises GretaInputError for a missing or unexpected argument."""
+        return tuple(_bind(self.name, self.args, args, kwargs))
+
+
+class NoContext:
+    """What a binding tells :attr:`Front.flags` of a call; this one (JAX's) tells nothing:
+    no backward is known to follow, no input may be overwritten."""
+
+    @staticmethod
+    def backward_follows(*tensors: Any) -> bool:
+        """Autograd records the call: the forward may compute what the backward needs."""
+        return False
+
+    @staticmethod
+    def owned(t: Any) -> bool:
+        """The caller lets the op write over `t` (nothing reads its values afterwards)."""
+        return False
+
+    @staticmethod
+    def kernel_runs(*tensors: Any) -> bool:
+        """The op's kernels (not its reference) take these tensors."""
+        return False
 
 
 @dataclass(eq=False)
@@ -238,6 +316,9 @@ class OpDecl:
     # ``aot_specs(arch)``.
     body: Callable[..., tuple[Any, ...]] | None = None
     jax_body: Callable[..., tuple[Any, ...]] | None = None
+    # The public op over this kernel op (front=False), where its callers do not give every
+    # argument: see :class:`Front`.
+    public: Front | None = None
     args: tuple[Arg, ...] = field(init=False)
     public_args: tuple[Arg, ...] = field(init=False)  # the schema's order
     # For each of `args`, its position in the schema; None where the two orders agree.
@@ -268,6 +349,8 @@ class OpDecl:
                 f"{self.name}: an op that writes into its arguments has no eager front and "
                 "no autograd (front=False, backward=None)"
             )
+        if self.public is not None and self.front:
+            raise GretaConfigError(f"{self.name}: a public Front is for a kernel op (front=False)")
         per_call = self.backward is not None and (
             self.backward.saves_for is not None or not self.backward.materialize_grads
         )
@@ -332,23 +415,7 @@ class OpDecl:
     ) -> tuple[Any, ...]:
         """The full positional argument tuple in the op's order (tensors first): defaults
         filled, scalars converted. `public`: `args` come in the schema's order."""
-        spec = self.public_args if public else self.args
-        if len(args) > len(spec):
-            raise GretaInputError(f"{self.name}: takes {len(spec)} arguments")
-        out = list(args)
-        for a in spec[len(args) :]:
-            if a.name in kwargs:
-                out.append(kwargs.pop(a.name))
-            elif a.has_default:
-                out.append(a.default)
-            else:
-                raise GretaInputError(f"{self.name}: missing argument '{a.name}'")
-        if kwargs:
-            raise GretaInputError(f"{self.name}: unexpected argument(s) {sorted(kwargs)}")
-        for i, a in enumerate(spec):
-            convert = _CONVERT.get(a.type)
-            if convert is not None and out[i] is not None:
-                out[i] = convert(out[i])
+        out = _bind(self.name, self.public_args if public else self.args, args, kwargs)
         if public and self._from_public is not None:
             out = [out[i] for i in self._from_public]
         return tuple(out)
@@ -358,6 +425,12 @@ class OpDecl:
         op's order; the tuple itself where the two agree."""
         order = self._from_public
         return args if order is None else tuple([args[i] for i in order])
+
+    def public_call(self, context: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A complete call of the public op (:attr:`public`, the schema's order) as this
+        op's full argument tuple (its order), the flags decided from `context`."""
+        flags = self.public.flags(context, *args)  # type: ignore[union-attr]
+        return self.from_public((*args, *flags))
 
     def raw(self, *args: Any, wrap: Wrap = _identity, **kwargs: Any) -> Any:
         """Launch the kernels on torch tensors (GPU, or CPU under TRITON_INTERPRET=1); no

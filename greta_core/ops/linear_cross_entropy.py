@@ -13,6 +13,9 @@ jnp.dot in JAX); the chunk schedule and the kernel plan are shared.
 
 from __future__ import annotations
 
+import functools
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +27,7 @@ from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, check_array_float, float_dtypes
 from greta_core.ops._validate import check_same_device, check_tensor
-from greta_core.ops.declare import Backward, OpDecl, declare
+from greta_core.ops.declare import Backward, Front, OpDecl, declare
 
 OP = "linear_cross_entropy"
 REDUCTIONS = ("mean", "sum", "none")
@@ -67,7 +70,7 @@ def _values_on_host(target: Any) -> bool:
     """A plain CPU tensor: its values are read without a device sync."""
     import torch
 
-    return type(target) is torch.Tensor and target.device.type == "cpu"
+    return type(target) is torch.Tensor and target.is_cpu
 
 
 def check_targets(target: Any, vocab: int, ignore_index: int) -> Any:
@@ -84,33 +87,36 @@ def check_targets(target: Any, vocab: int, ignore_index: int) -> Any:
     return screen_targets(target, vocab, ignore_index)[0]
 
 
-def screen_targets(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any | None]:
-    """(the target to compute with, the device mask of its refused entries or None): see
-    :func:`check_targets`. The mask is None where the values were checked on the host, or
-    cannot be (fake, meta, empty)."""
-    import torch
-    from torch._subclasses.fake_tensor import is_fake
-
-    if target.numel() == 0 or target.device.type == "meta" or is_fake(target):
-        return target, None
+def screen_targets(
+    target: Any, vocab: int, ignore_index: int, counted: bool = False
+) -> tuple[Any, Any, Any]:
+    """(the target to compute with, the device marks of its entries, their sum): see
+    :func:`check_targets` and :func:`refuse_on_device`. The sum is NaN where an entry was
+    refused (else 0, or with `counted` the number of entries that are classes) and is
+    folded into the device's deferred report. Marks and sum are None where the values
+    were checked on the host, or cannot be (fake, meta, empty)."""
+    if target.numel() == 0 or target.is_meta or _maybe_fake(target):
+        return target, None, None
     if _values_on_host(target):
         refuse_on_host(target, vocab, ignore_index)
-        return target, None
+        return target, None, None
     raise_refused_targets()
-    safe, bad = refuse_on_device(target, vocab, ignore_index)
-    # In a graph being captured (or a tensor subclass) there is no flag to read later:
-    # the refusal shows as the NaN loss alone.
-    if (
-        type(target) is torch.Tensor
-        and target.device.type == "cuda"
-        and not torch.cuda.is_current_stream_capturing()
-    ):
-        flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
-        flag.copy_(bad.any().reshape(1), non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        _REFUSED.append((flag, done, vocab, ignore_index, str(target.device)))
-    return safe, bad
+    safe, marks = refuse_on_device(target, vocab, ignore_index, counted)
+    total = marks.sum()
+    note_refusals(target, total, vocab, ignore_index)
+    return safe, marks, total
+
+
+def _maybe_fake(target: Any) -> bool:
+    """A traced (fake) tensor, or a wrapper of one; a plain tensor that wraps nothing is
+    told apart without is_fake's walk (the training path asks on every call)."""
+    import torch
+
+    if type(target) is torch.Tensor and not torch._is_functional_tensor(target):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(target)
 
 
 def refuse_on_host(values: Any, vocab: int, ignore_index: int) -> None:
@@ -121,17 +127,149 @@ def refuse_on_host(values: Any, vocab: int, ignore_index: int) -> None:
         raise GretaInputError(bad_target_message(int(values[bad][0]), vocab, ignore_index))
 
 
-def refuse_on_device(target: Any, vocab: int, ignore_index: int) -> tuple[Any, Any]:
+def _classes(vocab: int, ignore_index: int) -> tuple[list[int], list[int]]:
+    """(sorted boundaries, each bucket's kind): ``bucketize(x, boundaries, right=True)``
+    puts x in bucket i where boundaries[i-1] <= x < boundaries[i]; a bucket's kind is 0
+    (ignore_index, a bucket of its own), 1 (classes of the vocabulary) or 2 (refused)."""
+    points = sorted({0, vocab, ignore_index, ignore_index + 1})
+    firsts = [points[0] - 1, *points]  # a value of each bucket
+    return points, [0 if x == ignore_index else 1 if 0 <= x < vocab else 2 for x in firsts]
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(vocab: int, ignore_index: int, index: int) -> tuple[Any, ...]:
+    """(boundaries, each bucket's "refused" flag, its mark, its counted mark) on GPU
+    `index` (the CPU for -1) for :func:`refuse_on_device`: made once per vocabulary and
+    device."""
+    import torch
+
+    device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
+    points, kinds = _classes(vocab, ignore_index)
+    nan = float("nan")
+    return (
+        torch.tensor(points, dtype=torch.int64, device=device),
+        torch.tensor([k == 2 for k in kinds], device=device),
+        torch.tensor([nan if k == 2 else 0.0 for k in kinds], device=device),
+        torch.tensor([nan if k == 2 else 1.0 if k else _TINY for k in kinds], device=device),
+    )
+
+
+# What ignore_index counts for in "mean"'s divisor: a sum of N of them is far below half
+# a float32 ulp of 1 (N < 6e12), so any count of classes >= 1 comes out exact, and a
+# batch that is all ignore_index divides its loss, exactly 0, by N * _TINY > 0: 0, with no
+# max(1, .) op. Its gradient, the upstream gradient / (N * _TINY), stays finite (below
+# 3.4e38 for upstream gradients below 3.4e18) and meets rows whose gradients are 0.
+_TINY = 1e-20
+
+
+def refuse_on_device(
+    target: Any, vocab: int, ignore_index: int, counted: bool = False
+) -> tuple[Any, Any]:
     """(`target` with each entry outside [0, vocab) that is not `ignore_index` replaced by
-    `ignore_index`, the mask of those entries): torch ops queued on the target's device,
-    no value read on the host."""
-    bad = (target.clamp(0, vocab - 1) != target) & (target != ignore_index)
-    return target.masked_fill(bad, ignore_index), bad
+    `ignore_index`, float32 marks: NaN for those entries, else 0, or with `counted` 1 for
+    a class and :data:`_TINY` for ignore_index): torch ops queued on the target's device,
+    no value read on the host. Four small ops (a bucketize, two lookups in tables made once per
+    vocabulary and device, a masked_fill): the training path pays them on every call."""
+    import torch
+
+    bounds, refused, marks, counts = _tables(vocab, ignore_index, target.get_device())
+    bucket = torch.bucketize(target, bounds, right=True)
+    safe = target.masked_fill(refused.take(bucket), ignore_index)
+    return safe, (counts if counted else marks).take(bucket)
 
 
-# GPU target checks not read yet: (host flag, event after its copy, vocab, ignore_index,
-# device). A few at most: each is read by the next call whose device has passed its event.
-_REFUSED: list[tuple[Any, Any, int, int, str]] = []
+class _DeviceReport:
+    """One device's deferred report of refused targets. Each call leaves its refusal sum
+    (a 0-dim device tensor, NaN where it refused a target) here, no op queued; every
+    :data:`_EVERY_S` seconds at most (or :data:`_MOST` calls), with no copy in flight, the
+    pending sums go to pinned host memory in one copy, an event after it. One buffer and
+    one event per device for the whole run, not one per call."""
+
+    __slots__ = (
+        "device", "done", "host", "ignore_index", "in_flight", "last", "pending", "vocab",
+    )  # fmt: skip
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.device = device
+        pinned = torch.device(device).type == "cuda"  # (a CPU device: the logic's tests)
+        self.host = torch.zeros(_MOST, dtype=torch.float32, pin_memory=pinned)
+        self.done = torch.cuda.Event()
+        self.pending: list[Any] = []
+        self.in_flight = 0  # how many sums the copy in flight carries
+        self.last = 0.0
+        self.vocab, self.ignore_index = 0, 0
+
+    def fold(self, refused: Any, vocab: int, ignore_index: int) -> None:
+        self.pending.append(refused)
+        self.vocab, self.ignore_index = vocab, ignore_index
+        if not self.in_flight and (
+            len(self.pending) >= _MOST or time.monotonic() - self.last >= _EVERY_S
+        ):
+            self._copy()
+
+    def _copy(self) -> None:
+        import torch
+
+        sums = torch.stack(self.pending)
+        if len(sums) > _MOST:  # the device ran far behind: one sum is NaN if any is
+            sums = sums.sum().reshape(1)
+        n = len(sums)
+        self.host[:n].copy_(sums, non_blocking=True)
+        # On the sums' device's stream, which need not be the current device's.
+        self.done.record(torch.cuda.current_stream(self.device))
+        self.pending.clear()
+        self.in_flight, self.last = n, time.monotonic()
+
+    def read(self, wait: bool) -> bool:
+        """Whether the device has reported a refusal (with `wait`: every call so far, a
+        device sync)."""
+        import torch
+
+        values: list[float] = []
+        if self.in_flight:
+            if wait:
+                self.done.synchronize()
+            elif not self.done.query():
+                return False
+            values = self.host[: self.in_flight].tolist()
+            self.in_flight = 0
+        if wait and self.pending:
+            values += torch.stack(self.pending).tolist()
+            self.pending.clear()
+        refused = any(math.isnan(v) for v in values)
+        if refused:
+            self.pending.clear()  # one report per run of refusals
+        return refused
+
+
+# The report's copy rule: at most one copy per _EVERY_S seconds, or per _MOST calls.
+_EVERY_S = 0.01
+_MOST = 64
+
+# The deferred reports by GPU index (GPU targets checked on the device).
+_REPORTS: dict[int, _DeviceReport] = {}
+
+
+def note_refusals(target: Any, refused: Any, vocab: int, ignore_index: int) -> None:
+    """Fold `refused` (a 0-dim device tensor, NaN where this call refused a target: the
+    marks' sum) into the device's report, read by a later call
+    (:func:`raise_refused_targets`). In a graph being captured (or for a tensor subclass)
+    there is no report to read later: the refusal shows as the NaN loss alone."""
+    import torch
+
+    if (
+        type(target) is not torch.Tensor
+        or not target.is_cuda
+        or torch.cuda.is_current_stream_capturing()
+    ):
+        return
+    index = target.get_device()
+    report = _REPORTS.get(index)
+    if report is None:
+        report = _REPORTS[index] = _DeviceReport(target.device)
+    report.fold(refused, vocab, ignore_index)
 
 
 def raise_refused_targets(wait: bool = False) -> None:
@@ -139,31 +277,25 @@ def raise_refused_targets(wait: bool = False) -> None:
     vocabulary (checked on the device by :func:`screen_targets`) once the device has
     reported it; with `wait`, after waiting for every such report (a device sync: tests,
     the end of a run). Every GRETA linear_cross_entropy call on a GPU runs this first."""
-    while _REFUSED:
-        flag, done, vocab, ignore_index, device = _REFUSED[0]
-        if not done.query():
-            if not wait:
-                return
-            done.synchronize()
-        _REFUSED.pop(0)
-        if bool(flag[0]):
-            _REFUSED.clear()  # one report per run of refusals
+    for report in _REPORTS.values():
+        if report.read(wait):
             raise GretaInputError(
-                f"{OP}: argument 'target' of a call on {device} held a class outside the "
-                f"vocabulary; every entry must be in [0, {vocab}) or equal ignore_index "
-                f"({ignore_index}) (checked on the device, reported after that call returned "
-                "a NaN loss)"
+                f"{OP}: argument 'target' of a call on {report.device} held a class outside "
+                f"the vocabulary; every entry must be in [0, {report.vocab}) or equal "
+                f"ignore_index ({report.ignore_index}) (checked on the device, reported "
+                "after that call returned a NaN loss)"
             )
 
 
-def poison(loss: Any, bad: Any | None) -> Any:
+def poison(loss: Any, marks: Any | None, refused: Any | None = None) -> Any:
     """`loss` (rows, or a reduced scalar) NaN where :func:`screen_targets` refused a
-    target on the device (None: nothing refused): the refused rows counted as ignored."""
-    if bad is None:
+    target on the device (None: nothing refused): the refused rows counted as ignored.
+    `refused`: the marks' sum where the caller has it (a scalar's poison)."""
+    if marks is None:
         return loss
     if loss.dim() == 0:
-        return loss.masked_fill(bad.any(), float("nan"))
-    return loss.masked_fill(bad, float("nan"))
+        return loss + (marks.sum() if refused is None else refused)
+    return loss + marks
 
 
 def chunk_rows(n_rows: int, vocab: int, hidden: int, scale: int = 1, floor: float = 0.0) -> int:
@@ -357,7 +489,7 @@ def _forward(
     """:func:`linear_cross_entropy_fwd` after validation."""
     import torch
 
-    target, refused = screen_targets(target, weight.shape[0], ignore_index)
+    target, marks, refused = screen_targets(target, weight.shape[0], ignore_index)
     hidden, weight = hidden.contiguous(), weight.contiguous()
     write_grad = with_grad and reduction != "none"
     if reduction == "mean":
@@ -367,11 +499,12 @@ def _forward(
     loss, dh, dw = _chunked(
         hidden, weight, target, ignore_index, scale, write_grad, False, arch, wrap, dh_into_hidden
     )
-    loss = poison(loss, refused)
-    if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        loss = loss.sum() * scale[0]
+    if reduction == "none":
+        loss = poison(loss, marks)
+    elif reduction == "sum":
+        loss = poison(loss.sum(), marks, refused)
+    else:
+        loss = poison(loss.sum() * scale[0], marks, refused)
     return loss, dh, dw
 
 
@@ -518,8 +651,8 @@ def linear_cross_entropy_bwd(
 
 # --- the forward's kernel op, declared (greta::linear_cross_entropy_fwd) ------------------
 # Its flags `with_grad` (the forward computes the gradients, a backward follows) and
-# `dh_into_hidden` (dhidden goes over `hidden`) are chosen per call by the public op's front
-# (torch/linear_cross_entropy.py: the table's dispatch, consume_inputs()).
+# `dh_into_hidden` (dhidden goes over `hidden`) are chosen per call by the public op
+# (declare.Front: _flags below, from what the binding tells of the call).
 
 
 def _empty(t: Any) -> Any:
@@ -560,10 +693,10 @@ def _fwd_reference(
     from greta_core import reference
     from greta_core.observe import record
 
-    target, refused = screen_targets(target, weight.shape[0], ignore_index)
+    target, marks, refused = screen_targets(target, weight.shape[0], ignore_index)
     record(OP, "reference-torch", "cpu")
     loss = reference.linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
-    loss = poison(loss, refused)
+    loss = poison(loss, marks, refused)
     if not with_grad or reduction == "none":
         return loss, _empty(hidden), _empty(weight)
     ct = reference.compute_dtype(hidden)
@@ -723,6 +856,163 @@ def _check_target_values(hidden: Any, weight: Any, target: Any, ignore_index: in
         refuse_on_host(np.asarray(target), int(weight.shape[0]), ignore_index)
 
 
+# --- the public op: greta::linear_cross_entropy (declare.Front) ----------------------------
+# Per call it reads the config table's dispatch (torch's own code may run instead) and
+# decides the kernel op's flags: `with_grad` where a backward follows (the forward then
+# computes the gradients), `dh_into_hidden` inside consume_inputs() (the forward's peak
+# then holds one [tokens, hidden] tensor less).
+
+
+def _flags(
+    context: Any, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str
+) -> tuple[bool, bool]:
+    """(with_grad, dh_into_hidden). dhidden goes over `hidden` only where the forward
+    computes it, on the kernels' path (elsewhere nothing fresh is saved: the references
+    compute in their own tensors), for a `hidden` contiguous as given (else the kernel's
+    .contiguous() copy is fresh anyway) that the caller lets the op overwrite."""
+    with_grad = reduction != "none" and context.backward_follows(hidden, weight)
+    into_hidden = (
+        with_grad
+        and hidden.is_contiguous()
+        and context.owned(hidden)
+        and context.kernel_runs(hidden, weight)
+    )
+    return with_grad, into_hidden
+
+
+@functools.cache
+def core_api() -> str:
+    """What this torch offers for the dispatch (:data:`CORE_APIS`)."""
+    import inspect
+
+    import torch
+
+    fn = getattr(torch.nn.functional, "linear_cross_entropy", None)
+    if fn is None:
+        return "none"
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: call it plainly
+        return "plain"
+    return "options" if "options" in params and core_options_class() is not None else "plain"
+
+
+def core_options_class() -> Any:
+    """torch's LinearCrossEntropyOptions (torch.nn from 2.14, torch.nn.functional too)."""
+    import torch
+
+    for module in (torch.nn, torch.nn.functional):
+        cls = getattr(module, "LinearCrossEntropyOptions", None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def core_options(arch: str, n_rows: int, vocab: int, hidden: int) -> Any:
+    """LinearCrossEntropyOptions from the table's ``core_options`` (fields this torch's
+    options class lacks are left out: the class changed between torch releases)."""
+    import dataclasses
+
+    cls = core_options_class()
+    wanted = dispatch_config(arch, n_rows, vocab, hidden).get("core_options", {})
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    return cls(**{k: v for k, v in wanted.items() if k in fields})
+
+
+# choose() once per call shape (and table: memo keys on configs.lookup, an Override too).
+_choice = memo(choose)
+# Signatures `validate` has passed on the delegated path (a few per training run).
+_VALIDATED: set[tuple[Any, ...]] = set()
+
+
+def _validate_once(hidden: Any, weight: Any, target: Any, reduction: str) -> None:
+    """:func:`validate` once per call signature: everything it reads of the tensors is in
+    the key (their values are :func:`screen_targets`' business)."""
+    # get_device(): an int (-1 on the CPU), cheaper than building a torch.device.
+    key = (
+        hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
+        weight.get_device(), target.shape, target.dtype, target.get_device(),
+        target.is_contiguous(), reduction,
+    )  # fmt: skip
+    try:
+        if key in _VALIDATED:
+            return
+    except TypeError:  # an unhashable (symbolic) size: no cache
+        validate(hidden, weight, target, reduction)
+        return
+    validate(hidden, weight, target, reduction)
+    if len(_VALIDATED) < 1024:
+        _VALIDATED.add(key)
+
+
+def _route(
+    context: Any, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str
+) -> Any:
+    """torch's own loss where the table picks it for this call, else None (the kernel op).
+    Only a call that GRETA's kernel would run is dispatched: the CPU and float64
+    references stay as they are, and a malformed call reaches the kernel's validation."""
+    if hidden.dim() != 2 or weight.dim() != 2 or not context.kernel_runs(hidden, weight):
+        return None
+    from greta_core.arch import arch_of
+
+    arch = arch_of(hidden)
+    n_rows, vocab, size = hidden.shape[0], weight.shape[0], hidden.shape[1]
+    impl = _choice(arch, n_rows, vocab, size, reduction, core_api())
+    if impl == "greta":
+        return None
+    return _torch_loss(impl, arch, hidden, weight, target, ignore_index, reduction)
+
+
+def _torch_loss(
+    impl: str, arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int,
+    reduction: str,
+) -> Any:  # fmt: skip
+    """The loss by torch's own code; the inputs are checked as GRETA's kernel checks them
+    (same one-line errors whichever implementation the table picks). The unchunked paths
+    take per-row losses and sum them in float32, as the kernel does: torch's own sum or
+    mean of bf16 losses rounds the total to bf16 (8 bits). "mean" divides that sum by
+    max(1, non-ignored targets), the kernel's rule: a batch whose targets are all ignored
+    gives 0 (torch's own mean gives NaN), whichever implementation ran.
+
+    A host-bound training step pays every op here twice (forward and backward), so there
+    are few: beside torch's own, the target screening (:func:`refuse_on_device`), the
+    float32 sum and the mean rule."""
+    import torch
+
+    from greta_core.observe import record
+
+    F = torch.nn.functional
+    _validate_once(hidden, weight, target, reduction)
+    mean = reduction == "mean"
+    # For "mean" the marks count the classes (NaN if any entry was refused): their sum is
+    # the divisor, poisoned where it must be and never 0.
+    target, marks, total = screen_targets(target, weight.shape[0], ignore_index, mean)
+    if not torch.compiler.is_compiling():
+        record(OP, impl, arch)
+    if impl == CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
+        options = core_options(arch, hidden.shape[0], weight.shape[0], hidden.shape[1])
+        loss = F.linear_cross_entropy(
+            hidden, weight, target, reduction="sum", ignore_index=ignore_index, options=options
+        ).float()
+    else:
+        if impl == LINEAR_CE:
+            rows = F.cross_entropy(
+                F.linear(hidden, weight), target, ignore_index=ignore_index, reduction="none"
+            )
+        else:
+            rows = F.linear_cross_entropy(
+                hidden, weight, target, reduction="none", ignore_index=ignore_index
+            )
+        if reduction == "none":
+            return poison(rows.float(), marks)
+        loss = rows.sum(dtype=torch.float32)  # one op: accumulated and returned in float32
+    if not mean:
+        return poison(loss, marks, total)
+    if total is None:  # the values were checked on the host
+        return loss / (target != ignore_index).sum().clamp(min=1)
+    return loss / total  # all ignored: 0 / (N * _TINY), see _TINY
+
+
 LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
     name="linear_cross_entropy_fwd",
     schema=(
@@ -742,5 +1032,12 @@ LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
         nondiff_outputs=(1, 2), saves_for=_saves, materialize_grads=False,
     ),
     front=False,
+    public=Front(
+        OP,
+        "Tensor hidden, Tensor weight, Tensor target, int ignore_index=-100, "
+        "str reduction='mean' -> Tensor",
+        _flags,
+        _route,
+    ),
     uses_matrix_units=True,
 ))  # fmt: skip

@@ -29,7 +29,7 @@ from greta_core.ops import _calls
 from greta_core.ops._plan import _identity
 from greta_core.ops.declare import Caller, OpDecl
 from greta_core.torch._common import consuming, record_reference
-from greta_core.torch._norms_common import run_triton_on_cpu
+from greta_core.torch._norms_common import run_triton_on_cpu, takes_reference
 
 _lib = torch.library.Library("greta", "FRAGMENT")
 
@@ -183,6 +183,8 @@ def register(op: OpDecl) -> Any:
 
         fwd_op.register_autograd(grads, setup_context=setup_context)
     if not op.front:
+        if op.public is not None:
+            _register_public(op, fwd_op)
         return fwd_op
     if backward is not None:  # the eager training path is the front's (a body op has none)
         train = _eager_training(op)
@@ -278,6 +280,107 @@ def _entry(
     entry.__name__ = entry.__qualname__ = op.name
     entry.__doc__ = f"torch.ops.greta.{op.name}, without the dispatcher where eager ({op.schema})"
     return entry
+
+
+class _Context:
+    """``NoContext``'s questions (ops/declare.py) answered for torch tensors: what a
+    public ``Front`` decides its kernel op's flags from."""
+
+    __slots__ = ("_kernel_dtypes",)
+
+    def __init__(self, kernel_dtypes: tuple[torch.dtype, ...]) -> None:
+        self._kernel_dtypes = kernel_dtypes
+
+    @staticmethod
+    def backward_follows(*tensors: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+    @staticmethod
+    def owned(t: torch.Tensor) -> bool:
+        """Inside consume_inputs(); a plain tensor with data, outside any tracing (a traced
+        graph would bake the decision in as a constant, and functionalization trusts the
+        schema); not a leaf that requires grad (a parameter's data, never an
+        intermediate)."""
+        return (
+            consuming()
+            and type(t) is torch.Tensor
+            and not torch.compiler.is_compiling()
+            and not torch._C._len_torch_dispatch_stack()
+            and not (t.is_leaf and t.requires_grad)
+        )
+
+    def kernel_runs(self, *tensors: torch.Tensor) -> bool:
+        """The kernels, not the reference: a GPU in a kernel dtype, or the CPU interpreter
+        when asked for."""
+        if tensors[0].device.type == "cpu":
+            return run_triton_on_cpu(*tensors)
+        return not takes_reference(tensors[0], self._kernel_dtypes)
+
+
+def _register_public(op: OpDecl, fwd_op: Any) -> None:
+    """greta::<public name>, a CompositeImplicitAutograd front over `op`'s triton_op (see
+    ``declare.Front``), and its Python entry ``ops.<public name>``."""
+    spec = op.public
+    assert spec is not None
+    inputs, _, outputs = spec.schema.partition("->")
+    _lib.define(f"{spec.name}({inputs.strip()}) -> {outputs.strip()}")
+    args, n_out = spec.args, spec.n_outputs
+    n_args = len(args)
+    defaults = tuple(a.default for a in args)
+    lowest = sum(not a.has_default for a in args)
+    context = _Context(tuple(getattr(torch, d) for d in op.kernel_dtypes))
+    route = spec.route
+    public_call = op.public_call
+    whole = op.n_fwd_outputs == n_out  # the kernel op returns the public outputs as they are
+
+    def run(full: tuple[Any, ...]) -> Any:
+        """A complete call, typed as the schema says."""
+        if route is not None:
+            done = route(context, *full)
+            if done is not None:
+                return done
+        outs = fwd_op(*public_call(context, full))
+        if whole:
+            return outs
+        return outs[0] if n_out == 1 else tuple(outs[:n_out])
+
+    def front(*given: Any, **kwargs: Any) -> Any:
+        # The dispatcher passes an argument left at its default by keyword, or drops it.
+        if not kwargs and lowest <= len(given) <= n_args:
+            return run(given + defaults[len(given) :])
+        return run(spec.bind(given, kwargs))
+
+    # CompositeImplicitAutograd: decomposes into the triton_op (autograd, compile, fake).
+    _lib.impl(spec.name, front, "CompositeImplicitAutograd")
+
+    packet = getattr(torch.ops.greta, spec.name)
+    compiling = torch.compiler.is_compiling
+    function_modes = torch._C._len_torch_function_stack
+    plain = (torch.Tensor, torch.nn.Parameter)
+    kinds = tuple(plain if a.is_tensor else (_TYPES[a.type],) for a in args)
+
+    def typed(full: tuple[Any, ...]) -> bool:
+        for v, kind in zip(full, kinds, strict=True):  # noqa: SIM110  (no generator per call)
+            if type(v) not in kind:
+                return False
+        return True
+
+    def entry(*given: Any, **kwargs: Any) -> Any:
+        # The front itself where the dispatcher would only have called it: positional
+        # arguments of the schema's exact types, plain tensors (a subclass may override
+        # the op through __torch_function__), no function mode, not compiling (dynamo
+        # records the torch op).
+        if not kwargs and lowest <= len(given) <= n_args and not compiling():
+            full = given + defaults[len(given) :]
+            if not function_modes() and typed(full):
+                return run(full)
+        return packet(*given, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = spec.name
+    entry.__doc__ = (
+        f"torch.ops.greta.{spec.name}, without the dispatcher where eager ({spec.schema})"
+    )
+    setattr(ops, spec.name, entry)
 
 
 def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:

@@ -1,8 +1,9 @@
 """``*ForCausalLM.forward`` whose training loss never materialises the logits.
 
-With labels in training mode the loss is ``torch.ops.greta.linear_cross_entropy`` of the
-last hidden states and the LM head's weight (chunked over tokens: the [tokens, vocab]
-logits never exist) and ``logits`` is None, as in Liger-Kernel. Otherwise (eval,
+With labels in training mode the loss is ``torch.ops.greta.linear_cross_entropy`` (through
+its Python entry, ``greta_core.torch._declared.ops``) of the last hidden states and the LM
+head's weight (chunked over tokens: the [tokens, vocab] logits never exist) and ``logits``
+is None, as in Liger-Kernel. Otherwise (eval,
 ``generate``, or ``skip_logits=False``) the logits are computed as usual, and a loss too
 when labels are given. Shifting and ``num_items_in_batch`` follow transformers'
 ``ForCausalLMLoss``. Unless the hidden states are returned (``output_hidden_states``), the
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from greta_core.torch._common import consume_inputs
+from greta_core.torch._declared import ops as greta_ops
 
 IGNORE_INDEX = -100
 
@@ -35,8 +37,8 @@ def causal_lm_loss(
     h = hidden.reshape(-1, hidden.shape[-1])
     target = shift_labels.reshape(-1).to(device=h.device, dtype=torch.long)
     if num_items_in_batch is None:
-        return torch.ops.greta.linear_cross_entropy(h, weight, target, ignore_index, "mean")
-    total = torch.ops.greta.linear_cross_entropy(h, weight, target, ignore_index, "sum")
+        return greta_ops.linear_cross_entropy(h, weight, target, ignore_index, "mean")
+    total = greta_ops.linear_cross_entropy(h, weight, target, ignore_index, "sum")
     if isinstance(num_items_in_batch, torch.Tensor):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
