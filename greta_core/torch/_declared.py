@@ -63,10 +63,22 @@ def _plain_device(args: tuple[Any, ...]) -> bool:
 
 
 _torch_call = Caller(_torch_run, _contiguous, torch.zeros_like)
-# The eager Function's backward calls (torch.Tensor.contiguous: no Python frame per call).
-_raw_call = Caller(
-    lambda op, *args: op.unpack(op.call.launch(args)), torch.Tensor.contiguous, torch.zeros_like
-)
+
+
+def _raw_run(op: OpDecl, *args: Any) -> Any:
+    return op.unpack(op.call.launch(args))
+
+
+class _RawCaller(Caller):
+    """The eager Function's backward calls: the ready launches, in one frame (no
+    ``Caller.__call__`` in front of the runner)."""
+
+    __slots__ = ()
+    __call__ = staticmethod(_raw_run)  # type: ignore[assignment]
+
+
+# torch.Tensor.contiguous: no Python frame per call.
+_raw_call = _RawCaller(_raw_run, torch.Tensor.contiguous, torch.zeros_like)
 
 
 _TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int, "str": str}
