@@ -10,7 +10,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from greta_core import configs
+from greta_core import configs, observe
 from greta_core.observe import record
 from greta_core.ops import _direct
 from greta_core.ops._direct import ALIGN_MASK
@@ -31,6 +31,9 @@ from greta_core.ops._plan import (
 PlanInputs = Callable[[Any], "tuple[Plan, tuple[int, ...]] | None"]
 # A signature whose plan cannot launch ready (see CallCache.launch_args): the ordinary path.
 _ORDINARY = False
+# What observe.record last saw per op: a ready launch calls record only when it changes
+# (the same as calling it each time, less a Python frame per launch).
+_recorded = observe._last
 
 
 class CallCache:
@@ -391,7 +394,8 @@ class ReadyLaunch:
                 self._fn(*self._pick(src))
             else:
                 self._fn(*self._pick(src), self._args(src))
-            record(self._op, self._impl, self._arch)
+            if _recorded.get(self._op) != self._impl:  # observe.record, called on a change only
+                record(self._op, self._impl, self._arch)
             return (y,)
         if self._more_hooks and any(self._more_hooks):  # another kernel's pre-run hook
             return None
@@ -415,7 +419,8 @@ class ReadyLaunch:
                 fn(*pick(src))
             else:
                 fn(*pick(src), rest(src))
-        record(self._op, self._impl, self._arch)
+        if _recorded.get(self._op) != self._impl:  # observe.record, called on a change only
+            record(self._op, self._impl, self._arch)
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
 
