@@ -67,7 +67,12 @@ _torch_call = Caller(_torch_run, _contiguous, torch.zeros_like)
 
 
 def _raw_run(op: OpDecl, *args: Any) -> Any:
-    outs = op.call.launch(args)
+    call = op.call
+    # ForwardCall.launch's body, inline (one frame fewer): the ready launch, else launch,
+    # which finds the same None and takes the ordinary path (a body op's runs the body).
+    outs = call.launch_args(_identity, False, args) if type(call) is ForwardCall else None
+    if outs is None:
+        outs = call.launch(args)
     # OpDecl.unpack, inline for a backward's kernel op of several outputs (its plan's
     # results are the outputs: nothing to drop or unwrap).
     return outs if op.n_outputs > 1 and not op.mutates else op.unpack(outs)
@@ -271,10 +276,13 @@ def _entry(
         for i, a in enumerate(op.args) if not a.is_tensor
     )  # fmt: skip
     no_kwargs: dict[str, Any] = {}
+    # A call giving every argument, in an op whose schema's order is its own, is complete
+    # as given: no call to `public` (one frame fewer).
+    as_given = op._from_public is None
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         if not kwargs and lowest <= len(args) <= highest and not compiling():
-            full = public(args, no_kwargs)
+            full = args if as_given and len(args) == highest else public(args, no_kwargs)
             # Typed as the dispatcher would pass them (inline: one frame fewer per call).
             for i, optional in tensors:
                 t = full[i]
