@@ -12,6 +12,11 @@ thread's CPU clock by default (a shared host's other tenants left out).
 
     python bench/grad_overhead_stub.py --out <tmp>/stub.json [--only rms_norm softmax]
 
+``--count`` counts instead of timing, the same for every host and run: per forward+backward,
+the Python frames entered and C functions called (``sys.setprofile``), the kernel launches
+and torch's allocation calls by name. ``--packed`` stands in Triton 3.7+'s C launcher (its
+kernel arguments as one sequence, ``ops._direct._packed``) for the flat one of 3.6.
+
 A dev probe: its numbers are this host's, meaningful against each other (floor, trees).
 """
 
@@ -69,8 +74,19 @@ class _Captured:
         return None
 
 
-def stub() -> None:
-    """CPU tensors take the GPU hot path; no kernel runs."""
+# Kernel launches the stubbed launchers saw (--count).
+LAUNCHES = [0]
+# torch's allocation calls, by the name sys.setprofile reports them under.
+ALLOCATIONS = ("empty", "empty_like", "new_empty", "zeros", "zeros_like", "full")
+
+
+def _counted_launch(*args: Any) -> None:
+    LAUNCHES[0] += 1
+
+
+def stub(packed: bool = False) -> None:
+    """CPU tensors take the GPU hot path; no kernel runs. `packed`: the captured launcher
+    takes Triton 3.7+'s form (``_direct._packed`` over a C launch)."""
     from greta_core.ops import _calls, _direct, _plan
 
     if hasattr(_calls, "_eager"):  # a tree before eager_training
@@ -93,6 +109,46 @@ def stub() -> None:
 
     _plan._torch_form = _calls._torch_form = form
     _direct._driver = lambda: (int, int)  # device 0, stream 0
+    if packed and hasattr(_direct, "_packed"):
+        head = (None,) * 11  # function ... kernel_signature, as launch_form's "packed"
+
+        def captured(self: Any, args: Any, device: int) -> tuple[Any, ...]:
+            return _direct._packed(_counted_launch, head), self._grid3, (), ()
+
+    else:
+
+        def captured(self: Any, args: Any, device: int) -> tuple[Any, ...]:
+            return _counted_launch, self._grid3, (), ()
+
+    _Captured.captured = captured  # type: ignore[method-assign]
+
+
+def count(step: Any, calls: int = 10) -> dict[str, Any]:
+    """Per call of `step`: Python frames, C calls, launches, allocation calls by name."""
+    import collections
+
+    events: collections.Counter[str] = collections.Counter()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            events["python_frames"] += 1
+        elif event == "c_call":
+            events["c_calls"] += 1
+            name = getattr(arg, "__name__", "")
+            if name in ALLOCATIONS:
+                events[f"alloc:{name}"] += 1
+
+    for _ in range(3):
+        step()
+    LAUNCHES[0] = 0
+    sys.setprofile(profile)
+    try:
+        for _ in range(calls):
+            step()
+    finally:
+        sys.setprofile(None)
+    events["launches"] = LAUNCHES[0]
+    return {k: round(v / calls, 2) for k, v in sorted(events.items())}
 
 
 def _floor_step() -> Any:
@@ -123,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--only", nargs="*", help="these groups only")
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    parser.add_argument("--count", action="store_true", help="count, do not time")
+    parser.add_argument("--packed", action="store_true", help="Triton 3.7+'s launcher form")
     args = parser.parse_args(argv)
-    stub()
+    stub(args.packed)
     import grad_overhead
     import interleaved
     import torch
@@ -150,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         lambda: None,
     )  # fmt: skip
     runnable[FLOOR] = _floor_step()
+    if args.count:
+        return _write_counts(args, runnable, rows)
     if args.clock == "thread":
         interleaved.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
     per = interleaved.interleaved_host_us(
@@ -177,6 +237,23 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r['group']:22} {r['variant']:22} {r['host_us']:8.1f} us  "
               f"{r['per_floor']:5.2f}x floor  +{r['over_floor_us']:.1f} us")  # fmt: skip
+    return 0
+
+
+def _write_counts(args: Any, runnable: dict[Any, Any], rows: list[Any]) -> int:
+    from greta_core.bench.metadata import collect
+
+    results = [{"group": g, "variant": v, **count(step)} for (g, v), step in runnable.items()]
+    doc = {
+        **collect("grad_overhead_stub_count", "cpu"), "packed": args.packed,
+        "results": results, "skipped": [row for row in rows if "skipped" in row],
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    for r in results:
+        allocs = " ".join(f"{k[6:]}={v:g}" for k, v in r.items() if k.startswith("alloc:"))
+        print(f"{r['group']:22} {r['variant']:22} frames {r.get('python_frames', 0):5.1f}  "
+              f"C calls {r.get('c_calls', 0):5.1f}  launches {r['launches']:g}  {allocs}")  # fmt: skip
     return 0
 
 

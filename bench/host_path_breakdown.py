@@ -45,7 +45,9 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     bufs = ready.launch(args, ptrs)
     stream = get_stream(index)
     # The launcher's arguments as ReadyLaunch.launch picks them (see ops/_calls.py).
-    fixed = ready._pick([*ready._consts, *ptrs, *(b.data_ptr() for b in bufs), stream])
+    src = [*ready._consts, *ptrs, *(b.data_ptr() for b in bufs), stream]
+    # Triton 3.7+'s packed convention: the kernel's arguments as one trailing tuple.
+    fixed = (*ready._pick(src), *(() if ready._args is None else (ready._args(src),)))
     steps.bufs = bufs  # the buffers those pointers name stay allocated
 
     lib = torch.library.Library("greta_probe", "DEF")
@@ -71,6 +73,8 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         ("torch.empty fp32 [4]", lambda: torch.empty((4,), dtype=torch.float32, device=x.device)),
         ("torch.empty_like(x)", lambda: torch.empty_like(x)),
         ("x.new_empty((4, 64))", lambda: x.new_empty((4, 64))),
+        # How a ready launch allocates a buffer like no input (a norm's rstd, its partials).
+        ("x.new_empty((4,), dtype=fp32)", lambda: x.new_empty((4,), dtype=torch.float32)),
         ("custom-op hop to a no-op Python kernel", lambda: torch.ops.greta_probe.noop(x, w, eps)),
         ("eager_raw(x, w)", lambda: eager_raw(x, w)),
         ("signature key build + hash", key),
@@ -78,7 +82,7 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         ("get_device() (torch.cuda.current_device)", get_device),
         ("torch._C._cuda_getDevice()", torch._C._cuda_getDevice),
         ("get_stream(index)", lambda: get_stream(index)),
-        ("DirectLaunch.usable()", ready._direct.usable),
+        ("DirectLaunch.usable()", ready._launches[0][0].usable),
         ("observe.record", lambda: observe.record("rms_norm", "triton", "x")),
     ]  # fmt: skip
 

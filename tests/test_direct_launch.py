@@ -427,6 +427,83 @@ def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
     assert cache.launch_args(_plan._identity, False, (x,)) is None
 
 
+class _CudaLauncher:  # the name launch_form looks for; attributes as Triton's __init__ sets
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.arg_annotations, self.kernel_signature = ("annotation",), b"signature"
+        self.launch = lambda *a: self.calls.append(a)
+
+    def __call__(self, *args: Any) -> None:  # Triton's wrapper: never called here
+        raise AssertionError("the wrapper ran")
+
+
+_CudaLauncher.__name__ = "CudaLauncher"
+
+
+class _LauncherCompiled(_Compiled):
+    def __init__(self) -> None:
+        super().__init__()
+        self.launcher = _CudaLauncher()
+
+    @property
+    def run(self) -> Any:
+        return self.launcher
+
+
+@pytest.mark.parametrize("convention", ["flat", "packed"])
+def test_ready_launch_hands_the_c_launcher_what_the_direct_launcher_does(
+    monkeypatch: pytest.MonkeyPatch, device, convention: str
+) -> None:
+    """Triton's C launcher (launch_form skips its CudaLauncher wrapper): under the packed
+    convention (Triton 3.7+) the ready launch calls it itself, the kernel's arguments as one
+    tuple, without _direct._packed's frame. Each kernel of a plan with scratch gets the
+    call the direct launcher makes through launch_form (pointers as integers)."""
+    from greta_core.ops import _calls
+
+    a, b = _Kernel(), _Kernel()
+    for k in (a, b):
+        k.compiled = k.returns = _LauncherCompiled()
+    knobs = _support().knobs
+    s = _direct.Support(_Kernel, _LauncherCompiled, _Chain, knobs, False, convention)
+
+    def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
+        slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
+        return _direct.DirectLaunch(k, grid, keywords, slots, (keywords["BLOCK"], 7), s)
+
+    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
+    plan = Plan("fake", "sm_90", (Buffer((4,), "bfloat16"), Buffer((8, 4), "float32")),
+                (Launch(a, (8,), (In(0), 4, Out(1)), {"BLOCK": 16}),
+                 Launch(b, (2, 3), (Out(1), 8, Out(0)), {"BLOCK": 32})), (0,))  # fmt: skip
+    cache = _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
+    x = torch.ones(4)
+    cache.launch_args(_plan._identity, False, (x,))  # Triton's path for both: captured
+    (ready,) = cache._ready.values()
+    (y,) = cache.launch_args(_plan._identity, False, (x,))
+    (la,), (lb,) = a.compiled.launcher.calls, b.compiled.launcher.calls
+    assert (ready._args is None) == (convention == "flat")
+    partials = (la[-1] if convention == "packed" else la)[-3]
+    scratch = torch.empty(8, 4)
+    directs = [launch[4] for launch in _plan._torch_form(plan).launches]
+    directs[0]([x, 4, scratch])
+    directs[1]([scratch, 8, y])
+    ptr = {scratch.data_ptr(): partials}
+
+    def as_ready(call: tuple[Any, ...]) -> tuple[Any, ...]:  # tensors as the ready pointers
+        return tuple(
+            as_ready(v) if type(v) is tuple
+            else ptr.get(v.data_ptr(), v.data_ptr()) if isinstance(v, torch.Tensor) else v
+            for v in call
+        )  # fmt: skip
+
+    assert la == as_ready(a.compiled.launcher.calls[1])
+    assert lb == as_ready(b.compiled.launcher.calls[1])
+    if convention == "packed":
+        assert la[-1] == (x.data_ptr(), 4, partials, 16, 7)
+        assert lb[-1] == (partials, 8, y.data_ptr(), 32, 7)
+
+
 def test_bad_input_raises_on_every_call(ready_setup) -> None:
     from greta_core.ops import _calls
 
@@ -511,11 +588,11 @@ def test_misaligned_output_takes_the_direct_launcher(
     launches = len(kernel.compiled.launches)
     base = torch.empty(64)
     monkeypatch.setattr(torch, "empty_like", lambda t: base[1 : 1 + t.numel()].view(t.shape))
-    monkeypatch.setattr(torch, "empty", lambda shape, dtype, device: base[1:].view(dtype)[:2])
     from greta_core.ops import _calls
 
-    for ready in cache._ready.values():
-        ready._empty_like, ready._empty = torch.empty_like, torch.empty
+    for ready in cache._ready.values():  # a buffer like no input: new_empty on a call tensor
+        ready._empty_like = torch.empty_like
+        ready._empty = lambda source, shape, dtype: base[1:].view(dtype)[:2]
     bufs = cache.launch_args(_plan._identity, False, tuple(call))
     assert bufs[0].data_ptr() & _calls.ALIGN_MASK
     assert len(kernel.compiled.launches) == launches  # not the ready launch's kernel

@@ -10,7 +10,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from greta_core import configs
+from greta_core import configs, observe
 from greta_core.observe import record
 from greta_core.ops import _direct
 from greta_core.ops._direct import ALIGN_MASK
@@ -31,6 +31,9 @@ from greta_core.ops._plan import (
 PlanInputs = Callable[[Any], "tuple[Plan, tuple[int, ...]] | None"]
 # A signature whose plan cannot launch ready (see CallCache.launch_args): the ordinary path.
 _ORDINARY = False
+# What observe.record last saw per op: a ready launch calls record only when it changes
+# (the same as calling it each time, less a Python frame per launch).
+_recorded = observe._last
 
 
 class CallCache:
@@ -259,9 +262,9 @@ class ReadyLaunch:
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_consts", "_device", "_empty", "_empty_like", "_fn",
-        "_get_device", "_get_stream", "_impl", "_index", "_launches", "_more", "_one", "_op",
-        "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results",
+        "_allocs", "_arch", "_args", "_consts", "_empty", "_empty_like", "_fn", "_get_device",
+        "_get_stream", "_impl", "_index", "_launches", "_more", "_more_hooks", "_one", "_op",
+        "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results", "_source",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -310,17 +313,27 @@ class ReadyLaunch:
             blocks.append((spec, captured))
         allocs = [(_like(inputs, positions, shape, dtype), shape, dtype)
                   for shape, dtype in form.plain]  # fmt: skip
+        # Triton 3.7+'s C launcher takes the kernel's arguments as one sequence
+        # (``_direct._packed``): it is called here with a second pick for them, without the
+        # wrapper's Python frame and repacking.
+        forms = [(getattr(fn, "c_launch", None), fn, grid, between, tail)
+                 for _, (fn, grid, between, tail) in blocks]  # fmt: skip
+        forms = [
+            (fn, grid, between, tail, None) if c_launch is None
+            else (c_launch, grid, fn.head, tail, len(fn.head))
+            for c_launch, fn, grid, between, tail in forms
+        ]  # fmt: skip
         # The picks' source: each launch's [grid, between, scalars, tail], then the call's
         # pointers, the buffers' and the stream; the launcher's order: grid, stream,
         # between, kernel arguments, tail.
         consts: list[Any] = []
-        for spec, (_, grid, between, tail) in blocks:
+        for (spec, _), (_, grid, between, tail, _) in zip(blocks, forms, strict=True):
             consts += [*grid, *between, *[v for k, v in spec if k == _SCALAR], *tail]
         at_ptr = len(consts)
         at_out = at_ptr + n_tensors
         at_stream = at_out + len(allocs)
         launchers, base = [], 0
-        for spec, (fn, grid, between, tail) in blocks:
+        for (spec, _), (fn, grid, between, tail, packed) in zip(blocks, forms, strict=True):
             n_head = len(grid) + len(between)
             order = [base, base + 1, base + 2, at_stream, *range(base + 3, base + n_head)]
             n_scalars = 0
@@ -334,21 +347,31 @@ class ReadyLaunch:
                     n_scalars += 1
             order += range(base + n_head + n_scalars, base + n_head + n_scalars + len(tail))
             base += n_head + n_scalars + len(tail)
-            launchers.append((fn, operator.itemgetter(*order)))
+            head, rest = (
+                (order, None) if packed is None else (order[: 4 + packed], order[4 + packed :])
+            )
+            if rest is not None and len(rest) < 2:  # itemgetter of one index gives no tuple
+                return None
+            launchers.append((fn, operator.itemgetter(*head),
+                              None if rest is None else operator.itemgetter(*rest)))  # fmt: skip
+        # Each kernel's pre-run hooks (lists that grow in place): the first kernel's checked
+        # on every call, the others' where a plan has more than one.
         quiet, hooks = directs[0].usable_parts()
-        if len(directs) > 1:
-            hooks = _AnyHooks([direct.usable_parts()[1] for direct in directs])
+        more_hooks = tuple(direct.usable_parts()[1] for direct in directs[1:])
         single = len(blocks) == 1 and len(allocs) == 1 and every
         return cls(
             op=plan.op, impl=implementation(plan.arch), arch=plan.arch, allocs=allocs,
             one=allocs[0][0] if single else None,
-            empty=form.empty, empty_like=torch.empty_like, device=inputs[0].device, index=index,
-            get_device=_direct.current_device_getter(get_device), get_stream=get_stream,
-            consts=consts, fn=launchers[0][0], pick=launchers[0][1], more=tuple(launchers[1:]),
+            # A buffer like no input: ``Tensor.new_empty`` on the call's first tensor (on the
+            # device the key fixed), cheaper than ``torch.empty(..., device=)``.
+            empty=torch.Tensor.new_empty, empty_like=torch.empty_like, source=positions[0],
+            index=index, get_device=_direct.current_device_getter(get_device),
+            get_stream=get_stream, consts=consts, fn=launchers[0][0], pick=launchers[0][1],
+            args=launchers[0][2], more=tuple(launchers[1:]),
             results=None if every else plan.results, positions=positions,
             launches=tuple((direct, spec) for (spec, _), direct in zip(blocks, directs,
                                                                         strict=True)),
-            quiet=quiet, pre_run_hooks=hooks,
+            quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks,
         )  # fmt: skip
 
     def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
@@ -367,12 +390,18 @@ class ReadyLaunch:
                 return self._by_direct(args, [y])
             src.append(p)
             src.append(self._get_stream(self._index))
-            self._fn(*self._pick(src))
-            record(self._op, self._impl, self._arch)
+            if self._args is None:
+                self._fn(*self._pick(src))
+            else:
+                self._fn(*self._pick(src), self._args(src))
+            if _recorded.get(self._op) != self._impl:  # observe.record, called on a change only
+                record(self._op, self._impl, self._arch)
             return (y,)
-        empty, empty_like, device = self._empty, self._empty_like, self._device
+        if self._more_hooks and any(self._more_hooks):  # another kernel's pre-run hook
+            return None
+        empty, empty_like, source = self._empty, self._empty_like, args[self._source]
         bufs = [
-            empty(shape, dtype=dtype, device=device) if like is None else empty_like(args[like])
+            empty(source, shape, dtype=dtype) if like is None else empty_like(args[like])
             for like, shape, dtype in self._allocs
         ]
         for b in bufs:
@@ -381,10 +410,17 @@ class ReadyLaunch:
                 return self._by_direct(args, bufs)
             src.append(p)
         src.append(self._get_stream(self._index))
-        self._fn(*self._pick(src))
-        for fn, pick in self._more:
-            fn(*pick(src))
-        record(self._op, self._impl, self._arch)
+        if self._args is None:
+            self._fn(*self._pick(src))
+        else:
+            self._fn(*self._pick(src), self._args(src))
+        for fn, pick, rest in self._more:
+            if rest is None:
+                fn(*pick(src))
+            else:
+                fn(*pick(src), rest(src))
+        if _recorded.get(self._op) != self._impl:  # observe.record, called on a change only
+            record(self._op, self._impl, self._arch)
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
 
@@ -396,18 +432,6 @@ class ReadyLaunch:
         record(self._op, self._impl, self._arch)
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
-
-
-class _AnyHooks:
-    """The pre-run hooks of several kernels as one truth value (the ready launch's check)."""
-
-    __slots__ = ("_lists",)
-
-    def __init__(self, lists: list[list[Any]]) -> None:
-        self._lists = lists
-
-    def __bool__(self) -> bool:
-        return any(self._lists)
 
 
 def _like(

@@ -46,6 +46,9 @@ def _packed(c_launch: Callable[..., Any], head: tuple) -> Callable[..., Any]:
     def launch(g0: int, g1: int, g2: int, stream: int, *args: Any) -> None:
         c_launch(g0, g1, g2, stream, *head, args)
 
+    # What a ready launch (ops/_calls.py) calls itself: ``c_launch(g0, g1, g2, stream,
+    # *head, kernel_args)``, without this frame.
+    launch.c_launch, launch.head = c_launch, head  # type: ignore[attr-defined]
     return launch
 
 

@@ -26,6 +26,7 @@ from torch.autograd.function import once_differentiable
 from torch.library import triton_op, wrap_triton
 
 from greta_core.ops import _calls
+from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import _identity
 from greta_core.ops.declare import Caller, OpDecl
 from greta_core.torch._common import consuming, record_reference
@@ -63,10 +64,30 @@ def _plain_device(args: tuple[Any, ...]) -> bool:
 
 
 _torch_call = Caller(_torch_run, _contiguous, torch.zeros_like)
-# The eager Function's backward calls (torch.Tensor.contiguous: no Python frame per call).
-_raw_call = Caller(
-    lambda op, *args: op.unpack(op.call.launch(args)), torch.Tensor.contiguous, torch.zeros_like
-)
+
+
+def _raw_run(op: OpDecl, *args: Any) -> Any:
+    call = op.call
+    # ForwardCall.launch's body, inline (one frame fewer): the ready launch, else launch,
+    # which finds the same None and takes the ordinary path (a body op's runs the body).
+    outs = call.launch_args(_identity, False, args) if type(call) is ForwardCall else None
+    if outs is None:
+        outs = call.launch(args)
+    # OpDecl.unpack, inline for a backward's kernel op of several outputs (its plan's
+    # results are the outputs: nothing to drop or unwrap).
+    return outs if op.n_outputs > 1 and not op.mutates else op.unpack(outs)
+
+
+class _RawCaller(Caller):
+    """The eager Function's backward calls: the ready launches, in one frame (no
+    ``Caller.__call__`` in front of the runner)."""
+
+    __slots__ = ()
+    __call__ = staticmethod(_raw_run)  # type: ignore[assignment]
+
+
+# torch.Tensor.contiguous: no Python frame per call.
+_raw_call = _RawCaller(_raw_run, torch.Tensor.contiguous, torch.zeros_like)
 
 
 _TYPES = {"Tensor": torch.Tensor, "bool": bool, "float": float, "int": int, "str": str}
@@ -257,24 +278,24 @@ def _entry(
         for i, a in enumerate(op.args) if not a.is_tensor
     )  # fmt: skip
     no_kwargs: dict[str, Any] = {}
-
-    def typed(args: tuple[Any, ...]) -> bool:
-        for i, optional in tensors:
-            t = args[i]
-            if not isinstance(t, torch.Tensor) and (t is not None or not optional):
-                return False
-        for i, accepted in scalars:  # noqa: SIM110  (a loop: no generator built per call)
-            if type(args[i]) not in accepted:
-                return False
-        return True
+    # A call giving every argument, in an op whose schema's order is its own, is complete
+    # as given: no call to `public` (one frame fewer).
+    as_given = op._from_public is None
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         if not kwargs and lowest <= len(args) <= highest and not compiling():
-            full = public(args, no_kwargs)
-            if typed(full):
-                done = eager(full)
-                if done is not _DECLINED:
-                    return done
+            full = args if as_given and len(args) == highest else public(args, no_kwargs)
+            # Typed as the dispatcher would pass them (inline: one frame fewer per call).
+            for i, optional in tensors:
+                t = full[i]
+                if not isinstance(t, torch.Tensor) and (t is not None or not optional):
+                    return packet(*args)
+            for i, accepted in scalars:
+                if type(full[i]) not in accepted:
+                    return packet(*args)
+            done = eager(full)
+            if done is not _DECLINED:
+                return done
         return packet(*args, **kwargs)
 
     entry.__name__ = entry.__qualname__ = op.name
@@ -443,15 +464,22 @@ def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
     })  # fmt: skip
     new_saved = tuple.__new__
     nondiff = tuple(i for i in backward.nondiff_outputs if i < n_out)
-    # Looked up per call (one attribute), not bound here: the forward then runs whatever the
-    # op's call cache is now, as the backward's _raw_call does (tests count launches).
+    # Its methods looked up per call (one attribute), not bound here: the forward then runs
+    # whatever the op's call cache has now, as the backward's _raw_call does (tests count
+    # launches).
     call = op.call_stats
+    # ForwardCall.launch's body, inline (one frame fewer): the ready launch, else the call's
+    # ordinary path through launch (which finds the same None first). A body op has no
+    # ready launch: its launch runs the body.
+    ready = isinstance(call, ForwardCall)
     may_consume = backward.may_consume
     grads_of = backward.grads
     grad_enabled = torch.is_grad_enabled
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outs = call.launch(args)
+        outs = call.launch_args(_identity, False, args) if ready else None
+        if outs is None:
+            outs = call.launch(args)
         ctx.save_for_backward(*pick(args + outs))  # None: an absent optional
         # Whether the backward may overwrite what it saved: decided while the forward runs
         # (``consuming()`` is a context the caller's forward pass sets), read by the backward.
@@ -470,7 +498,9 @@ def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
     def grads(ctx: Any, *grad_outputs: Any) -> tuple:
         if grad_enabled():  # create_graph=True
             return differentiable_once(ctx, *grad_outputs)
-        return tuple(grads_of(_raw_call, grad_outputs, saved(ctx)))
+        # saved(ctx), inline (one frame fewer).
+        rest = ctx.saved_tensors + ctx.rest + (ctx.needs_input_grad,)
+        return tuple(grads_of(_raw_call, grad_outputs, new_saved(saved_type, rest)))
 
     # Named after the triton_op it stands in for (its grad_fn reads "<name>_eagerBackward").
     function = type(
