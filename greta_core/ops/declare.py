@@ -525,7 +525,7 @@ def not_specialised(kernel: Any) -> tuple[frozenset[str], frozenset[str]]:
     cases whose ints differ only there are one key, one spec. The interpreter keeps them in
     its keyword arguments."""
     names = list(kernel.arg_names)
-    given = getattr(kernel, "kwargs", None) or vars(kernel)
+    given = getattr(kernel, "kwargs", None) or getattr(kernel, "__dict__", {})
 
     def named(key: str) -> frozenset[str]:
         return frozenset(names[a] if isinstance(a, int) else a for a in given.get(key) or ())
