@@ -80,7 +80,11 @@ def registers(compiled: Any, text: str, asm: str) -> tuple[int, int]:
     return sum(int(r) for r in regs), 0
 
 
-def compile_both(spec: Any, arch: str, work: Path) -> dict[str, Any]:
+def compile_both(
+    spec: Any, arch: str, work: Path, unaligned: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """`unaligned`: compile "shipped" with these ints unspecialised instead of the kernel's
+    own list (a candidate list, measured before it is shipped)."""
     from triton.runtime.jit import JITFunction
 
     from greta_core.kernel_wheels import aot
@@ -92,7 +96,13 @@ def compile_both(spec: Any, arch: str, work: Path) -> dict[str, Any]:
         for n in names
     ]
     out: dict[str, Any] = {}
-    for label, kernel in (("shipped", spec.kernel), ("specialised", JITFunction(spec.kernel.fn))):
+    shipped_kernel = spec.kernel
+    if unaligned is not None:
+        shipped_kernel = JITFunction(spec.kernel.fn, do_not_specialize_on_alignment=unaligned)
+    for label, kernel in (
+        ("shipped", shipped_kernel),
+        ("specialised", JITFunction(spec.kernel.fn)),
+    ):
         with aot.compiling_for(arch, work / label):
             kernel.device_caches.clear()
             compiled = kernel.warmup(*args, grid=(1,), **dict(spec.options))
@@ -123,6 +133,11 @@ def main() -> int:
     parser.add_argument("--arch", default="gfx942")
     parser.add_argument("--specs", default=",".join(DEFAULT_SPECS).replace("],", "]|"),
                         help="'|'-separated wheel spec names (default: bf16 D128 GQA)")  # fmt: skip
+    parser.add_argument(
+        "--unaligned",
+        default=None,
+        help="comma list of ints to leave unspecialised in place of the kernels' own lists",
+    )
     parser.add_argument("--out", type=Path, required=True, help="path stem of the .json/.csv")
     args = parser.parse_args()
     import triton
@@ -130,6 +145,7 @@ def main() -> int:
     from greta_core.kernel_wheels import aot
 
     wanted = [s for s in args.specs.split("|") if s]
+    unaligned = None if args.unaligned is None else tuple(filter(None, args.unaligned.split(",")))
     specs = {
         s.name: s for f in aot.discover(args.arch, ["attention", "attention_bwd"]) for s in f.specs
     }
@@ -140,7 +156,9 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="greta-intspec-") as work:
         for name in wanted:
-            rows.append(compile_both(specs[name], args.arch, Path(work) / str(len(rows))))
+            rows.append(
+                compile_both(specs[name], args.arch, Path(work) / str(len(rows)), unaligned)
+            )
             print(json.dumps(rows[-1]), flush=True)
     result = {
         "bench": "attention_int_specialisation",
@@ -150,6 +168,7 @@ def main() -> int:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "triton": triton.__version__,
+        "unaligned": "the kernels' own" if unaligned is None else ",".join(unaligned),
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ import triton.language as tl
 # the constexpr 1): the lengths and head counts. Each pattern of their divisibility was one
 # more wheel entry per kind of call, while the code differs little: at an all-divisible
 # 2048-token call on gfx942, 0.3% more instructions in the prefill, 2% in the decode step,
-# the registers alike (bench/attention_int_specialisation.py,
+# about the same registers (bench/attention_int_specialisation.py,
 # bench/results/kernel_build/attention_int_specialisation_gfx942.json), which is the code
 # a call at any other length ran already. The backward keeps Sq (kernels/attention_bwd.py).
 UNALIGNED_INTS: tuple[str, ...] = ("Sq", "Skv", "H_Q", "GROUP")
