@@ -349,3 +349,29 @@ def test_a_real_attention_call_takes_the_wheels_code(arch: str, tmp_path: Path) 
     assert out["spec"].endswith(";ragged=]"), out["spec"]  # the strides: all 16-divisible
     assert out["code"] == {"attention_fwd_kernel": {"precompiled": 1, "compiled": 0}}
     assert out["compiled"] == []
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cases_that_meet_one_key_make_one_spec(arch: str) -> None:
+    """Specs are deduplicated by the JIT's key, not by the cases' ints: two prefill cases whose
+    lengths and head counts differ in 16-divisibility (2048 tokens, 32/8 heads; 1037 tokens,
+    28/4) are one key and one spec, while the backward, which keeps the query length
+    specialised, makes one spec per kernel for each."""
+    import dataclasses
+
+    def meta(t: CallTensor) -> Meta:
+        return Meta(t.shape, t.stride(), str(t.dtype).removeprefix("torch."))
+
+    shapes = ((32, 8, 2048), (28, 4, 1037))
+    fwd, bwd = DECLARED["attention"], DECLARED["attention_bwd"]
+    prefills = [[_hf(1, hq, seq, 128, "bfloat16"), *[_hf(1, hkv, seq, 128, "bfloat16")] * 2,
+                 None, None] for hq, hkv, seq in shapes]  # fmt: skip
+    cases = [(meta(q), meta(k), meta(v), None, None, True, None, False) for q, k, v, *_ in prefills]
+    one = dataclasses.replace(fwd, aot_cases=lambda a: cases)
+    assert len(aot_specs(one, arch)) == 1
+    keys = {k for p in prefills for k in runtime_keys(fwd, arch, p, (True, None, False))}
+    assert len(keys) == 1 and keys <= wheel_keys(one, arch)
+    backwards = [_bwd_args(hq, hkv, seq, 128, "bfloat16") for hq, hkv, seq in shapes]
+    bwd_cases = [(*map(meta, ts), *scalars) for ts, scalars in backwards]
+    two = dataclasses.replace(bwd, aot_cases=lambda a: bwd_cases)
+    assert len(aot_specs(two, arch)) == 2 * 3  # delta, dkdv, dq at each query length
