@@ -235,7 +235,7 @@ def build_all(
 # compiled kernel of each module (a matrix-unit kernel costs eight times a norm), and wheel
 # bytes per kernel (11.28 MB / 867). attention and attention_bwd: their cases since 69d1d0e
 # (a prefill and a decode step per head pattern; the causal backward), 2.27 and 2.71 CPU-s
-# per kernel in a build under a load of 6.5-8.4 (bench/results/kernel_build/gfx942.json)
+# per kernel in a build under a load of 6.5-8.4 (bench/results/kernel_build/gfx942_load8.json)
 # whose other modules took 1.58x their CPU of the idle run at c666098, so scaled by that.
 # Modules not measured take EST_CPU_S_DEFAULT. EST_FIXED_CPU_S is per build (that run's CPU
 # outside the compiles): each worker's start and first compile (Triton's specialiser imports
