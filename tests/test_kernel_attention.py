@@ -537,16 +537,18 @@ def test_attention_aot_specs_cover_the_kernel_signature(arch: str) -> None:
     from greta_core.ops.declare import aot_specs
 
     specs = aot_specs(ATTENTION, arch)
-    # dtypes x head dims x (3 heads x 2 lengths x (prefill, decode) + lengths x causal)
-    assert len(specs) == 2 * 2 * (3 * 2 * 2 + 2)
+    # dtypes x head dims x (GQA, MHA) x (prefill, decode); the raw API's lengths: first use
+    assert len(specs) == 2 * 2 * 2 * 2
     for spec in specs:
         assert spec.uses_matrix_units
         assert {*spec.signature, *spec.constexprs} == set(kernel.attention_fwd_kernel.arg_names)
         assert spec.signature["lse_ptr"] == "*fp32"
         assert ("waves_per_eu" in spec.options) == (arch == "gfx942")
-        # Every int the JIT specialises as a value (not the constant 1), with its divisibility.
+        # Every int the JIT specialises on divisibility (not the constant 1, not the lengths
+        # and head counts: kernel.UNALIGNED_INTS), with its divisibility.
         ints = {n for n, t in spec.signature.items() if t == "i32"}
-        assert set(spec.int_divisible) == ints
+        assert set(spec.int_divisible) == ints - set(kernel.UNALIGNED_INTS)
+        assert spec.constexprs["HAS_LENS"] is False
         # Strides are multiples of the head dim; a decode's one query is the constant 1.
         assert all(spec.int_divisible[n] for n in ints if n.startswith("stride_"))
         assert (spec.constexprs.get("Sq") == 1) == (spec.constexprs["BLOCK_M"] == 16)
@@ -561,8 +563,12 @@ def test_attention_bwd_aot_specs_cover_every_planned_launch(arch: str) -> None:
     from greta_core.ops.declare import aot_specs
 
     specs = aot_specs(bwd_ops.ATTENTION_BWD, arch)
-    # head dims x lengths x (delta: Hq 16-divisible or not + 2 GQA heads x (dkdv, dq))
-    assert len(specs) == 2 * 2 * (2 + 2 * 2)
+    # head dims x query lengths (16-divisible or not) x (delta, dkdv, dq): the head counts
+    # and the key length are not specialised on divisibility (kernel.UNALIGNED_INTS)
+    assert len(specs) == 2 * 2 * 3
+    for spec in specs:
+        assert "Sq" in spec.int_divisible
+        assert not set(spec.int_divisible) & set(kernel.UNALIGNED_INTS)
     compiled = {
         (spec.kernel, tuple(sorted(spec.constexprs.items())), tuple(sorted(spec.options.items())))
         for spec in specs

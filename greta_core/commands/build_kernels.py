@@ -233,16 +233,16 @@ def build_all(
 # machine (gfx942, Triton 3.6, commit 8f968b7, load average 3-7: "per_module" and
 # "wheel_bytes" in bench/results/kernel_build/gfx942.json): the workers' CPU seconds per
 # compiled kernel of each module (a matrix-unit kernel costs eight times a norm), and wheel
-# bytes per kernel (11.28 MB / 867). attention_bwd: 2.33 CPU-s per kernel at 2aeffac under a
-# load of 6-8 (bench/results/kernel_build/gfx942_attention.json), where its cases are causal
-# only (the causal kernels cost more to compile) and attention took 1.80 against 1.55 idle;
-# 2.0 is that run scaled by the forward's ratio.
+# bytes per kernel (11.28 MB / 867). attention and attention_bwd: their cases since 69d1d0e
+# (a prefill and a decode step per head pattern; the causal backward), 2.27 and 2.71 CPU-s
+# per kernel in a build under a load of 6.5-8.4 (bench/results/kernel_build/gfx942_load8.json)
+# whose other modules took 1.58x their CPU of the idle run at c666098, so scaled by that.
 # Modules not measured take EST_CPU_S_DEFAULT. EST_FIXED_CPU_S is per build (that run's CPU
 # outside the compiles): each worker's start and first compile (Triton's specialiser imports
 # torch there) and the parent's packaging. Estimates for the dry run only; a real build
 # reports what it took.
 EST_CPU_S_PER_KERNEL: dict[str, float] = {
-    "add_rms_norm": 0.193, "attention": 1.591, "attention_bwd": 2.0, "col_sum": 0.158,
+    "add_rms_norm": 0.193, "attention": 1.44, "attention_bwd": 1.71, "col_sum": 0.158,
     "kv_cache": 0.176, "layer_norm": 0.199, "linear_cross_entropy": 0.23, "matmul": 0.653,
     "rms_norm": 0.197, "rope": 0.607, "softmax": 0.142, "swiglu": 0.107, "vec_add": 0.065,
 }  # fmt: skip

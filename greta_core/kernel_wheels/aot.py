@@ -216,8 +216,10 @@ def int_args_for(spec: Any, variant: str) -> dict[str, int]:
     that carries its case's ints ("case"), each as divisible as that call's."""
     divisible = getattr(spec, "int_divisible", None)
     if divisible is not None:
+        # An int the case leaves out is one the kernel does not specialise on alignment:
+        # any value gives the same key.
         return {
-            name: (_ALIGNED_INT if divisible[name] else _RAGGED_INT)[ty]
+            name: (_ALIGNED_INT if divisible.get(name, True) else _RAGGED_INT)[ty]
             for name, ty in spec.signature.items()
             if ty in _ALIGNED_INT
         }

@@ -40,6 +40,12 @@ from greta_install import triton_range
 # The 16-bit row store's form: a block pointer where Triton still has them (fewer registers
 # on sm_90, see _store_rows), a masked tensor of pointers from Triton 3.9 on.
 BLOCK_POINTER_STORE = tl.constexpr(triton_range.has_block_pointers(triton.__version__))
+# The forward's unspecialised ints (kernels/attention.py UNALIGNED_INTS) less Sq: the rows of
+# lse and delta start at multiples of Sq, and without its divisibility the dk/dv kernel's
+# loop loads them one word at a time (gfx942: 192 global_load_dword against 48 dwordx4,
+# 28% more instructions; bench/attention_int_specialisation.py). Training lengths are
+# mostly 16-divisible, so the wheel compiles both (ops/attention_bwd.py AOT_SEQS).
+UNALIGNED_INTS: tuple[str, ...] = ("Skv", "H_Q", "GROUP")
 
 
 @triton.jit
@@ -96,7 +102,7 @@ def _row_stats(lse_ptr, delta_ptr, offs_m, Sq, MASKED: tl.constexpr):
     return lse * 1.4426950408889634, delta
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=UNALIGNED_INTS)
 def attention_bwd_delta_kernel(
     o_ptr,
     do_ptr,
@@ -192,7 +198,7 @@ def _dkdv_blocks(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=UNALIGNED_INTS)
 def attention_bwd_dkdv_kernel(
     q_ptr,
     k_ptr,
@@ -299,7 +305,7 @@ def _dq_blocks(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=UNALIGNED_INTS)
 def attention_bwd_dq_kernel(
     q_ptr,
     k_ptr,

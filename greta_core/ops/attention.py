@@ -255,21 +255,23 @@ def _reference(
 
 
 # --- the AOT cases: the calls apply_greta makes ----------------------------------------------
-# A call's key holds each int's divisibility by 16 (a 1 is the constexpr 1), and attention's
-# ints mix: the strides are multiples of the head dim, the lengths and head counts are any.
-# So each case is compiled at its own ints (``aot_case_ints``), and the cases are the calls
-# transformers' attention hook makes (greta_core/transformers/attention.py: no lengths,
-# Sq == Skv and causal, or a one-token decode step over any number of keys, not causal):
+# A call's key holds each int's divisibility by 16 (a 1 is the constexpr 1), except the ints
+# the kernels leave unspecialised on it (kernels/attention.py UNALIGNED_INTS: the lengths and
+# head counts, whose 1 is still a constant); the strides are multiples of the head dim. So
+# one case per kind of call serves every length and head count, and each case is compiled
+# at its own ints (``aot_case_ints``; ``declare.aot_specs`` keys them as the JIT does). The
+# cases are the calls transformers' attention hook makes (greta_core/transformers/
+# attention.py: no lengths, Sq == Skv and causal, or a one-token decode step over any
+# number of keys, not causal). The raw API's per-batch lengths (q_lens, kv_lens), which the
+# hook never passes, compile on first use (8 kernels, about 2.7 CPU-s each on gfx942).
 
-# (query heads, KV heads): what reaches the key is Hq's divisibility and the group's (1 is a
-# constant). GQA with 16-divisible query heads (32/8: Llama-3-8B, Mistral-7B, Qwen3-8B), GQA
-# with others (28/4: Qwen2.5-7B; Llama-3.2-3B's 24/8 and Qwen3-14B's 40/8 meet the same
-# key), MHA with 16-divisible heads (32/32: Llama-2-7B, Phi-3-mini). MHA with other head
-# counts (Llama-2-13B's 40) compiles on first use.
-AOT_HEADS: tuple[tuple[int, int], ...] = ((32, 8), (28, 4), (32, 32))
-# Sequence (prefill, training) or cache (decode) lengths: 16-divisible or not. Prompts of
-# 2-16 tokens take the table's short-query tiles and compile on first use.
-AOT_SEQS: tuple[int, ...] = (2048, 1037)
+# (query heads, KV heads): GQA, whose group is an int (Llama-3, Mistral, Qwen2.5/3, and
+# MQA), and MHA, whose group is the constexpr 1 (Llama-2-7B, Phi-3-mini).
+AOT_HEADS: tuple[tuple[int, int], ...] = ((32, 8), (32, 32))
+# The prefill (training) length, and the decode step's cache length: any length > 1 meets
+# the same key. Prompts of 2-16 tokens take the table's short-query tiles and compile on
+# first use, as does a one-token prompt (Sq == Skv == 1, both constants).
+AOT_SEQ = 2048
 
 
 def _aot_qkv(dtype: str, dim: int, heads: tuple[int, int], seq_q: int, seq_kv: int) -> tuple:
@@ -280,24 +282,16 @@ def _aot_qkv(dtype: str, dim: int, heads: tuple[int, int], seq_q: int, seq_kv: i
 
 
 def _aot(arch: str) -> list[tuple[Any, ...]]:
-    """Per dtype and head dim: prefill/training (causal) and decode (one query, not causal)
-    for each of AOT_HEADS x AOT_SEQS, and the raw API's lengths (q_lens and kv_lens given),
-    causal or not, at 16-divisible sizes."""
+    """Per dtype, head dim and AOT_HEADS: the prefill/training call (causal) and the decode
+    step (one query, not causal)."""
     cases: list[tuple[Any, ...]] = []
-    lens = Meta.contiguous((1,), "int32")
     for dtype in KERNEL_DTYPE_NAMES:
         for dim in HEAD_DIMS:
             for heads in AOT_HEADS:
-                for seq in AOT_SEQS:
-                    cases.append(
-                        (*_aot_qkv(dtype, dim, heads, seq, seq), None, None, True, None, False)
-                    )
-                    cases.append(
-                        (*_aot_qkv(dtype, dim, heads, 1, seq), None, None, False, None, False)
-                    )
-            for causal in (True, False):
-                qkv = _aot_qkv(dtype, dim, AOT_HEADS[0], AOT_SEQS[0], AOT_SEQS[0])
-                cases.append((*qkv, lens, lens, causal, None, False))
+                prefill = _aot_qkv(dtype, dim, heads, AOT_SEQ, AOT_SEQ)
+                cases.append((*prefill, None, None, True, None, False))
+                decode = _aot_qkv(dtype, dim, heads, 1, AOT_SEQ)
+                cases.append((*decode, None, None, False, None, False))
     return cases
 
 

@@ -561,11 +561,14 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
             divisible: dict[str, bool] | None = {} if op.aot_case_ints else None
             if op.aot_unit_ints or op.aot_case_ints:
                 names = launch.kernel.arg_names
+                unaligned, unspecialised = not_specialised(launch.kernel)
                 for name, arg in zip(names, launch.args, strict=False):
-                    if type(arg) is int and arg == 1:
+                    if type(arg) is not int or name in unspecialised:
+                        continue
+                    if arg == 1:
                         del signature[name]
                         constexprs[name] = 1
-                    elif type(arg) is int and divisible is not None:
+                    elif divisible is not None and name not in unaligned:
                         divisible[name] = arg % 16 == 0
             key = (
                 launch.kernel,
@@ -587,6 +590,20 @@ def aot_specs(op: OpDecl, arch: str) -> list[Any]:
                 int_divisible=divisible,
             )  # fmt: skip
     return list(specs.values())
+
+
+def not_specialised(kernel: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """(ints the JIT does not specialise on 16-divisibility, ints it does not specialise at
+    all): the kernel's ``do_not_specialize_on_alignment`` / ``do_not_specialize``, so two
+    cases whose ints differ only there are one key, one spec. The interpreter keeps them in
+    its keyword arguments."""
+    names = list(kernel.arg_names)
+    given = getattr(kernel, "kwargs", None) or getattr(kernel, "__dict__", {})
+
+    def named(key: str) -> frozenset[str]:
+        return frozenset(names[a] if isinstance(a, int) else a for a in given.get(key) or ())
+
+    return named("do_not_specialize_on_alignment"), named("do_not_specialize")
 
 
 def _matrix(uses: bool | tuple[str, ...], kernel: Any) -> bool:
