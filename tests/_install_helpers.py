@@ -20,6 +20,10 @@ import time
 import venv
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -167,6 +171,27 @@ def create_venv(path: Path) -> Path:
 def copy_venv(template: Path, path: Path) -> Path:
     shutil.copytree(template, path, symlinks=True)
     return path
+
+
+def pip_venv(factory: pytest.TempPathFactory, path: Path) -> Path:
+    """A fresh venv with pip at `path`: a copy of one template per test run.
+
+    ensurepip costs ~8 CPU-s a venv here; a copy ~0.2. Under xdist the workers share the
+    run's base folder and take a file lock, so one creates the template and the others
+    copy it."""
+    import fcntl
+
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, shared by its workers only
+    template = base / "shared-pip-venv"
+    with (base / "shared-pip-venv.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (template / "done").is_file():
+            shutil.rmtree(template, ignore_errors=True)
+            create_venv(template / "venv")
+            (template / "done").write_text("")
+    return copy_venv(template / "venv", path)
 
 
 def python_of(env_dir: Path) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from greta import cli
 from greta_core import backends
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,17 +26,25 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GRETA_IMPL")}
+def _backends(
+    monkeypatch: pytest.MonkeyPatch, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`greta backends ARGS` through the CLI's entry point in this process, with no
+    GRETA_IMPL* variable but `env`'s (a child each cost ~5 CPU-s, most of it importing
+    torch again; the probe's own child is test_doctor_summary_runs_the_probe_in_a_subprocess)."""
+    for name in [k for k in os.environ if k.startswith("GRETA_IMPL")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["backends", *args])
+    return subprocess.CompletedProcess(["backends", *args], code, out.getvalue(), err.getvalue())
 
 
-def test_backends_json_reports_this_machine() -> None:
+def test_backends_json_reports_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    done = subprocess.run(
-        [sys.executable, "-m", "greta", "backends", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**_clean_env(), "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    done = _backends(monkeypatch, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["schema"] == backends.SCHEMA
@@ -64,21 +75,13 @@ def test_backends_json_reports_this_machine() -> None:
     assert "torch.backends.cuda.preferred_blas_library()" in names
 
 
-def test_backends_text_and_forced_unavailable_exit_code() -> None:
+def test_backends_text_and_forced_unavailable_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    done = subprocess.run(
-        [sys.executable, "-m", "greta", "backends"], capture_output=True, text=True,
-        timeout=300, cwd=ROOT,
-        env={**_clean_env(), "PYTHONPATH": str(ROOT), "GRETA_IMPL_CONV2D": "reference"},
-    )  # fmt: skip
+    done = _backends(monkeypatch, GRETA_IMPL_CONV2D="reference")
     assert done.returncode == 0, done.stderr
     assert "cuBLAS / cuBLASLt" in done.stdout and "rocBLAS / hipBLASLt" in done.stdout
     assert "forced by GRETA_IMPL_CONV2D" in done.stdout
-    env = {**_clean_env(), "PYTHONPATH": str(ROOT), "GRETA_IMPL_MATMUL": "greta"}
-    done = subprocess.run(
-        [sys.executable, "-m", "greta", "backends", "--json"], capture_output=True, text=True,
-        timeout=300, cwd=ROOT, env=env,
-    )  # fmt: skip
+    done = _backends(monkeypatch, "--json", GRETA_IMPL_MATMUL="greta")
     report = json.loads(done.stdout)
     row = next(r for r in report["operations"] if r["op"] == "matmul")
     assert row["forced"] == {"impl": "greta", "by": "GRETA_IMPL_MATMUL"}

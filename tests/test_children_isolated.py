@@ -15,6 +15,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from _install_helpers import pip_venv, python_of
 
 from greta_install import commandline
 
@@ -38,8 +39,8 @@ def hostile(tmp_path: Path) -> tuple[Path, Path]:
     return where, marker
 
 
-def _bare_venv(path: Path, with_pip: bool = False) -> str:
-    venv.EnvBuilder(with_pip=with_pip, symlinks=True).create(path)
+def _bare_venv(path: Path) -> str:
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(path)
     return str(path / "bin" / "python")
 
 
@@ -128,12 +129,12 @@ def test_the_aot_reexec_runs_the_installed_module(hostile: tuple[Path, Path]) ->
 
 
 def test_uninstall_runs_the_environments_own_pip(
-    hostile: tuple[Path, Path], tmp_path: Path
+    hostile: tuple[Path, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The issue's repro: a fake pip in the cwd ran and a still-installed kernel wheel
     was reported as uninstalled."""
     where, marker = hostile
-    python = _bare_venv(tmp_path / "env", with_pip=True)
+    python = python_of(pip_venv(tmp_path_factory, tmp_path / "env"))
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
     info = site / "greta_kernels_sm_90-0.1.0.dist-info"

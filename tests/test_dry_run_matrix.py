@@ -8,13 +8,14 @@ kernel wheel (Triton runs in its interpreter there) and plans no build.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from greta import cli
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = [
@@ -29,16 +30,19 @@ TARGETS = [
 
 @pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t[::2]))
-def test_dry_run_is_ready_with_a_kernel_wheel(target: tuple[str, ...], python: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("GRETA_KERNEL_INDEX", None)  # no source configured: the fresh-machine case
-    proc = subprocess.run(
-        [sys.executable, "-m", "greta", "install", "--dry-run", "--json", "--force-target",
-         "--python", python, "--target", *target],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads(proc.stdout)
+def test_dry_run_is_ready_with_a_kernel_wheel(
+    target: tuple[str, ...], python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GRETA_KERNEL_INDEX", raising=False)  # no source: a fresh machine
+    monkeypatch.chdir(REPO)
+    # The CLI's own entry point in this process (a child per case cost ~0.5 CPU-s each).
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["install", "--dry-run", "--json", "--force-target", "--python", python,
+            "--target", *target]  # fmt: skip
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(argv)
+    assert rc == 0, out.getvalue() + err.getvalue()
+    data = json.loads(out.getvalue())
     assert data["python"]["version"] == python
     assert data["ready"] is True and data["blockers"] == []
     wheel = data["kernel_wheel"]

@@ -30,8 +30,8 @@ from _install_helpers import (
     Index,
     arm_checkpoint,
     copy_venv,
-    create_venv,
     make_wheel,
+    pip_venv,
     python_of,
     wait_for,
 )
@@ -169,7 +169,7 @@ def leftovers(venv: Path, tmp_path: Path) -> list[str]:
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with alpha-pkg 1.0 installed (the install replaces it)."""
     root = tmp_path_factory.mktemp("reliability")
-    path = create_venv(root / "venv")
+    path = pip_venv(tmp_path_factory, root / "venv")
     wheel = root / OLD_ALPHA[0]
     wheel.write_bytes(OLD_ALPHA[1])
     subprocess.run([python_of(path), "-m", "pip", "install", "-q", "--no-index", "--no-deps",

@@ -26,8 +26,8 @@ from _install_helpers import (
     REPO,
     Index,
     copy_venv,
-    create_venv,
     make_wheel,
+    pip_venv,
     python_of,
     snapshot,
 )
@@ -202,7 +202,7 @@ def test_bindings_not_installed_are_skipped_not_passed(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def template_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return create_venv(tmp_path_factory.mktemp("smoke-template") / "venv")
+    return pip_venv(tmp_path_factory, tmp_path_factory.mktemp("smoke-template") / "venv")
 
 
 def _wheels(fault: str, triton: str | None) -> dict[str, bytes]:
