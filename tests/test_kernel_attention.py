@@ -344,11 +344,13 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
 
     _need_kernel()
     calls = {"fwd": 0, "bwd": 0}
+    depth = [0]
     # Every binding runs the declarations' call caches (`run`; the eager training path's
-    # `launch`): count the plans they run.
+    # ready launch, `launch_args`, else `launch`): count the plans they run.
     for key, call in (("fwd", attn_ops.ATTENTION.call_stats), ("bwd", ATTENTION_BWD.call)):
-        for method in ("run", "launch"):
-            monkeypatch.setattr(call, method, _counting(calls, key, getattr(call, method)))
+        for method in ("run", "launch", "launch_args"):
+            counted = _counting(calls, key, getattr(call, method), depth)
+            monkeypatch.setattr(call, method, counted)
     q, k, v = _inputs(1, 2, 2, 17, 17, 64, torch.bfloat16)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     do = torch.randn_like(q)
@@ -359,10 +361,20 @@ def test_torch_op_backward_reuses_the_forward_logsumexp(monkeypatch: pytest.Monk
         assert err < TOL[torch.bfloat16]
 
 
-def _counting(calls: dict[str, int], key: str, fn: Any) -> Any:
+def _counting(calls: dict[str, int], key: str, fn: Any, depth: list[int]) -> Any:
+    """`fn`, counting the outermost calls that ran a plan: the eager paths call the ready
+    launch (`launch_args`, None when there is none) and then `launch`, which may look for
+    the ready launch again itself."""
+
     def counted(*a: Any, **kw: Any) -> Any:
-        calls[key] += 1
-        return fn(*a, **kw)
+        depth[0] += 1
+        try:
+            out = fn(*a, **kw)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0 and out is not None:
+            calls[key] += 1
+        return out
 
     return counted
 
