@@ -7,6 +7,9 @@ import logging
 logger = logging.getLogger("greta")
 
 _last: dict[str, str] = {}
+# Read-only view for hot paths (a ready launch): they call `record` only when the op's
+# entry differs, which is what `record` would change; the dict stays observe's own.
+recorded = _last
 # Triton kernel name -> {"precompiled": n, "compiled": n}: where each kernel's code came
 # from while a GRETA kernel wheel is installed (greta_core.kernel_wheels.precompiled).
 _kernel_code: dict[str, dict[str, int]] = {}

@@ -388,15 +388,11 @@ def test_plans_that_do_not_fit_take_the_ordinary_path(
     assert list(copies._ready.values()) == [_calls._ORDINARY]
 
 
-def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
-    monkeypatch: pytest.MonkeyPatch, device
-) -> None:
-    """A backward's shape: kernel A writes fp32 partials (a scratch buffer, not a result)
-    from the input, kernel B reduces them into the result. Both run ready, in order, each
-    with its own grid, scalars and trailing parameters, the scratch pointer in both."""
+def _scratch_plan(monkeypatch: pytest.MonkeyPatch, a: Any, b: Any, s: Any) -> tuple[Plan, Any]:
+    """A backward's shape: kernel `a` writes fp32 partials (scratch) from the input, `b`
+    reduces them into the result; direct launches made with support `s`. (plan, its call
+    cache.)"""
     from greta_core.ops import _calls
-
-    a, b, s = _Kernel(), _Kernel(), _support()
 
     def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
         slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
@@ -406,7 +402,19 @@ def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
     plan = Plan("fake", "sm_90", (Buffer((4,), "bfloat16"), Buffer((8, 4), "float32")),
                 (Launch(a, (8,), (In(0), 4, Out(1)), {"BLOCK": 16}),
                  Launch(b, (2, 3), (Out(1), 8, Out(0)), {"BLOCK": 32})), (0,))  # fmt: skip
-    cache = _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
+    return plan, _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
+
+
+def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
+    monkeypatch: pytest.MonkeyPatch, device
+) -> None:
+    """A backward's shape: kernel A writes fp32 partials (a scratch buffer, not a result)
+    from the input, kernel B reduces them into the result. Both run ready, in order, each
+    with its own grid, scalars and trailing parameters, the scratch pointer in both."""
+    from greta_core.ops import _calls
+
+    a, b, s = _Kernel(), _Kernel(), _support()
+    _, cache = _scratch_plan(monkeypatch, a, b, s)
     x = torch.ones(4)
     (_y0,) = cache.launch_args(_plan._identity, False, (x,))  # Triton's path for both
     assert len(a.triton_path) == len(b.triton_path) == 1
@@ -460,23 +468,13 @@ def test_ready_launch_hands_the_c_launcher_what_the_direct_launcher_does(
     convention (Triton 3.7+) the ready launch calls it itself, the kernel's arguments as one
     tuple, without _direct._packed's frame. Each kernel of a plan with scratch gets the
     call the direct launcher makes through launch_form (pointers as integers)."""
-    from greta_core.ops import _calls
-
     a, b = _Kernel(), _Kernel()
     for k in (a, b):
         k.compiled = k.returns = _LauncherCompiled()
     knobs = _support().knobs
     s = _direct.Support(_Kernel, _LauncherCompiled, _Chain, knobs, False, convention)
 
-    def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
-        slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
-        return _direct.DirectLaunch(k, grid, keywords, slots, (keywords["BLOCK"], 7), s)
-
-    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
-    plan = Plan("fake", "sm_90", (Buffer((4,), "bfloat16"), Buffer((8, 4), "float32")),
-                (Launch(a, (8,), (In(0), 4, Out(1)), {"BLOCK": 16}),
-                 Launch(b, (2, 3), (Out(1), 8, Out(0)), {"BLOCK": 32})), (0,))  # fmt: skip
-    cache = _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
+    plan, cache = _scratch_plan(monkeypatch, a, b, s)
     x = torch.ones(4)
     cache.launch_args(_plan._identity, False, (x,))  # Triton's path for both: captured
     (ready,) = cache._ready.values()

@@ -33,7 +33,7 @@ PlanInputs = Callable[[Any], "tuple[Plan, tuple[int, ...]] | None"]
 _ORDINARY = False
 # What observe.record last saw per op: a ready launch calls record only when it changes
 # (the same as calling it each time, less a Python frame per launch).
-_recorded = observe._last
+_recorded = observe.recorded
 
 
 class CallCache:
