@@ -21,9 +21,9 @@ from greta_core.ops import linear_cross_entropy as lce  # noqa: E402
 
 F = torch.nn.functional
 DISPATCH = lce.DISPATCH
-# What torch's unchunked path is on this torch: its own op from 2.13, linear + CE before.
 HAS_CORE_OP = hasattr(F, "linear_cross_entropy")
-UNCHUNKED = lce.CORE if HAS_CORE_OP else lce.LINEAR_CE
+# torch's unchunked path, on every torch: torch.mm then F.cross_entropy.
+UNCHUNKED = lce.LINEAR_CE
 
 
 # --- the decision (pure) ----------------------------------------------------------------
@@ -32,8 +32,8 @@ UNCHUNKED = lce.CORE if HAS_CORE_OP else lce.LINEAR_CE
 @pytest.mark.parametrize(
     ("n", "h", "v", "want"),
     [
-        (512, 4096, 128256, lce.CORE),  # N/H 0.125: at the threshold
-        (256, 2048, 32000, lce.CORE),
+        (512, 4096, 128256, UNCHUNKED),  # N/H 0.125: at the threshold
+        (256, 2048, 32000, UNCHUNKED),
         (1024, 4096, 128256, "greta"),  # N/H 0.25
         (8192, 2048, 128256, "greta"),  # the 5.87 GiB core cell
         (16384, 4096, 151936, "greta"),
@@ -49,9 +49,9 @@ def test_unmeasured_archs_keep_the_kernel_everywhere() -> None:
             assert lce.choose(arch, n, 128256, 4096, "mean", "options") == "greta"
 
 
-def test_without_torch_cores_op_the_unchunked_backend_is_linear_then_cross_entropy() -> None:
-    assert lce.choose("sm_90", 512, 128256, 4096, "mean", "none") == lce.LINEAR_CE
-    assert lce.choose("sm_90", 512, 128256, 4096, "sum", "plain") == lce.CORE
+def test_the_unchunked_backend_is_product_then_cross_entropy_on_every_torch() -> None:
+    for api in lce.CORE_APIS:
+        assert lce.choose("sm_90", 512, 128256, 4096, "mean", api) == lce.LINEAR_CE
 
 
 @pytest.mark.parametrize(

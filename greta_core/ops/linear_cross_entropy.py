@@ -22,6 +22,7 @@ from typing import Any
 from greta_core import configs
 from greta_core.errors import ConfigError, GretaInputError
 from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
+from greta_core.observe import record, recorded
 from greta_core.ops import _interp_compat
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
@@ -88,20 +89,22 @@ def check_targets(target: Any, vocab: int, ignore_index: int) -> Any:
 
 
 def screen_targets(
-    target: Any, vocab: int, ignore_index: int, counted: bool = False
+    target: Any, vocab: int, ignore_index: int, counted: bool = False, fill: bool = True
 ) -> tuple[Any, Any, Any]:
     """(the target to compute with, the device marks of its entries, their sum): see
     :func:`check_targets` and :func:`refuse_on_device`. The sum is NaN where an entry was
     refused (else 0, or with `counted` the number of entries that are classes) and is
     folded into the device's deferred report. Marks and sum are None where the values
-    were checked on the host, or cannot be (fake, meta, empty)."""
+    were checked on the host, or cannot be (fake, meta, empty). Without `fill` the target
+    comes back as given, refused entries and all: for a caller that makes it safe itself
+    (torch's cross_entropy: :func:`torch_targets`)."""
     if target.numel() == 0 or target.is_meta or _maybe_fake(target):
         return target, None, None
     if _values_on_host(target):
         refuse_on_host(target, vocab, ignore_index)
         return target, None, None
     raise_refused_targets()
-    safe, marks = refuse_on_device(target, vocab, ignore_index, counted)
+    safe, marks = refuse_on_device(target, vocab, ignore_index, counted, fill)
     total = marks.sum()
     note_refusals(target, total, vocab, ignore_index)
     return safe, marks, total
@@ -163,19 +166,35 @@ _TINY = 1e-20
 
 
 def refuse_on_device(
-    target: Any, vocab: int, ignore_index: int, counted: bool = False
+    target: Any, vocab: int, ignore_index: int, counted: bool = False, fill: bool = True
 ) -> tuple[Any, Any]:
     """(`target` with each entry outside [0, vocab) that is not `ignore_index` replaced by
     `ignore_index`, float32 marks: NaN for those entries, else 0, or with `counted` 1 for
     a class and :data:`_TINY` for ignore_index): torch ops queued on the target's device,
     no value read on the host. Four small ops (a bucketize, two lookups in tables made once per
-    vocabulary and device, a masked_fill): the training path pays them on every call."""
+    vocabulary and device, a masked_fill): the training path pays them on every call.
+    Without `fill`, `target` itself and the marks: two ops."""
     import torch
 
     bounds, refused, marks, counts = _tables(vocab, ignore_index, target.get_device())
     bucket = torch.bucketize(target, bounds, right=True)
-    safe = target.masked_fill(refused.take(bucket), ignore_index)
+    safe = target.masked_fill(refused.take(bucket), ignore_index) if fill else target
     return safe, (counts if counted else marks).take(bucket)
+
+
+@functools.lru_cache(maxsize=64)
+def torch_targets(vocab: int, ignore_index: int) -> tuple[int, int, int]:
+    """(low, high, ignore index) for torch's cross_entropy on a target whose values were
+    not read: ``target.clamp(low, high)`` with that ignore index computes every class as
+    itself and ignores `ignore_index`, and turns any other value into a class or the
+    ignore index, so cross_entropy's device-side assert cannot fire. One op, where
+    :func:`refuse_on_device`'s fill takes two; a refused entry's NaN mark poisons the loss
+    whatever it became. (The kernels take the fill: their ignore index is `ignore_index`.)"""
+    if ignore_index < 0:  # every negative value: ignored as -1
+        return -1, vocab - 1, -1
+    if ignore_index < vocab:  # a class index that is ignored, as torch's own rule has it
+        return 0, vocab - 1, ignore_index
+    return 0, vocab, vocab  # every value >= vocab: ignored as vocab
 
 
 class _DeviceReport:
@@ -338,14 +357,14 @@ def chunk_floor(arch: str, vocab: int) -> float:
 
 DISPATCH = "linear_cross_entropy_dispatch"
 # Table backends -> what runs. "greta": the chunked Triton kernel above. "torch": torch's
-# unchunked linear + cross-entropy (torch.nn.functional.linear_cross_entropy with
-# options=None from torch 2.13, which is documented as exactly that; F.linear then
-# F.cross_entropy before). "torch-chunked": torch's own chunked path (options=
-# LinearCrossEntropyOptions(**core_options)), torch >= 2.13 only, reductions mean/sum only.
+# unchunked product + cross-entropy (torch.mm, then F.cross_entropy: what
+# torch.nn.functional.linear_cross_entropy with options=None is documented to be, written
+# out in _torch_loss for fewer host ops, on every torch). "torch-chunked": torch's own
+# chunked path (options=LinearCrossEntropyOptions(**core_options)), torch >= 2.13 only,
+# reductions mean/sum only.
 BACKENDS = ("greta", "torch", "torch-chunked")
 # What observe records for each outcome (the "greta" backend records its kernel's own
 # implementation, "triton" or "triton-interpret", when it runs).
-CORE = "torch-core"
 CORE_CHUNKED = "torch-core-chunked"
 LINEAR_CE = "torch-linear-ce"
 # What the installed torch offers: "options" (F.linear_cross_entropy with an ``options``
@@ -367,11 +386,10 @@ def dispatch_config(arch: str, n_rows: int, vocab: int, hidden: int) -> dict[str
 
 
 def choose(arch: str, n_rows: int, vocab: int, hidden: int, reduction: str, core_api: str) -> str:
-    """What runs this call: "greta" (the chunked kernel), CORE, CORE_CHUNKED or LINEAR_CE.
-    A pure function of the call's shape, the arch's table and what torch offers: where the
-    table asks for something this torch lacks, the nearest thing it has runs (torch's
-    unchunked path without core's op is F.linear + F.cross_entropy; a chunked path without
-    core's options, or for reduction "none", is GRETA's own)."""
+    """What runs this call: "greta" (the chunked kernel), LINEAR_CE or CORE_CHUNKED. A pure
+    function of the call's shape, the arch's table and what torch offers: where the table
+    asks for a chunked path this torch lacks (no core options), or for reduction "none",
+    GRETA's own runs."""
     if core_api not in CORE_APIS:
         raise GretaInputError(f"core_api {core_api!r}; expected one of {', '.join(CORE_APIS)}")
     backend = dispatch_config(arch, n_rows, vocab, hidden).get("backend", "greta")
@@ -381,7 +399,7 @@ def choose(arch: str, n_rows: int, vocab: int, hidden: int, reduction: str, core
             f"{', '.join(BACKENDS)}"
         )
     if backend == "torch":
-        return LINEAR_CE if core_api == "none" else CORE
+        return LINEAR_CE
     if backend == "torch-chunked" and core_api == "options" and reduction != "none":
         return CORE_CHUNKED
     return "greta"
@@ -919,30 +937,12 @@ def core_options(arch: str, n_rows: int, vocab: int, hidden: int) -> Any:
     return cls(**{k: v for k, v in wanted.items() if k in fields})
 
 
-# choose() once per call shape (and table: memo keys on configs.lookup, an Override too).
-_choice = memo(choose)
-# Signatures `validate` has passed on the delegated path (a few per training run).
-_VALIDATED: set[tuple[Any, ...]] = set()
-
-
-def _validate_once(hidden: Any, weight: Any, target: Any, reduction: str) -> None:
-    """:func:`validate` once per call signature: everything it reads of the tensors is in
-    the key (their values are :func:`screen_targets`' business)."""
-    # get_device(): an int (-1 on the CPU), cheaper than building a torch.device.
-    key = (
-        hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
-        weight.get_device(), target.shape, target.dtype, target.get_device(),
-        target.is_contiguous(), reduction,
-    )  # fmt: skip
-    try:
-        if key in _VALIDATED:
-            return
-    except TypeError:  # an unhashable (symbolic) size: no cache
-        validate(hidden, weight, target, reduction)
-        return
-    validate(hidden, weight, target, reduction)
-    if len(_VALIDATED) < 1024:
-        _VALIDATED.add(key)
+# What _route decided per call signature (and table: keyed on configs.lookup, an Override
+# too, as memo is): None for the kernel op, else (implementation, arch, torch_targets()).
+# A delegated signature is validated once, when it enters: everything `validate` reads of
+# the tensors is in the key (their values are screen_targets' business).
+_ROUTES: dict[tuple[Any, ...], tuple[str, str, int, int, int] | None] = {}
+_MAX_ROUTES = 1024
 
 
 def _route(
@@ -953,64 +953,102 @@ def _route(
     references stay as they are, and a malformed call reaches the kernel's validation."""
     if hidden.dim() != 2 or weight.dim() != 2 or not context.kernel_runs(hidden, weight):
         return None
+    # get_device(): an int (-1 on the CPU), cheaper than building a torch.device.
+    key = (
+        hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
+        weight.get_device(), target.shape, target.dtype, target.get_device(),
+        target.is_contiguous(), reduction, ignore_index, configs.lookup,
+    )  # fmt: skip
+    try:
+        how = _ROUTES[key]
+    except KeyError:
+        how = _how(hidden, weight, target, ignore_index, reduction)
+        if len(_ROUTES) < _MAX_ROUTES:
+            _ROUTES[key] = how
+    except TypeError:  # an unhashable (symbolic) size: no cache
+        how = _how(hidden, weight, target, ignore_index, reduction)
+    if how is None:
+        return None
+    return _torch_loss(*how, hidden, weight, target, ignore_index, reduction)
+
+
+def _how(
+    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str
+) -> tuple[str, str, int, int, int] | None:
+    """:func:`_route`'s decision for a new call signature."""
     from greta_core.arch import arch_of
 
     arch = arch_of(hidden)
     n_rows, vocab, size = hidden.shape[0], weight.shape[0], hidden.shape[1]
-    impl = _choice(arch, n_rows, vocab, size, reduction, core_api())
+    impl = choose(arch, n_rows, vocab, size, reduction, core_api())
     if impl == "greta":
         return None
-    return _torch_loss(impl, arch, hidden, weight, target, ignore_index, reduction)
+    validate(hidden, weight, target, reduction)
+    return (impl, arch, *torch_targets(vocab, ignore_index))
 
 
 def _torch_loss(
-    impl: str, arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int,
-    reduction: str,
+    impl: str, arch: str, low: int, high: int, ignore: int, hidden: Any, weight: Any,
+    target: Any, ignore_index: int, reduction: str,
 ) -> Any:  # fmt: skip
     """The loss by torch's own code; the inputs are checked as GRETA's kernel checks them
-    (same one-line errors whichever implementation the table picks). The unchunked paths
-    take per-row losses and sum them in float32, as the kernel does: torch's own sum or
-    mean of bf16 losses rounds the total to bf16 (8 bits). "mean" divides that sum by
-    max(1, non-ignored targets), the kernel's rule: a batch whose targets are all ignored
-    gives 0 (torch's own mean gives NaN), whichever implementation ran.
+    (same one-line errors whichever implementation the table picks). The loss is float32
+    and summed in float32, as the kernel's: torch's own sum or mean of bf16 losses rounds
+    the total to bf16 (8 bits). "mean" divides that sum by max(1, non-ignored targets),
+    the kernel's rule: a batch whose targets are all ignored gives 0 (torch's own mean
+    gives NaN), whichever implementation ran.
 
     A host-bound training step pays every op here twice (forward and backward), so there
-    are few: beside torch's own, the target screening (:func:`refuse_on_device`), the
-    float32 sum and the mean rule."""
+    are few: beside torch's product and cross_entropy, the target screening (a bucketize,
+    a lookup and a sum for the marks, :func:`torch_targets`' clamp for the target) and,
+    for "mean", one divide. The unchunked path is F.linear_cross_entropy with
+    options=None as torch documents it (F.linear, then F.cross_entropy), written out: a
+    2-D product needs none of F.linear's reshapes, and logits of at most
+    :data:`_UPCAST_MAX` elements go to cross_entropy in float32, as the kernel computes
+    them, which sums in float32 inside cross_entropy's own reduction."""
     import torch
 
-    from greta_core.observe import record
-
     F = torch.nn.functional
-    _validate_once(hidden, weight, target, reduction)
+    vocab = weight.shape[0]
     mean = reduction == "mean"
     # For "mean" the marks count the classes (NaN if any entry was refused): their sum is
-    # the divisor, poisoned where it must be and never 0.
-    target, marks, total = screen_targets(target, weight.shape[0], ignore_index, mean)
-    if not torch.compiler.is_compiling():
+    # the divisor, poisoned where it must be and never 0. The clamped target (low, high,
+    # ignore: torch_targets) is what torch's code sees.
+    target, marks, total = screen_targets(target, vocab, ignore_index, mean, fill=False)
+    safe = target.clamp(low, high)
+    if recorded.get(OP) != impl and not torch.compiler.is_compiling():
         record(OP, impl, arch)
     if impl == CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
-        options = core_options(arch, hidden.shape[0], weight.shape[0], hidden.shape[1])
+        options = core_options(arch, hidden.shape[0], vocab, hidden.shape[1])
         loss = F.linear_cross_entropy(
-            hidden, weight, target, reduction="sum", ignore_index=ignore_index, options=options
+            hidden, weight, safe, reduction="sum", ignore_index=ignore, options=options
         ).float()
     else:
-        if impl == LINEAR_CE:
-            rows = F.cross_entropy(
-                F.linear(hidden, weight), target, ignore_index=ignore_index, reduction="none"
-            )
-        else:
-            rows = F.linear_cross_entropy(
-                hidden, weight, target, reduction="none", ignore_index=ignore_index
-            )
+        logits = torch.mm(hidden, weight.t())
+        if logits.numel() <= _UPCAST_MAX:
+            logits = logits.float()
         if reduction == "none":
+            rows = F.cross_entropy(logits, safe, ignore_index=ignore, reduction="none")
             return poison(rows.float(), marks)
-        loss = rows.sum(dtype=torch.float32)  # one op: accumulated and returned in float32
+        if logits.dtype == torch.float32:
+            loss = F.cross_entropy(logits, safe, ignore_index=ignore, reduction="sum")
+        else:  # one op: accumulated and returned in float32
+            rows = F.cross_entropy(logits, safe, ignore_index=ignore, reduction="none")
+            loss = rows.sum(dtype=torch.float32)
     if not mean:
         return poison(loss, marks, total)
     if total is None:  # the values were checked on the host
-        return loss / (target != ignore_index).sum().clamp(min=1)
+        return loss / (safe != ignore).sum().clamp(min=1)
     return loss / total  # all ignored: 0 / (N * _TINY), see _TINY
+
+
+# Logits of at most this many elements are upcast to float32 before cross_entropy (the
+# kernel's numerics, and vendor code's `F.cross_entropy(logits.float(), y)`): its own
+# reduction then sums in float32, which saves the backward of a separate float32 sum of
+# bf16 row losses. 4 Mi elements: the float32 logits, their log-softmax and its gradient
+# take under 64 MiB more than bf16 ones would. Above it the memory matters more than an op
+# (sm_90.json delegates only where the logits' memory is small beside the weight's).
+_UPCAST_MAX = 1 << 22
 
 
 LINEAR_CROSS_ENTROPY_FWD = declare(OpDecl(
