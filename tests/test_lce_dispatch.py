@@ -218,13 +218,113 @@ def test_bf16_backends_agree_within_bf16_rounding() -> None:
         assert err <= 4 * eps * b.double().abs().max().item()
 
 
-def test_all_ignored_mean_is_zero_on_every_backend() -> None:
+@pytest.fixture
+def screened_on_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Targets screened as a GPU target is (no value read on the host), on any device: on
+    the CPU the delegated path then runs a GPU call's ops, and torch's CPU cross_entropy
+    raises IndexError where a GPU's would hit its device-side assert."""
+    monkeypatch.setattr(lce, "_values_on_host", lambda target: False)
+
+
+@pytest.mark.parametrize("screened", [False, True])
+def test_all_ignored_mean_is_zero_on_every_backend(request, screened: bool) -> None:
+    if screened:
+        request.getfixturevalue("screened_on_device")
     hidden, weight, target = _case()
     target[:] = -100
     for backend in ("greta", "torch"):
         loss, grads, _, _ = _run(backend, "mean", case=(hidden, weight, target))
         assert loss.item() == 0.0  # torch's own mean would be NaN
         assert all(not g.any() for g in grads)
+
+
+# --- the delegated path as a GPU call runs it (targets screened on the device) ------------
+
+
+@pytest.mark.parametrize("ignore_index", [-100, -1, 0, 5, 11, 14])
+def test_clamped_targets_keep_every_class_and_ignore_the_rest(ignore_index: int) -> None:
+    # torch_targets' clamp: the classes as they are, ignore_index as torch's ignore index,
+    # every other value a class or the ignore index (its NaN mark poisons the loss), so
+    # cross_entropy never sees a class outside the vocabulary (CPU: IndexError).
+    vocab = 11
+    low, high, ignore = lce.torch_targets(vocab, ignore_index)
+    values = torch.arange(-110, vocab + 10)
+    safe = values.clamp(low, high)
+    classes = (values >= 0) & (values < vocab) & (values != ignore_index)
+    assert torch.equal(safe[classes], values[classes])
+    assert safe[values == ignore_index].eq(ignore).all()
+    assert (((safe >= 0) & (safe < vocab)) | (safe == ignore)).all()
+    assert ignore == ignore_index or not 0 <= ignore < vocab  # no class is ignored anew
+    rows = F.cross_entropy(
+        torch.zeros(len(values), vocab), safe, ignore_index=ignore, reduction="none"
+    )
+    assert rows[classes].gt(0).all() and rows[values == ignore_index].eq(0).all()
+
+
+# bf16 logits and gradients (8-bit mantissa) against float64 of the same bf16 inputs.
+BF16_EPS = torch.finfo(torch.bfloat16).eps
+
+
+@pytest.mark.parametrize("upcast", [True, False])  # float32 logits, or bf16 rows summed in fp32
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_device_screened_delegated_path_matches_float64(
+    screened_on_device, monkeypatch, reduction: str, upcast: bool
+) -> None:
+    if not upcast:
+        monkeypatch.setattr(lce, "_UPCAST_MAX", 0)
+    case = _case(n=16, h=32, v=64, seed=5)
+    case[2][[4, 9]] = -100
+    loss, grads, ran, (hidden, weight, target, upstream) = _run(
+        "torch", reduction, torch.bfloat16, case
+    )
+    assert ran == lce.LINEAR_CE and loss.dtype == torch.float32
+    ref, ref_grads = _reference(hidden, weight, target, reduction, upstream)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(
+        loss.double().cpu(), ref, rtol=4 * BF16_EPS, atol=4 * BF16_EPS * scale
+    )
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert (got.double().cpu() - want).norm() <= 8 * BF16_EPS * want.norm()
+
+
+def test_delegated_mean_is_the_vendor_expression(screened_on_device) -> None:
+    # The loss grad_overhead.py times GRETA against: F.cross_entropy((h @ W.T).float(), y).
+    # Same bf16 logits, float32 log-softmax: only the order of the float32 mean differs
+    # (16 rows: within 16 float32 ulps); the bf16 gradients within one bf16 ulp.
+    hidden, weight, target = _case(n=16, h=32, v=64, seed=7)
+    h = hidden.to(DEVICE, torch.bfloat16).requires_grad_()
+    w = weight.to(DEVICE, torch.bfloat16).requires_grad_()
+    y = target.to(DEVICE)
+    with configs.Override({DISPATCH: {"backend": "torch"}}):
+        got = torch.ops.greta.linear_cross_entropy(h, w, y)
+    want = F.cross_entropy((h @ w.T).float(), y)
+    fp32_eps = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(got, want, rtol=16 * fp32_eps, atol=0.0)
+    for a, b in zip(
+        torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w)), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=BF16_EPS, atol=BF16_EPS * b.abs().max().item())
+
+
+@pytest.mark.parametrize("bad", [11, 11 + 5, 2**40, -1, -7, -(2**40)])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_device_screened_bad_target_gives_nan_then_the_error(
+    screened_on_device, bad: int, reduction: str
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(5, 8, generator=gen).to(DEVICE).requires_grad_()
+    weight = torch.randn(11, 8, generator=gen).to(DEVICE).requires_grad_()
+    target = torch.tensor([0, 3, -100, bad, 2], device=DEVICE)
+    with configs.Override({DISPATCH: {"backend": "torch"}}):
+        loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target, -100, reduction)
+    torch.autograd.grad(loss.sum(), (hidden, weight))  # the backward sees no bad class either
+    if reduction == "none":
+        assert torch.isnan(loss).tolist() == [False, False, False, True, False]
+    else:
+        assert torch.isnan(loss).item()
+    if ON_GPU:  # the device's report: raised by a later call, or here after waiting
+        with pytest.raises(GretaInputError, match="outside the vocabulary"):
+            lce.raise_refused_targets(wait=True)
 
 
 def test_bad_target_gets_the_kernels_error_on_the_delegated_path() -> None:
