@@ -287,6 +287,20 @@ def test_device_screened_delegated_path_matches_float64(
         assert (got.double().cpu() - want).norm() <= 8 * BF16_EPS * want.norm()
 
 
+@pytest.mark.skipif(
+    lce.core_api() != "options", reason="torch < 2.13 has no chunked linear_cross_entropy"
+)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_device_screened_chunked_backend_matches_float64(screened_on_device, reduction) -> None:
+    # torch's chunked path gets the clamped target and its ignore index (-1 here) too.
+    loss, grads, ran, (hidden, weight, target, upstream) = _run("torch-chunked", reduction)
+    assert ran == lce.CORE_CHUNKED
+    ref, ref_grads = _reference(hidden, weight, target, reduction, upstream)
+    torch.testing.assert_close(loss.double().cpu(), ref, rtol=RTOL, atol=ATOL)
+    for got, want_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.double().cpu(), want_grad, rtol=RTOL, atol=ATOL)
+
+
 def test_delegated_mean_is_the_vendor_expression(screened_on_device) -> None:
     # The loss grad_overhead.py times GRETA against: F.cross_entropy((h @ W.T).float(), y).
     # Same bf16 logits, float32 log-softmax: only the order of the float32 mean differs
