@@ -163,6 +163,14 @@ def _run(backend: str | None, reduction: str, dtype=torch.float32, case=None):
     return loss.detach(), grads, ran, (hidden, weight, target, upstream)
 
 
+@pytest.fixture
+def screened_on_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Targets screened as a GPU target is (no value read on the host), on any device: on
+    the CPU the delegated path then runs a GPU call's ops, and torch's CPU cross_entropy
+    raises IndexError where a GPU's would hit its device-side assert."""
+    monkeypatch.setattr(lce, "_values_on_host", lambda target: False)
+
+
 KERNEL = "triton" if ON_GPU else "triton-interpret"
 # float32 inputs, reductions over <= 40 classes and 12 rows: float32 rounding of a few dozen
 # terms, well inside 1e-5 relative; the tolerances scale with the magnitudes compared.
@@ -194,8 +202,11 @@ def test_linear_then_cross_entropy_runs_where_torch_has_no_op(monkeypatch) -> No
 @pytest.mark.skipif(
     lce.core_api() != "options", reason="torch < 2.13 has no chunked linear_cross_entropy"
 )
+@pytest.mark.parametrize("screened", [False, True])  # True: the clamped target, ignore -1
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_torch_chunked_backend_matches_float64(reduction: str) -> None:
+def test_torch_chunked_backend_matches_float64(request, reduction: str, screened: bool) -> None:
+    if screened:
+        request.getfixturevalue("screened_on_device")
     loss, grads, ran, (hidden, weight, target, upstream) = _run("torch-chunked", reduction)
     assert ran == lce.CORE_CHUNKED
     ref, ref_grads = _reference(hidden, weight, target, reduction, upstream)
@@ -216,14 +227,6 @@ def test_bf16_backends_agree_within_bf16_rounding() -> None:
     for a, b in zip(k_grads, t_grads, strict=True):
         err = (a.double() - b.double()).abs().max().item()
         assert err <= 4 * eps * b.double().abs().max().item()
-
-
-@pytest.fixture
-def screened_on_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Targets screened as a GPU target is (no value read on the host), on any device: on
-    the CPU the delegated path then runs a GPU call's ops, and torch's CPU cross_entropy
-    raises IndexError where a GPU's would hit its device-side assert."""
-    monkeypatch.setattr(lce, "_values_on_host", lambda target: False)
 
 
 @pytest.mark.parametrize("screened", [False, True])
@@ -285,20 +288,6 @@ def test_device_screened_delegated_path_matches_float64(
     )
     for got, want in zip(grads, ref_grads, strict=True):
         assert (got.double().cpu() - want).norm() <= 8 * BF16_EPS * want.norm()
-
-
-@pytest.mark.skipif(
-    lce.core_api() != "options", reason="torch < 2.13 has no chunked linear_cross_entropy"
-)
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_device_screened_chunked_backend_matches_float64(screened_on_device, reduction) -> None:
-    # torch's chunked path gets the clamped target and its ignore index (-1 here) too.
-    loss, grads, ran, (hidden, weight, target, upstream) = _run("torch-chunked", reduction)
-    assert ran == lce.CORE_CHUNKED
-    ref, ref_grads = _reference(hidden, weight, target, reduction, upstream)
-    torch.testing.assert_close(loss.double().cpu(), ref, rtol=RTOL, atol=ATOL)
-    for got, want_grad in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(got.double().cpu(), want_grad, rtol=RTOL, atol=ATOL)
 
 
 def test_delegated_mean_is_the_vendor_expression(screened_on_device) -> None:
