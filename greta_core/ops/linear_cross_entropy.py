@@ -938,7 +938,8 @@ def core_options(arch: str, n_rows: int, vocab: int, hidden: int) -> Any:
 
 
 # What _route decided per call signature (and table: keyed on configs.lookup, an Override
-# too, as memo is): None for the kernel op, else (implementation, arch, torch_targets()).
+# too, as memo is, and on core_api()): None for the kernel op, else (implementation, arch,
+# torch_targets()).
 # A delegated signature is validated once, when it enters: everything `validate` reads of
 # the tensors is in the key (their values are screen_targets' business).
 _ROUTES: dict[tuple[Any, ...], tuple[str, str, int, int, int] | None] = {}
@@ -957,7 +958,7 @@ def _route(
     key = (
         hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
         weight.get_device(), target.shape, target.dtype, target.get_device(),
-        target.is_contiguous(), reduction, ignore_index, configs.lookup,
+        target.is_contiguous(), reduction, ignore_index, configs.lookup, core_api(),
     )  # fmt: skip
     try:
         how = _ROUTES[key]
