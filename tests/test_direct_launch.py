@@ -435,6 +435,62 @@ def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
     assert cache.launch_args(_plan._identity, False, (x,)) is None
 
 
+def test_ready_launch_carves_scratch_from_the_streams_arena(
+    monkeypatch: pytest.MonkeyPatch, device
+) -> None:
+    """A plan's scratch buffer (the partials) is no allocation per call on the ready path:
+    every call on one stream gets the same arena address; another stream gets its own
+    arena; while the stream captures a CUDA graph, and for scratch over ARENA_LIMIT, the
+    scratch is allocated per call as before."""
+    from greta_core.ops import _calls
+
+    monkeypatch.setattr(_calls, "_ARENAS", {})
+    a, b, s = _Kernel(), _Kernel(), _support()
+    _, cache = _scratch_plan(monkeypatch, a, b, s)
+    x = torch.ones(4)
+    cache.launch_args(_plan._identity, False, (x,))  # Triton's path: a fresh scratch
+    assert _calls.scratch_arena(0, 1000) is None
+    (ready,) = cache._ready.values()
+    made: list[Any] = []
+    real_empty = ready._empty
+
+    def empty(source: Any, shape: Any, dtype: Any) -> Any:
+        made.append((tuple(shape), dtype))
+        return real_empty(source, shape, dtype=dtype)
+
+    ready._empty = empty
+
+    def partials() -> int:
+        cache.launch_args(_plan._identity, False, (x,))
+        (la,), (lb,) = a.compiled.launches[-1:], b.compiled.launches[-1:]
+        assert la[11] == lb[9]  # kernel A's output, kernel B's input
+        return la[11]
+
+    first = [partials(), partials()]
+    arena = _calls.scratch_arena(0, 1000)
+    assert arena is not None and arena.dtype == torch.uint8 and arena.numel() >= 8 * 4 * 4
+    assert first == [arena.data_ptr()] * 2
+    result = ((4,), torch.bfloat16)  # like no input: allocated through _empty
+    assert made == [result, result]  # no partials allocated per call
+    made.clear()
+    ready._get_stream = lambda d: 2000 + d  # another stream
+    assert partials() == _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
+    assert made == [result]
+    made.clear()
+    ready._capturing = lambda: True  # a CUDA graph being captured: fresh, as any buffer
+    fresh = partials()
+    assert made == [result, ((8, 4), torch.float32)]
+    assert fresh not in (arena.data_ptr(), _calls.scratch_arena(0, 2000).data_ptr())
+    _calls.release_scratch()
+    assert _calls.scratch_arena(0, 1000) is None
+    monkeypatch.setattr(_calls, "ARENA_LIMIT", 8 * 4 * 4 - 1)  # too large for an arena
+    _, big_cache = _scratch_plan(monkeypatch, _Kernel(), _Kernel(), s)
+    big_cache.launch_args(_plan._identity, False, (x,))
+    (big_ready,) = big_cache._ready.values()
+    assert big_ready._scratch == 0
+    assert [at for *_, at in big_ready._allocs] == [None, None]
+
+
 class _CudaLauncher:  # the name launch_form looks for; attributes as Triton's __init__ sets
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
@@ -821,7 +877,7 @@ def test_gpu_ready_launch_is_the_hot_path_and_bit_identical(op: str) -> None:
         assert type(ready._fn).__name__ != "CudaLauncher"
     # No backward follows these calls: only the outputs, each allocated like x; no stats.
     allocs = [0] * len(want) if case.allocs is None else list(case.allocs)
-    assert [like for like, _, _ in ready._allocs] == allocs
+    assert [like for like, *_ in ready._allocs] == allocs
     got = [case.raw(*t) for _ in range(3)] + [case.front(*t)]
     full = None if case.full is None else _outputs(case.full(*t))  # with the statistics
     torch.cuda.synchronize()

@@ -6,6 +6,7 @@ See docs/en/architecture.md ("the eager hot path") and ``ops/rms_norm.py`` for t
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -259,12 +260,16 @@ class ReadyLaunch:
     C call per kernel. A plan of several launches (a backward's kernel and its reduction)
     or with scratch buffers (partial sums, not among the results) is served the same way:
     the ordinary path would pay the direct launcher's key and lookup once per kernel.
+
+    Scratch buffers take no allocation of their own: they are carved from the current
+    stream's scratch arena (:func:`scratch_arena`), see there why that is safe.
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_args", "_consts", "_empty", "_empty_like", "_fn", "_get_device",
-        "_get_stream", "_impl", "_index", "_launches", "_more", "_more_hooks", "_one", "_op",
-        "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results", "_source",
+        "_allocs", "_arch", "_args", "_capturing", "_consts", "_empty", "_empty_like", "_fn",
+        "_get_device", "_get_stream", "_impl", "_index", "_launches", "_more", "_more_hooks",
+        "_one", "_op", "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results",
+        "_scratch", "_source", "_u8",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -311,8 +316,18 @@ class ReadyLaunch:
             if captured is None:
                 return None
             blocks.append((spec, captured))
-        allocs = [(_like(inputs, positions, shape, dtype), shape, dtype)
-                  for shape, dtype in form.plain]  # fmt: skip
+        # Where each scratch buffer starts in the stream's arena (None: a result, allocated).
+        at, scratch = [], 0
+        for i, (shape, dtype) in enumerate(form.plain):
+            if i in plan.results:
+                at.append(None)
+                continue
+            at.append(scratch)
+            scratch += -(-math.prod(shape) * dtype.itemsize // _ARENA_ALIGN) * _ARENA_ALIGN
+        if scratch > ARENA_LIMIT:
+            at, scratch = [None] * len(form.plain), 0
+        allocs = [(_like(inputs, positions, shape, dtype), shape, dtype, offset)
+                  for (shape, dtype), offset in zip(form.plain, at, strict=True)]  # fmt: skip
         # Triton 3.7+'s C launcher takes the kernel's arguments as one sequence
         # (``_direct._packed``): it is called here with a second pick for them, without the
         # wrapper's Python frame and repacking.
@@ -371,7 +386,8 @@ class ReadyLaunch:
             results=None if every else plan.results, positions=positions,
             launches=tuple((direct, spec) for (spec, _), direct in zip(blocks, directs,
                                                                         strict=True)),
-            quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks,
+            quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks, scratch=scratch,
+            capturing=_capture_probe(), u8=torch.uint8,
         )  # fmt: skip
 
     def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
@@ -400,16 +416,26 @@ class ReadyLaunch:
         if self._more_hooks and any(self._more_hooks):  # another kernel's pre-run hook
             return None
         empty, empty_like, source = self._empty, self._empty_like, args[self._source]
-        bufs = [
-            empty(source, shape, dtype=dtype) if like is None else empty_like(args[like])
-            for like, shape, dtype in self._allocs
-        ]
-        for b in bufs:
+        stream = self._get_stream(self._index)
+        base = None
+        if self._scratch and not self._capturing():
+            arena = _ARENAS.get((self._index, stream))
+            if arena is None or arena[0] < self._scratch:
+                arena = _grow_arena(source, self._index, stream, self._scratch, self._u8)
+            base = arena[1]
+        bufs = []
+        for like, shape, dtype, at in self._allocs:
+            if at is not None and base is not None:  # scratch: the arena's, at its offset
+                src.append(base + at)
+                bufs.append(None)
+                continue
+            b = empty(source, shape, dtype=dtype) if like is None else empty_like(args[like])
             p = b.data_ptr()
-            if p & ALIGN_MASK:
-                return self._by_direct(args, bufs)
+            if p & ALIGN_MASK:  # another specialization: the direct launcher picks it
+                return self._by_direct(args, self._fresh(args))
             src.append(p)
-        src.append(self._get_stream(self._index))
+            bufs.append(b)
+        src.append(stream)
         if self._args is None:
             self._fn(*self._pick(src))
         else:
@@ -424,6 +450,16 @@ class ReadyLaunch:
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
 
+    def _fresh(self, args: tuple[Any, ...]) -> list[Any]:
+        """Every buffer of the plan freshly allocated, scratch included (the direct
+        launcher's path takes tensors)."""
+        source = args[self._source]
+        return [
+            self._empty(source, shape, dtype=dtype) if like is None
+            else self._empty_like(args[like])
+            for like, shape, dtype, _ in self._allocs
+        ]  # fmt: skip
+
     def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
         positions = self._positions
         for direct, spec in self._launches:
@@ -432,6 +468,64 @@ class ReadyLaunch:
         record(self._op, self._impl, self._arch)
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
+
+
+# (device index, stream handle) -> (bytes, address, the arena tensor): see scratch_arena.
+_ARENAS: dict[tuple[int, int], tuple[int, int, Any]] = {}
+# Offsets of scratch buffers in an arena are multiples of this (Triton's 16-byte
+# specialization holds, and cache lines are not shared between buffers).
+_ARENA_ALIGN = 256
+# A plan whose scratch is larger allocates it per call, as any buffer (a bound on what an
+# arena holds on to; and ROCm's buffer-ops attribute stays that of a small storage).
+ARENA_LIMIT = 64 * 2**20
+
+
+def scratch_arena(device: int, stream: int) -> Any | None:
+    """The scratch arena of `stream` (a handle) on `device`, or None: one uint8 tensor that
+    ready launches on that stream carve their scratch buffers from (a norm backward's fp32
+    partials), instead of allocating them per call.
+
+    Safe because scratch never outlives its call and a stream runs its kernels in order: a
+    call's kernels finish reading its scratch before the next call's kernels on the same
+    stream write it, the order the caching allocator itself relies on when it hands a freed
+    block to the next allocation on that stream. Arenas are per stream, so work on two
+    streams never shares one. Not used while the stream is being captured into a CUDA
+    graph (graphs replay on any stream, at any time: a captured launch allocates as
+    before). An arena grows to the largest scratch asked of it (at most ``ARENA_LIMIT``)
+    and is held until :func:`release_scratch`; ``torch.cuda.empty_cache`` does not free it.
+    """
+    arena = _ARENAS.get((device, stream))
+    return None if arena is None else arena[2]
+
+
+def release_scratch() -> None:
+    """Drop every scratch arena (the caching allocator gets their memory back)."""
+    _ARENAS.clear()
+
+
+def _grow_arena(
+    source: Any, device: int, stream: int, nbytes: int, u8: Any
+) -> tuple[int, int, Any]:
+    # Allocated on the current stream (`stream`): once dropped, the caching allocator reuses
+    # it only after this stream's queued kernels, the ones that read the old arena.
+    size = -(-nbytes // 2**16) * 2**16
+    tensor = source.new_empty((size,), dtype=u8)
+    arena = (size, tensor.data_ptr(), tensor)
+    _ARENAS[(device, stream)] = arena
+    return arena
+
+
+def _capture_probe() -> Callable[[], bool]:
+    """Whether the current stream is capturing a CUDA graph: torch's probe, or a constant
+    False where torch has no CUDA (a CPU build: nothing can capture)."""
+    import torch
+
+    probe = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    try:
+        probe()  # type: ignore[misc]
+    except Exception:  # a CPU build's stand-in raises: no graph can be captured
+        return bool
+    return probe  # type: ignore[return-value]
 
 
 def _like(
