@@ -1042,3 +1042,51 @@ def test_gpu_eager_launch_declines_what_eager_raw_declines(op: str) -> None:
     with PassthroughMode():
         assert not _calls.eager_raw(*t) and case.if_eager(*t) is None
     assert case.if_eager(*(None if v is None else v.cpu() for v in t)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm"])
+def test_gpu_norm_backward_takes_the_arena_and_is_bit_identical(op: str) -> None:
+    """The eager training path's backward: its first call per signature runs the ordinary
+    path (fresh partials), later calls the ready launch with the partials in the current
+    stream's scratch arena (layer_norm: dweight's and dbias's in one buffer, one col_sum),
+    on the default stream and on a side stream alike: the same gradients, bit for bit."""
+    import greta_core.torch  # noqa: F401  (registers torch.ops.greta)
+    from greta_core.ops import _calls
+    from greta_core.ops.declare import DECLARED
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def t(*shape: int) -> Any:
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x.requires_grad_()
+
+    n = 300
+    inputs = {"rms_norm": (t(37, n), t(n)), "layer_norm": (t(37, n), t(n), t(n)),
+              "add_rms_norm": (t(37, n), t(37, n), t(n))}[op]  # fmt: skip
+    fn = getattr(torch.ops.greta, op)
+
+    def grads() -> tuple[Any, ...]:
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        return torch.autograd.grad(outs, inputs, [torch.ones_like(o) for o in outs])
+
+    bwd = DECLARED[f"{op}_bwd"].call
+    _calls.release_scratch()
+    bwd.clear()
+    want = grads()  # the backward's ordinary path: its partials freshly allocated
+    (ready,) = [r for r in bwd._ready.values() if type(r) is _calls.ReadyLaunch]
+    assert ready._scratch > 0 and ready._more  # scratch, and a col_sum after the kernel
+    device, stream = torch.cuda.current_device(), torch.cuda.current_stream()
+    assert _calls.scratch_arena(device, stream.cuda_stream) is None
+    got = [grads() for _ in range(3)]
+    assert _calls.scratch_arena(device, stream.cuda_stream) is not None  # the ready path ran
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        got.append(grads())
+    torch.cuda.synchronize()
+    assert _calls.scratch_arena(device, side.cuda_stream) is not None
+    for result in got:
+        for have, expected in zip(result, want, strict=True):
+            assert torch.equal(have, expected)
