@@ -452,13 +452,17 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     assert _calls.scratch_arena(0, 1000) is None
     (ready,) = cache._ready.values()
     made: list[Any] = []
-    real_empty = ready._empty
+    real_empty, real_empty_like = ready._empty, ready._empty_like
 
     def empty(source: Any, shape: Any, dtype: Any) -> Any:
         made.append((tuple(shape), dtype))
         return real_empty(source, shape, dtype=dtype)
 
-    ready._empty = empty
+    def empty_like(like: Any) -> Any:
+        made.append((tuple(like.shape), like.dtype))
+        return real_empty_like(like)
+
+    ready._empty, ready._empty_like = empty, empty_like
 
     def partials() -> int:
         cache.launch_args(_plan._identity, False, (x,))
@@ -466,11 +470,12 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
         assert la[11] == lb[9]  # kernel A's output, kernel B's input
         return la[11]
 
+    assert ready._allocs[0][3] is not None  # the result: empty_like of a template
     first = [partials(), partials()]
     arena = _calls.scratch_arena(0, 1000)
     assert arena is not None and arena.dtype == torch.uint8 and arena.numel() >= 8 * 4 * 4
     assert first == [arena.data_ptr()] * 2
-    result = ((4,), torch.bfloat16)  # like no input: allocated through _empty
+    result = ((4,), torch.bfloat16)  # the result
     assert made == [result, result]  # no partials allocated per call
     made.clear()
     ready._get_stream = lambda d: 2000 + d  # another stream
@@ -489,6 +494,23 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     (big_ready,) = big_cache._ready.values()
     assert big_ready._scratch == 0
     assert [at for *_, at in big_ready._allocs] == [None, None]
+
+
+def test_buffers_like_no_input_allocate_like_a_template() -> None:
+    """A result like no input (a norm's fp32 statistics beside a bf16 input) is allocated by
+    ``torch.empty_like`` of a one-element, zero-stride template: a contiguous buffer of its
+    shape and dtype. No template where a dim is 0 or 1 (empty_like would keep a zero
+    stride there): those take ``new_empty``."""
+    from greta_core.ops import _calls
+
+    x = torch.ones(4, 8, dtype=torch.bfloat16)
+    template = _calls._template(x, (3, 5), torch.float32)
+    assert template is not None and template.untyped_storage().nbytes() == 4
+    buf = torch.empty_like(template)
+    assert (buf.shape, buf.stride(), buf.dtype) == ((3, 5), (5, 1), torch.float32)
+    assert buf.untyped_storage().nbytes() == 3 * 5 * 4
+    for shape in [(1, 5), (5, 1), (0, 3), (1,), ()]:
+        assert _calls._template(x, shape, torch.float32) is None
 
 
 class _CudaLauncher:  # the name launch_form looks for; attributes as Triton's __init__ sets

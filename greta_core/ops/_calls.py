@@ -326,8 +326,13 @@ class ReadyLaunch:
             scratch += -(-math.prod(shape) * dtype.itemsize // _ARENA_ALIGN) * _ARENA_ALIGN
         if scratch > ARENA_LIMIT:
             at, scratch = [None] * len(form.plain), 0
-        allocs = [(_like(inputs, positions, shape, dtype), shape, dtype, offset)
-                  for (shape, dtype), offset in zip(form.plain, at, strict=True)]  # fmt: skip
+        allocs = []
+        for (shape, dtype), offset in zip(form.plain, at, strict=True):
+            like = _like(inputs, positions, shape, dtype)
+            template = None
+            if like is None and offset is None:
+                template = _template(inputs[0], shape, dtype)
+            allocs.append((like, shape, dtype, template, offset))
         # Triton 3.7+'s C launcher takes the kernel's arguments as one sequence
         # (``_direct._packed``): it is called here with a second pick for them, without the
         # wrapper's Python frame and repacking.
@@ -377,8 +382,8 @@ class ReadyLaunch:
         return cls(
             op=plan.op, impl=implementation(plan.arch), arch=plan.arch, allocs=allocs,
             one=allocs[0][0] if single else None,
-            # A buffer like no input: ``Tensor.new_empty`` on the call's first tensor (on the
-            # device the key fixed), cheaper than ``torch.empty(..., device=)``.
+            # A buffer like no input and no template: ``Tensor.new_empty`` on the call's first
+            # tensor (on the device the key fixed), cheaper than ``torch.empty(..., device=)``.
             empty=torch.Tensor.new_empty, empty_like=torch.empty_like, source=positions[0],
             index=index, get_device=_direct.current_device_getter(get_device),
             get_stream=get_stream, consts=consts, fn=launchers[0][0], pick=launchers[0][1],
@@ -424,12 +429,16 @@ class ReadyLaunch:
                 arena = _grow_arena(source, self._index, stream, self._scratch, self._u8)
             base = arena[1]
         bufs = []
-        for like, shape, dtype, at in self._allocs:
+        for like, shape, dtype, template, at in self._allocs:
             if at is not None and base is not None:  # scratch: the arena's, at its offset
                 src.append(base + at)
                 bufs.append(None)
                 continue
-            b = empty(source, shape, dtype=dtype) if like is None else empty_like(args[like])
+            b = (
+                empty_like(args[like]) if like is not None
+                else empty_like(template) if template is not None
+                else empty(source, shape, dtype=dtype)
+            )  # fmt: skip
             p = b.data_ptr()
             if p & ALIGN_MASK:  # another specialization: the direct launcher picks it
                 return self._by_direct(args, self._fresh(args))
@@ -455,9 +464,10 @@ class ReadyLaunch:
         launcher's path takes tensors)."""
         source = args[self._source]
         return [
-            self._empty(source, shape, dtype=dtype) if like is None
-            else self._empty_like(args[like])
-            for like, shape, dtype, _ in self._allocs
+            self._empty_like(args[like]) if like is not None
+            else self._empty_like(template) if template is not None
+            else self._empty(source, shape, dtype=dtype)
+            for like, shape, dtype, template, _ in self._allocs
         ]  # fmt: skip
 
     def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
@@ -526,6 +536,22 @@ def _capture_probe() -> Callable[[], bool]:
     except Exception:  # a CPU build's stand-in raises: no graph can be captured
         return bool
     return probe  # type: ignore[return-value]
+
+
+def _template(device_tensor: Any, shape: tuple[int, ...], dtype: Any) -> Any | None:
+    """A zero-stride tensor of `shape` and `dtype` over one element on `device_tensor`'s
+    device, that ``torch.empty_like`` allocates contiguous buffers like: it parses one
+    tensor where ``Tensor.new_empty`` parses a shape and a dtype (a norm forward's saved
+    statistics, which are like no input). None where a dim is 0 or 1 (there empty_like
+    would keep the template's zero stride) or empty_like does not give a contiguous
+    buffer."""
+    import torch
+
+    if not shape or min(shape) < 2:
+        return None
+    template = device_tensor.new_empty((), dtype=dtype).expand(shape)
+    probe = torch.empty_like(template)
+    return template if probe.is_contiguous() and probe.dtype == dtype else None
 
 
 def _like(
