@@ -3,8 +3,10 @@ weight/bias gradients of the norms (each backward program writes one partial row
 adds them in a fixed order, so results do not depend on scheduling).
 
 A grid of two in its second dim sums two such buffers laid end to end ([2, P, N]: layer_norm's
-dweight and dbias partials) into ``out_ptr`` and ``out2_ptr``: one launch, not two. With one
-(rms_norm's dweight alone) ``out2_ptr`` is never written (callers pass ``out_ptr``).
+dweight and dbias partials) into ``out_ptr`` and ``out2_ptr``: one launch, not two. With a
+grid of one (rms_norm's dweight alone) the one sum goes to both: torch callers pass
+``out_ptr`` twice (the same values stored twice by the same thread), while under JAX,
+where each output parameter is a buffer of its own, the plan's result is the last one.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ def col_sum_kernel(
         ptrs = partial_ptr + rows[:, None] * n_cols + cols[None, :]
         acc += tl.load(ptrs, mask=mask, other=0.0)
     total = tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty)
-    # Masked stores, not a pointer picked by a branch: the first sum's program writes only
-    # out_ptr, the second's only out2_ptr (both in one dtype: a norm's weight and bias).
+    # Masked stores, not a pointer picked by a branch: the first sum goes to out_ptr, the
+    # last to out2_ptr (both in one dtype: a norm's weight and bias).
     tl.store(out_ptr + cols, total, mask=col_mask & (second == 0))
-    tl.store(out2_ptr + cols, total, mask=col_mask & (second == 1))
+    tl.store(out2_ptr + cols, total, mask=col_mask & (second == tl.num_programs(1) - 1))
 
 
 def aot_specs(arch: str) -> list:
