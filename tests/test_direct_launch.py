@@ -10,6 +10,7 @@ each device, and launch hooks honoured.
 
 from __future__ import annotations
 
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -482,6 +483,21 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     assert partials() == _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
     assert made == [result]
     made.clear()
+    # Another thread on the first stream: its own arena (two threads' launches may
+    # interleave on one stream).
+    ready._get_stream = lambda d: 1000 + d
+    other: list[int] = []
+    worker = threading.Thread(target=lambda: other.append(partials()))
+    worker.start()
+    worker.join()
+    assert other and other[0] == _calls.scratch_arena(0, 1000, worker.ident).data_ptr()
+    assert other[0] != arena.data_ptr() and _calls.scratch_arena(0, 1000) is arena
+    ready._get_stream = lambda d: 3000 + d  # a new arena: the ended thread's is dropped
+    partials()
+    assert _calls.scratch_arena(0, 1000, worker.ident) is None
+    assert _calls.scratch_arena(0, 1000) is arena
+    made.clear()
+    ready._get_stream = lambda d: 2000 + d
     ready._capturing = lambda: True  # a CUDA graph being captured: fresh, as any buffer
     fresh = partials()
     assert made == [result, ((8, 4), torch.float32)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -424,7 +425,7 @@ class ReadyLaunch:
         stream = self._get_stream(self._index)
         base = None
         if self._scratch and not self._capturing():
-            arena = _ARENAS.get((self._index, stream))
+            arena = _ARENAS.get((self._index, stream, _thread()))
             if arena is None or arena[0] < self._scratch:
                 arena = _grow_arena(source, self._index, stream, self._scratch, self._u8)
             base = arena[1]
@@ -480,8 +481,10 @@ class ReadyLaunch:
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
 
 
-# (device index, stream handle) -> (bytes, address, the arena tensor): see scratch_arena.
-_ARENAS: dict[tuple[int, int], tuple[int, int, Any]] = {}
+# (device index, stream handle, thread) -> (bytes, address, the arena tensor): see
+# scratch_arena.
+_ARENAS: dict[tuple[int, int, int], tuple[int, int, Any]] = {}
+_thread = threading.get_ident
 # Offsets of scratch buffers in an arena are multiples of this (Triton's 16-byte
 # specialization holds, and cache lines are not shared between buffers).
 _ARENA_ALIGN = 256
@@ -490,9 +493,10 @@ _ARENA_ALIGN = 256
 ARENA_LIMIT = 64 * 2**20
 
 
-def scratch_arena(device: int, stream: int) -> Any | None:
-    """The scratch arena of `stream` (a handle) on `device`, or None: one uint8 tensor that
-    ready launches on that stream carve their scratch buffers from (a norm backward's fp32
+def scratch_arena(device: int, stream: int, thread: int | None = None) -> Any | None:
+    """The scratch arena of `stream` (a handle) on `device` for `thread` (an ident; the
+    calling thread's by default), or None: one uint8 tensor that ready launches from that
+    thread on that stream carve their scratch buffers from (a norm backward's fp32
     partials), instead of allocating them per call.
 
     Safe because scratch never outlives its call and a stream runs its kernels in order: a
@@ -504,7 +508,7 @@ def scratch_arena(device: int, stream: int) -> Any | None:
     before). An arena grows to the largest scratch asked of it (at most ``ARENA_LIMIT``)
     and is held until :func:`release_scratch`; ``torch.cuda.empty_cache`` does not free it.
     """
-    arena = _ARENAS.get((device, stream))
+    arena = _ARENAS.get((device, stream, _thread() if thread is None else thread))
     return None if arena is None else arena[2]
 
 
@@ -519,9 +523,14 @@ def _grow_arena(
     # Allocated on the current stream (`stream`): once dropped, the caching allocator reuses
     # it only after this stream's queued kernels, the ones that read the old arena.
     size = -(-nbytes // 2**16) * 2**16
+    # Threads that ended keep no arena: they are dropped here, when an arena is made (a new
+    # thread's first call makes one), so arenas never outnumber live threads' by more than one.
+    alive = {t.ident for t in threading.enumerate()}
+    for key in [k for k in _ARENAS if k[2] not in alive]:
+        del _ARENAS[key]
     tensor = source.new_empty((size,), dtype=u8)
     arena = (size, tensor.data_ptr(), tensor)
-    _ARENAS[(device, stream)] = arena
+    _ARENAS[(device, stream, _thread())] = arena
     return arena
 
 
