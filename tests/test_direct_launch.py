@@ -10,6 +10,7 @@ each device, and launch hooks honoured.
 
 from __future__ import annotations
 
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -435,6 +436,99 @@ def test_ready_launch_runs_every_launch_of_a_plan_with_scratch(
     assert cache.launch_args(_plan._identity, False, (x,)) is None
 
 
+def test_ready_launch_carves_scratch_from_the_streams_arena(
+    monkeypatch: pytest.MonkeyPatch, device
+) -> None:
+    """A plan's scratch buffer (the partials) is no allocation per call on the ready path:
+    every call on one stream gets the same arena address; another stream gets its own
+    arena; while the stream captures a CUDA graph, and for scratch over ARENA_LIMIT, the
+    scratch is allocated per call as before."""
+    from greta_core.ops import _calls
+
+    monkeypatch.setattr(_calls, "_ARENAS", {})
+    a, b, s = _Kernel(), _Kernel(), _support()
+    _, cache = _scratch_plan(monkeypatch, a, b, s)
+    x = torch.ones(4)
+    cache.launch_args(_plan._identity, False, (x,))  # Triton's path: a fresh scratch
+    assert _calls.scratch_arena(0, 1000) is None
+    (ready,) = cache._ready.values()
+    made: list[Any] = []
+    real_empty, real_empty_like = ready._empty, ready._empty_like
+
+    def empty(source: Any, shape: Any, dtype: Any) -> Any:
+        made.append((tuple(shape), dtype))
+        return real_empty(source, shape, dtype=dtype)
+
+    def empty_like(like: Any) -> Any:
+        made.append((tuple(like.shape), like.dtype))
+        return real_empty_like(like)
+
+    ready._empty, ready._empty_like = empty, empty_like
+
+    def partials() -> int:
+        cache.launch_args(_plan._identity, False, (x,))
+        (la,), (lb,) = a.compiled.launches[-1:], b.compiled.launches[-1:]
+        assert la[11] == lb[9]  # kernel A's output, kernel B's input
+        return la[11]
+
+    assert ready._allocs[0][3] is not None  # the result: empty_like of a template
+    first = [partials(), partials()]
+    arena = _calls.scratch_arena(0, 1000)
+    assert arena is not None and arena.dtype == torch.uint8 and arena.numel() >= 8 * 4 * 4
+    assert first == [arena.data_ptr()] * 2
+    result = ((4,), torch.bfloat16)  # the result
+    assert made == [result, result]  # no partials allocated per call
+    made.clear()
+    ready._get_stream = lambda d: 2000 + d  # another stream
+    assert partials() == _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
+    assert made == [result]
+    made.clear()
+    # Another thread on the first stream: its own arena (two threads' launches may
+    # interleave on one stream).
+    ready._get_stream = lambda d: 1000 + d
+    other: list[int] = []
+    worker = threading.Thread(target=lambda: other.append(partials()))
+    worker.start()
+    worker.join()
+    assert other and other[0] == _calls.scratch_arena(0, 1000, worker.ident).data_ptr()
+    assert other[0] != arena.data_ptr() and _calls.scratch_arena(0, 1000) is arena
+    ready._get_stream = lambda d: 3000 + d  # a new arena: the ended thread's is dropped
+    partials()
+    assert _calls.scratch_arena(0, 1000, worker.ident) is None
+    assert _calls.scratch_arena(0, 1000) is arena
+    made.clear()
+    ready._get_stream = lambda d: 2000 + d
+    ready._capturing = lambda: True  # a CUDA graph being captured: fresh, as any buffer
+    fresh = partials()
+    assert made == [result, ((8, 4), torch.float32)]
+    assert fresh not in (arena.data_ptr(), _calls.scratch_arena(0, 2000).data_ptr())
+    _calls.release_scratch()
+    assert _calls.scratch_arena(0, 1000) is None
+    monkeypatch.setattr(_calls, "ARENA_LIMIT", 8 * 4 * 4 - 1)  # too large for an arena
+    _, big_cache = _scratch_plan(monkeypatch, _Kernel(), _Kernel(), s)
+    big_cache.launch_args(_plan._identity, False, (x,))
+    (big_ready,) = big_cache._ready.values()
+    assert big_ready._scratch == 0
+    assert [at for *_, at in big_ready._allocs] == [None, None]
+
+
+def test_buffers_like_no_input_allocate_like_a_template() -> None:
+    """A result like no input (a norm's fp32 statistics beside a bf16 input) is allocated by
+    ``torch.empty_like`` of a one-element, zero-stride template: a contiguous buffer of its
+    shape and dtype. No template where a dim is 0 or 1 (empty_like would keep a zero
+    stride there): those take ``new_empty``."""
+    from greta_core.ops import _calls
+
+    x = torch.ones(4, 8, dtype=torch.bfloat16)
+    template = _calls._template(x, (3, 5), torch.float32)
+    assert template is not None and template.untyped_storage().nbytes() == 4
+    buf = torch.empty_like(template)
+    assert (buf.shape, buf.stride(), buf.dtype) == ((3, 5), (5, 1), torch.float32)
+    assert buf.untyped_storage().nbytes() == 3 * 5 * 4
+    for shape in [(1, 5), (5, 1), (0, 3), (1,), ()]:
+        assert _calls._template(x, shape, torch.float32) is None
+
+
 class _CudaLauncher:  # the name launch_form looks for; attributes as Triton's __init__ sets
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
@@ -821,7 +915,7 @@ def test_gpu_ready_launch_is_the_hot_path_and_bit_identical(op: str) -> None:
         assert type(ready._fn).__name__ != "CudaLauncher"
     # No backward follows these calls: only the outputs, each allocated like x; no stats.
     allocs = [0] * len(want) if case.allocs is None else list(case.allocs)
-    assert [like for like, _, _ in ready._allocs] == allocs
+    assert [like for like, *_ in ready._allocs] == allocs
     got = [case.raw(*t) for _ in range(3)] + [case.front(*t)]
     full = None if case.full is None else _outputs(case.full(*t))  # with the statistics
     torch.cuda.synchronize()
@@ -986,3 +1080,55 @@ def test_gpu_eager_launch_declines_what_eager_raw_declines(op: str) -> None:
     with PassthroughMode():
         assert not _calls.eager_raw(*t) and case.if_eager(*t) is None
     assert case.if_eager(*(None if v is None else v.cpu() for v in t)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm"])
+def test_gpu_norm_backward_takes_the_arena_and_is_bit_identical(op: str) -> None:
+    """The eager training path's backward: its first call per signature runs the ordinary
+    path (fresh partials), later calls the ready launch with the partials in the current
+    stream's scratch arena (layer_norm: dweight's and dbias's in one buffer, one col_sum),
+    on the default stream and on a side stream alike: the same gradients, bit for bit."""
+    import greta_core.torch  # noqa: F401  (registers torch.ops.greta)
+    from greta_core.ops import _calls
+    from greta_core.ops.declare import DECLARED
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def t(*shape: int) -> Any:
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x.requires_grad_()
+
+    n = 300
+    inputs = {"rms_norm": (t(37, n), t(n)), "layer_norm": (t(37, n), t(n), t(n)),
+              "add_rms_norm": (t(37, n), t(37, n), t(n))}[op]  # fmt: skip
+    fn = getattr(torch.ops.greta, op)
+
+    def grads() -> tuple[Any, ...]:
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        return torch.autograd.grad(outs, inputs, [torch.ones_like(o) for o in outs])
+
+    bwd = DECLARED[f"{op}_bwd"].call
+    _calls.release_scratch()
+    bwd.clear()
+    want = grads()  # the backward's ordinary path: its partials freshly allocated
+    (ready,) = [r for r in bwd._ready.values() if type(r) is _calls.ReadyLaunch]
+    assert ready._scratch > 0 and ready._more  # scratch, and a col_sum after the kernel
+    device, stream = torch.cuda.current_device(), torch.cuda.current_stream()
+
+    def arena(on: Any) -> bool:  # any thread's: autograd runs a GPU backward on its own
+        return any(key[:2] == (device, on.cuda_stream) for key in _calls._ARENAS)
+
+    assert not arena(stream)
+    got = [grads() for _ in range(3)]
+    assert arena(stream)  # the ready path ran
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        got.append(grads())
+    torch.cuda.synchronize()
+    assert arena(side)
+    for result in got:
+        for have, expected in zip(result, want, strict=True):
+            assert torch.equal(have, expected)

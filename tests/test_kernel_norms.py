@@ -285,3 +285,29 @@ def test_row_plan_memo_follows_a_swapped_lookup(monkeypatch: pytest.MonkeyPatch)
     assert swapped.options["num_warps"] == 2 and swapped.one_pass is False
     monkeypatch.setattr(configs, "lookup", real)
     assert row_plan("rms_norm", "sm_90", 4096) is shipped
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_col_sum_of_two_in_one_launch_equals_two_sums(out_dtype) -> None:
+    """layer_norm's backward sums dweight's and dbias's partials ([2, P, N], one buffer) in
+    one col_sum launch (a grid of two in its second dim): bit for bit the two separate sums
+    over each half (same kernel, same order), neither half written into the other's output.
+    A grid of one writes its sum to both outputs (JAX gives each output parameter a buffer
+    of its own; torch passes one twice)."""
+    need_triton()
+    from greta_core.kernels.col_sum import col_sum_kernel
+
+    p, n, block_p, block_n = 5, 37, 4, 16  # several column programs, a looped, ragged P
+    partial = torch.randn(2, p, n, device=DEVICE, dtype=torch.float32)
+    grid = (-(-n // block_n),)  # column programs
+    pair = [poisoned((n,), out_dtype) for _ in range(2)]
+    col_sum_kernel[(*grid, 2)](partial, p, n, *pair, BLOCK_P=block_p, BLOCK_N=block_n)
+    alone = [poisoned((n,), out_dtype) for _ in range(2)]
+    for half, out in zip(partial, alone, strict=True):
+        col_sum_kernel[(*grid, 1)](half, p, n, out, out, BLOCK_P=block_p, BLOCK_N=block_n)
+    for got, want, half in zip(pair, alone, partial, strict=True):
+        assert torch.equal(got, want)
+        assert_close(got, half.double().sum(0), out_dtype, scale=2.0)
+    both = [poisoned((n,), out_dtype) for _ in range(2)]
+    col_sum_kernel[(*grid, 1)](partial[1], p, n, *both, BLOCK_P=block_p, BLOCK_N=block_n)
+    assert torch.equal(both[0], alone[1]) and torch.equal(both[1], alone[1])

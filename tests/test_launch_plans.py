@@ -184,6 +184,24 @@ def test_jax_rms_norm_and_grads_run_the_plans(jax_on_triton) -> None:
     _close(gw, wt.grad.numpy(), 1e-4)
 
 
+def test_jax_layer_norm_grads_run_the_plans(jax_on_triton) -> None:
+    """layer_norm's backward plan (dweight's and dbias's partials in one buffer, one col_sum
+    launch writing both) under jax-triton's binding: every output a buffer of its own."""
+    import jax
+    import jax.numpy as jnp
+
+    from greta_core import observe, reference
+
+    x, w, b, dy = _arr((5, 24), 8), _arr((24,), 9), _arr((24,), 10), _arr((5, 24), 11)
+    loss = lambda a, c, d: jnp.sum(jax_on_triton.layer_norm(a, c, d) * dy)  # noqa: E731
+    gx, gw, gb = jax.grad(loss, (0, 1, 2))(x, w, b)
+    assert observe.last_implementation("layer_norm_bwd") == "jax-triton"
+    xt, wt, bt = (torch.from_numpy(np.array(a)).requires_grad_() for a in (x, w, b))
+    (reference.layer_norm(xt, wt, bt) * torch.from_numpy(np.array(dy))).sum().backward()
+    for got, want in ((gx, xt.grad), (gw, wt.grad), (gb, bt.grad)):
+        _close(got, want.numpy(), 1e-4)
+
+
 def test_jax_layer_norm_softmax_vec_add_rope(jax_on_triton) -> None:
     from greta_core import reference
 

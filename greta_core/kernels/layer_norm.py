@@ -5,7 +5,8 @@ the backward; with STORE_STATS off (a call no backward follows) it does not, and
 rstd_ptr are never read (the plan passes y's pointer): one allocation, not three. ONE_PASS keeps the row in registers (exact two-moment variance from the registers);
 otherwise BLOCK_N chunks are read three times (mean, variance, output). HAS_BIAS=False
 ignores ``b_ptr`` (callers pass any valid pointer). The backward writes dx and one fp32
-partial row of dweight (and dbias) per program; ``col_sum`` adds the partials.
+partial row of dweight and one of dbias per program, in one [2 * programs, N] buffer
+(dweight's rows first); one ``col_sum`` launch adds both.
 """
 
 from __future__ import annotations
@@ -85,13 +86,14 @@ def layer_norm_bwd_kernel(
     stride_dy,
     stride_x,
     dx_ptr,
-    dw_partial_ptr,
-    db_partial_ptr,
+    partial_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
 ):
-    # dx = rstd * (g - xhat * mean(g * xhat) - mean(g)), g = w * dy; ds_ptr is unread.
+    # dx = rstd * (g - xhat * mean(g * xhat) - mean(g)), g = w * dy; ds_ptr is unread. The
+    # partials: [2 * programs, N], dweight's rows then dbias's (one buffer, one col_sum).
+    db_partial_ptr = partial_ptr + tl.num_programs(0).to(tl.int64) * n_cols
     norm_bwd_rows(
         dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
-        dx_ptr, dw_partial_ptr, db_partial_ptr, BLOCK_N, ONE_PASS, True, False,
+        dx_ptr, partial_ptr, db_partial_ptr, BLOCK_N, ONE_PASS, True, False,
     )  # fmt: skip

@@ -6,7 +6,9 @@ See docs/en/architecture.md ("the eager hot path") and ``ops/rms_norm.py`` for t
 from __future__ import annotations
 
 import functools
+import math
 import operator
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -259,12 +261,16 @@ class ReadyLaunch:
     C call per kernel. A plan of several launches (a backward's kernel and its reduction)
     or with scratch buffers (partial sums, not among the results) is served the same way:
     the ordinary path would pay the direct launcher's key and lookup once per kernel.
+
+    Scratch buffers take no allocation of their own: they are carved from the current
+    stream's scratch arena (:func:`scratch_arena`), see there why that is safe.
     """
 
     __slots__ = (
-        "_allocs", "_arch", "_args", "_consts", "_empty", "_empty_like", "_fn", "_get_device",
-        "_get_stream", "_impl", "_index", "_launches", "_more", "_more_hooks", "_one", "_op",
-        "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results", "_source",
+        "_allocs", "_arch", "_args", "_capturing", "_consts", "_empty", "_empty_like", "_fn",
+        "_get_device", "_get_stream", "_impl", "_index", "_launches", "_more", "_more_hooks",
+        "_one", "_op", "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results",
+        "_scratch", "_source", "_u8",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -311,8 +317,23 @@ class ReadyLaunch:
             if captured is None:
                 return None
             blocks.append((spec, captured))
-        allocs = [(_like(inputs, positions, shape, dtype), shape, dtype)
-                  for shape, dtype in form.plain]  # fmt: skip
+        # Where each scratch buffer starts in the stream's arena (None: a result, allocated).
+        at, scratch = [], 0
+        for i, (shape, dtype) in enumerate(form.plain):
+            if i in plan.results:
+                at.append(None)
+                continue
+            at.append(scratch)
+            scratch += -(-math.prod(shape) * dtype.itemsize // _ARENA_ALIGN) * _ARENA_ALIGN
+        if scratch > ARENA_LIMIT:
+            at, scratch = [None] * len(form.plain), 0
+        allocs = []
+        for (shape, dtype), offset in zip(form.plain, at, strict=True):
+            like = _like(inputs, positions, shape, dtype)
+            template = None
+            if like is None and offset is None:
+                template = _template(inputs[0], shape, dtype)
+            allocs.append((like, shape, dtype, template, offset))
         # Triton 3.7+'s C launcher takes the kernel's arguments as one sequence
         # (``_direct._packed``): it is called here with a second pick for them, without the
         # wrapper's Python frame and repacking.
@@ -362,8 +383,8 @@ class ReadyLaunch:
         return cls(
             op=plan.op, impl=implementation(plan.arch), arch=plan.arch, allocs=allocs,
             one=allocs[0][0] if single else None,
-            # A buffer like no input: ``Tensor.new_empty`` on the call's first tensor (on the
-            # device the key fixed), cheaper than ``torch.empty(..., device=)``.
+            # A buffer like no input and no template: ``Tensor.new_empty`` on the call's first
+            # tensor (on the device the key fixed), cheaper than ``torch.empty(..., device=)``.
             empty=torch.Tensor.new_empty, empty_like=torch.empty_like, source=positions[0],
             index=index, get_device=_direct.current_device_getter(get_device),
             get_stream=get_stream, consts=consts, fn=launchers[0][0], pick=launchers[0][1],
@@ -371,7 +392,8 @@ class ReadyLaunch:
             results=None if every else plan.results, positions=positions,
             launches=tuple((direct, spec) for (spec, _), direct in zip(blocks, directs,
                                                                         strict=True)),
-            quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks,
+            quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks, scratch=scratch,
+            capturing=_capture_probe(), u8=torch.uint8,
         )  # fmt: skip
 
     def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
@@ -400,16 +422,30 @@ class ReadyLaunch:
         if self._more_hooks and any(self._more_hooks):  # another kernel's pre-run hook
             return None
         empty, empty_like, source = self._empty, self._empty_like, args[self._source]
-        bufs = [
-            empty(source, shape, dtype=dtype) if like is None else empty_like(args[like])
-            for like, shape, dtype in self._allocs
-        ]
-        for b in bufs:
+        stream = self._get_stream(self._index)
+        base = None
+        if self._scratch and not self._capturing():
+            arena = _ARENAS.get((self._index, stream, _thread()))
+            if arena is None or arena[0] < self._scratch:
+                arena = _grow_arena(source, self._index, stream, self._scratch, self._u8)
+            base = arena[1]
+        bufs = []
+        for like, shape, dtype, template, at in self._allocs:
+            if at is not None and base is not None:  # scratch: the arena's, at its offset
+                src.append(base + at)
+                bufs.append(None)
+                continue
+            b = (
+                empty_like(args[like]) if like is not None
+                else empty_like(template) if template is not None
+                else empty(source, shape, dtype=dtype)
+            )  # fmt: skip
             p = b.data_ptr()
-            if p & ALIGN_MASK:
-                return self._by_direct(args, bufs)
+            if p & ALIGN_MASK:  # another specialization: the direct launcher picks it
+                return self._by_direct(args, self._fresh(args))
             src.append(p)
-        src.append(self._get_stream(self._index))
+            bufs.append(b)
+        src.append(stream)
         if self._args is None:
             self._fn(*self._pick(src))
         else:
@@ -424,6 +460,17 @@ class ReadyLaunch:
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
 
+    def _fresh(self, args: tuple[Any, ...]) -> list[Any]:
+        """Every buffer of the plan freshly allocated, scratch included (the direct
+        launcher's path takes tensors)."""
+        source = args[self._source]
+        return [
+            self._empty_like(args[like]) if like is not None
+            else self._empty_like(template) if template is not None
+            else self._empty(source, shape, dtype=dtype)
+            for like, shape, dtype, template, _ in self._allocs
+        ]  # fmt: skip
+
     def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
         positions = self._positions
         for direct, spec in self._launches:
@@ -432,6 +479,88 @@ class ReadyLaunch:
         record(self._op, self._impl, self._arch)
         results = self._results
         return tuple(bufs) if results is None else tuple([bufs[i] for i in results])
+
+
+# (device index, stream handle, thread) -> (bytes, address, the arena tensor): see
+# scratch_arena.
+_ARENAS: dict[tuple[int, int, int], tuple[int, int, Any]] = {}
+_thread = threading.get_ident
+# Offsets of scratch buffers in an arena are multiples of this (Triton's 16-byte
+# specialization holds, and cache lines are not shared between buffers).
+_ARENA_ALIGN = 256
+# A plan whose scratch is larger allocates it per call, as any buffer (a bound on what an
+# arena holds on to; and ROCm's buffer-ops attribute stays that of a small storage).
+ARENA_LIMIT = 64 * 2**20
+
+
+def scratch_arena(device: int, stream: int, thread: int | None = None) -> Any | None:
+    """The scratch arena of `stream` (a handle) on `device` for `thread` (an ident; the
+    calling thread's by default), or None: one uint8 tensor that ready launches from that
+    thread on that stream carve their scratch buffers from (a norm backward's fp32
+    partials), instead of allocating them per call.
+
+    Safe because scratch never outlives its call and a stream runs its kernels in order: a
+    call's kernels finish reading its scratch before the next call's kernels on the same
+    stream write it, the order the caching allocator itself relies on when it hands a freed
+    block to the next allocation on that stream. Arenas are per stream, so work on two
+    streams never shares one. Not used while the stream is being captured into a CUDA
+    graph (graphs replay on any stream, at any time: a captured launch allocates as
+    before). An arena grows to the largest scratch asked of it (at most ``ARENA_LIMIT``)
+    and is held until :func:`release_scratch`; ``torch.cuda.empty_cache`` does not free it.
+    """
+    arena = _ARENAS.get((device, stream, _thread() if thread is None else thread))
+    return None if arena is None else arena[2]
+
+
+def release_scratch() -> None:
+    """Drop every scratch arena (the caching allocator gets their memory back)."""
+    _ARENAS.clear()
+
+
+def _grow_arena(
+    source: Any, device: int, stream: int, nbytes: int, u8: Any
+) -> tuple[int, int, Any]:
+    # Allocated on the current stream (`stream`): once dropped, the caching allocator reuses
+    # it only after this stream's queued kernels, the ones that read the old arena.
+    size = -(-nbytes // 2**16) * 2**16
+    # Threads that ended keep no arena: they are dropped here, when an arena is made (a new
+    # thread's first call makes one), so arenas never outnumber live threads' by more than one.
+    alive = {t.ident for t in threading.enumerate()}
+    for key in [k for k in _ARENAS if k[2] not in alive]:
+        del _ARENAS[key]
+    tensor = source.new_empty((size,), dtype=u8)
+    arena = (size, tensor.data_ptr(), tensor)
+    _ARENAS[(device, stream, _thread())] = arena
+    return arena
+
+
+def _capture_probe() -> Callable[[], bool]:
+    """Whether the current stream is capturing a CUDA graph: torch's probe, or a constant
+    False where torch has no CUDA (a CPU build: nothing can capture)."""
+    import torch
+
+    probe = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    try:
+        probe()  # type: ignore[misc]
+    except Exception:  # a CPU build's stand-in raises: no graph can be captured
+        return bool
+    return probe  # type: ignore[return-value]
+
+
+def _template(device_tensor: Any, shape: tuple[int, ...], dtype: Any) -> Any | None:
+    """A zero-stride tensor of `shape` and `dtype` over one element on `device_tensor`'s
+    device, that ``torch.empty_like`` allocates contiguous buffers like: it parses one
+    tensor where ``Tensor.new_empty`` parses a shape and a dtype (a norm forward's saved
+    statistics, which are like no input). None where a dim is 0 or 1 (there empty_like
+    would keep the template's zero stride) or empty_like does not give a contiguous
+    buffer."""
+    import torch
+
+    if not shape or min(shape) < 2:
+        return None
+    template = device_tensor.new_empty((), dtype=dtype).expand(shape)
+    probe = torch.empty_like(template)
+    return template if probe.is_contiguous() and probe.dtype == dtype else None
 
 
 def _like(

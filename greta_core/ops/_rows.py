@@ -123,16 +123,19 @@ def param_dtypes(x_dtype: Any) -> tuple[Any, ...]:
     return (x_dtype,) if x_dtype in (torch.float32, torch.float64) else (x_dtype, torch.float32)
 
 
-def col_sum_launch(arch: str, partial: Any, n_partials: int, n_cols: int, out: Any) -> Launch:
-    """Add [n_partials, n_cols] fp32 partials into `out` [n_cols] (the norms' dweight/dbias)."""
+def col_sum_launch(
+    arch: str, partial: Any, n_partials: int, n_cols: int, out: Any, out2: Any = None
+) -> Launch:
+    """Add [n_partials, n_cols] fp32 partials into `out` [n_cols] (the norms' dweight/dbias);
+    with `out2`, the next [n_partials, n_cols] of `partial` into `out2` in the same launch."""
     from greta_core.kernels.col_sum import col_sum_kernel  # the planners import no Triton
 
     config = configs.lookup("col_sum", arch, {"N": n_cols})
     block_n = config["BLOCK_N"]
     return Launch(
         col_sum_kernel,
-        ((n_cols + block_n - 1) // block_n,),
-        (partial, n_partials, n_cols, out),
+        ((n_cols + block_n - 1) // block_n, 1 if out2 is None else 2),
+        (partial, n_partials, n_cols, out, out if out2 is None else out2),
         {"BLOCK_P": config["BLOCK_P"], "BLOCK_N": block_n},
         configs.launch_options(config, arch),
     )
@@ -142,32 +145,32 @@ def norm_bwd_plan(
     op: str, kernel: Any, n_inputs: int, n_params: int, shape: tuple[int, ...],
     stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str,
 ) -> Plan:  # fmt: skip
-    """The backward of a norm with `n_params` per-column parameters (weight[, bias]).
+    """The backward of a norm with `n_params` (1 or 2) per-column parameters (weight[, bias]).
 
     Inputs In(0..n_inputs-1) = (dy, x, weight, saved stats...). One launch of `kernel` (a
     program per ``bwd_programs``) writes dx and one fp32 partials row per program for each
-    parameter; a column sum per parameter adds them (deterministic). Buffers: dx, the
-    partials (scratch), the parameter gradients (weight dtype, zeros when there are no rows).
+    parameter, into one buffer ([n_params * programs, N]: the bias's rows after the
+    weight's); one column-sum launch adds them per parameter (deterministic). Buffers: dx,
+    the partials (scratch), the parameter gradients (weight dtype, zeros when there are no
+    rows). One buffer and one launch for both parameters: the host time of a training step's
+    small norms is mostly per launch and per allocation (issue 25).
     """
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(op, arch, n_cols)
     programs = bwd_programs(arch, op, n_rows, n_cols)
-    partials = tuple(Out(1 + i) for i in range(n_params))
-    grads = tuple(Out(1 + n_params + i) for i in range(n_params))
+    grads = tuple(Out(2 + i) for i in range(n_params))
     bwd = Launch(
         kernel, (programs,),
-        (*(In(i) for i in range(n_inputs)), n_rows, n_cols, stride_dy, stride_x, Out(0), *partials),
+        (*(In(i) for i in range(n_inputs)), n_rows, n_cols, stride_dy, stride_x, Out(0), Out(1)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
     )  # fmt: skip
-    sums = tuple(
-        col_sum_launch(arch, p, programs, n_cols, g) for p, g in zip(partials, grads, strict=True)
-    )
+    col_sum = col_sum_launch(arch, Out(1), programs, n_cols, *grads)
     buffers = (
         Buffer(shape, dtype),
-        *(Buffer((programs, n_cols), "float32") for _ in partials),
+        Buffer((n_params * programs, n_cols), "float32"),
         *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
     )
-    return Plan(op, arch, buffers, (bwd, *sums) if n_rows else (), (0, *(g.index for g in grads)))
+    return Plan(op, arch, buffers, (bwd, col_sum) if n_rows else (), (0, *(g.index for g in grads)))
 
 
 # --- what the declared row ops share (greta_core.ops.declare) ------------------------------
