@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -239,3 +240,81 @@ def test_hang_after_correct_collectives_is_blamed_on_the_graph_capture(tmp_path:
     )
     run = run_collective(2, "nccl", 1024, 1, timeout_s=4.0, worker=worker, capture=True)
     assert run.status == "hang" and "inside a graph capture hung" in run.message
+
+
+class _Store:
+    """A TCPStore's check/get/set over a dict; `gone` makes every call fail as a store
+    whose host ended does."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+        self.gone = False
+
+    def _live(self) -> None:
+        if self.gone:
+            raise RuntimeError("store gone")
+
+    def check(self, keys: list[str]) -> bool:
+        self._live()
+        return all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        self._live()
+        return self.data[key].encode()
+
+    def set(self, key: str, value: str) -> None:
+        self._live()
+        self.data[key] = value
+
+
+def test_the_judging_rank_exits_only_after_its_peers_took_the_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The judge's exit can take the job's store down; a peer whose beat thread reads the
+    verdict later would then end with no report (seen under load: the stalled rank was
+    killed by the launcher's timeout). The judge waits for each peer's ack, which a peer
+    sends after writing its report; without acks it waits ACK_WAIT_S at most."""
+    from greta_install.doctor import collective_worker as cw
+
+    class Exited(BaseException):  # os._exit: no `except Exception` of the worker's sees it
+        pass
+
+    def _exit(code: int) -> None:
+        raise Exited(code)
+
+    store = _Store()
+    monkeypatch.setattr(cw.os, "_exit", _exit)
+    monkeypatch.setattr(cw, "SAMPLE_GAP_S", 0.0)
+    monkeypatch.setattr(cw, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(cw, "ACK_WAIT_S", 60.0)  # the ack ends the wait long before
+    judge = cw.Heartbeat(("127.0.0.1", 0), 0, 2, 0.0, str(tmp_path / "r0.json"), {})
+    peer = cw.Heartbeat(("127.0.0.1", 0), 1, 2, 0.0, str(tmp_path / "r1.json"), {})
+    for hb in (judge, peer):
+        monkeypatch.setattr(hb, "_store", lambda: store)
+    judge.enter("all_reduce")
+    acked: list[float] = []
+
+    def peer_beats() -> None:  # the peer's beat thread, late: it reads the verdict, then acks
+        while cw.ABORT_KEY not in store.data:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        try:
+            peer._beat()
+        except Exited:
+            acked.append(time.monotonic())
+
+    thread = threading.Thread(target=peer_beats)
+    thread.start()
+    with pytest.raises(Exited):
+        judge._watch()
+    exited = time.monotonic()
+    thread.join()
+    assert acked and acked[0] <= exited  # the judge left after the peer's ack
+    assert json.loads((tmp_path / "r1.json").read_text())["judged_by"] == 0
+    # No peer answers (frozen or dead): the judge still exits, after ACK_WAIT_S.
+    monkeypatch.setattr(cw, "ACK_WAIT_S", 0.2)
+    store.data.clear()
+    start = time.monotonic()
+    with pytest.raises(Exited):
+        judge._watch()
+    assert 0.2 <= time.monotonic() - start < 5

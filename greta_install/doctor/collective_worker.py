@@ -25,6 +25,13 @@ HEARTBEAT_S = 0.5
 SAMPLE_GAP_S = 6 * HEARTBEAT_S
 HB_PREFIX = "greta/collective/hb/"
 ABORT_KEY = "greta/collective/verdict"
+# Each rank that took the verdict says so here (after writing its report): the judging rank
+# waits for them before it exits, since its exit can take the job's store down (the store
+# lives beside rank 0) before a loaded peer's beat thread has read the verdict.
+ACK_PREFIX = "greta/collective/ack/"
+# How long the judging rank waits for the other ranks' acks: a frozen or dead rank never
+# sends one.
+ACK_WAIT_S = 20 * HEARTBEAT_S
 
 
 def probe() -> dict[str, Any]:
@@ -238,6 +245,7 @@ class Heartbeat:
                 if store.check([ABORT_KEY]):
                     verdict = json.loads(store.get(ABORT_KEY))
                     self._report({**self.partial, **verdict, "rank": self.rank})
+                    store.set(f"{ACK_PREFIX}{self.rank}", "1")
                     os._exit(3)
             except Exception:
                 return  # the store is gone: the job is ending
@@ -271,8 +279,19 @@ class Heartbeat:
             verdict["judged_by"] = self.rank
             self._report({**self.partial, **verdict, "rank": self.rank})
             with contextlib.suppress(Exception):
-                (store or self._store()).set(ABORT_KEY, json.dumps(verdict))
+                store = store or self._store()
+                store.set(ABORT_KEY, json.dumps(verdict))
+                self._await_acks(store)
             os._exit(3)
+
+    def _await_acks(self, store: Any) -> None:
+        """Until every other rank has taken the verdict, or ACK_WAIT_S."""
+        waiting = [f"{ACK_PREFIX}{r}" for r in range(self.world) if r != self.rank]
+        deadline = time.monotonic() + ACK_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            waiting = [key for key in waiting if not store.check([key])]
+            if waiting:
+                time.sleep(HEARTBEAT_S / 5)
 
 
 def judge_stall(
