@@ -525,9 +525,10 @@ def _grow_arena(
     size = -(-nbytes // 2**16) * 2**16
     # Threads that ended keep no arena: they are dropped here, when an arena is made (a new
     # thread's first call makes one), so arenas never outnumber live threads' by more than one.
+    # list(): one copy under the GIL (another thread may add its arena meanwhile).
     alive = {t.ident for t in threading.enumerate()}
-    for key in [k for k in _ARENAS if k[2] not in alive]:
-        del _ARENAS[key]
+    for key in [k for k in list(_ARENAS) if k[2] not in alive]:
+        _ARENAS.pop(key, None)
     tensor = source.new_empty((size,), dtype=u8)
     arena = (size, tensor.data_ptr(), tensor)
     _ARENAS[(device, stream, _thread())] = arena
