@@ -393,7 +393,7 @@ class ReadyLaunch:
             launches=tuple((direct, spec) for (spec, _), direct in zip(blocks, directs,
                                                                         strict=True)),
             quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks, scratch=scratch,
-            capturing=_capture_probe(), u8=torch.uint8,
+            capturing=capture_probe(), u8=torch.uint8,
         )  # fmt: skip
 
     def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
@@ -535,9 +535,11 @@ def _grow_arena(
     return arena
 
 
-def _capture_probe() -> Callable[[], bool]:
-    """Whether the current stream is capturing a CUDA graph: torch's probe, or a constant
-    False where torch has no CUDA (a CPU build: nothing can capture)."""
+@functools.cache
+def capture_probe() -> Callable[[], bool]:
+    """Whether the current stream is capturing a CUDA graph: torch's C probe (no Python
+    frame of ``torch.cuda.is_current_stream_capturing`` per call), or a constant False
+    where torch has no CUDA (a CPU build: nothing can capture)."""
     import torch
 
     probe = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)

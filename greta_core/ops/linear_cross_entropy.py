@@ -24,6 +24,7 @@ from greta_core.errors import ConfigError, GretaInputError
 from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
 from greta_core.observe import record, recorded
 from greta_core.ops import _interp_compat
+from greta_core.ops._calls import capture_probe
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, check_array_float, float_dtypes
@@ -278,11 +279,7 @@ def note_refusals(target: Any, refused: Any, vocab: int, ignore_index: int) -> N
     there is no report to read later: the refusal shows as the NaN loss alone."""
     import torch
 
-    if (
-        type(target) is not torch.Tensor
-        or not target.is_cuda
-        or torch.cuda.is_current_stream_capturing()
-    ):
+    if type(target) is not torch.Tensor or not target.is_cuda or capture_probe()():
         return
     index = target.get_device()
     report = _REPORTS.get(index)
