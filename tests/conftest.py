@@ -55,6 +55,24 @@ def _seeded_rngs() -> None:
         torch.manual_seed(SEED)  # seeds the CUDA/ROCm generators too
 
 
+@pytest.fixture(autouse=True)
+def _no_patch_left_behind():
+    """A test that patches a model family with apply_greta reverts it: under --dist worksteal
+    the next test on the worker would otherwise start from GRETA's functions, not
+    transformers'. The leak fails the test that left it, and is undone for the next one."""
+    yield
+    if (apply := sys.modules.get("greta_core.transformers.apply")) is None:
+        return
+    left = apply.patched_targets()
+    if not left:
+        return
+    from greta_core.transformers import revert_greta
+
+    for key in left:
+        revert_greta(key)
+    pytest.fail(f"apply_greta patches left behind: {left!r}", pytrace=False)
+
+
 SNAPSHOTS = DATA / "snapshots"
 
 

@@ -125,6 +125,7 @@ def test_apply_greta_models_raise_no_future_warning(family: str) -> None:
                 model.generate(ids, max_new_tokens=3, do_sample=False)
     finally:
         revert_greta(model)
+        revert_greta(family)  # the family-wide rope patch
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
