@@ -185,3 +185,12 @@ def test_jax_grads_follow_the_declared_backward(op: str) -> None:
     ref(*ref_args).backward()
     for got, want in zip(grads, ref_args, strict=True):
         assert_close(t(got), want.grad, torch.float32, scale=4.0)
+
+
+def test_the_forward_ops_statistics_are_not_differentiable() -> None:
+    # Every statistic output is marked so, not the last one alone (mark_non_differentiable
+    # replaces the set it marked before: one call with all of them).
+    x = torch.randn(3, 8, requires_grad=True)
+    w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    y, mean, rstd = torch.ops.greta.layer_norm_fwd(x, w, b, 1e-5)
+    assert (y.requires_grad, mean.requires_grad, rstd.requires_grad) == (True, False, False)

@@ -208,7 +208,8 @@ def register(op: OpDecl) -> Any:
             _register_public(op, fwd_op)
         return fwd_op
     if backward is not None:  # the eager training path is the front's (a body op has none)
-        train = _eager_training(op)
+        train, optional = _eager_training(op)
+        unwrap = torch._C._functorch.unwrap_if_dead
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
@@ -224,7 +225,11 @@ def register(op: OpDecl) -> Any:
                 if done is not None:
                     return op.unpack(done)
             elif training:
-                return train(args)
+                # autograd's C apply after Function.apply's unwrapping of dead functorch
+                # wrappers (see _eager_training), inline: one frame fewer per call.
+                if optional:
+                    return train(*[t if t is None else unwrap(t) for t in args[:n]], *args[n:])
+                return train(*map(unwrap, args[:n]), *args[n:])
         return _DECLINED
 
     def front(*args: Any, **kwargs: Any) -> Any:
@@ -416,8 +421,8 @@ def _save(ctx: Any, op: OpDecl, args: tuple, outs: tuple) -> None:
     if op.backward.may_consume:  # type: ignore[union-attr]
         ctx.rest["consume"] = consuming()
     nondiff = {*op.backward.nondiff_outputs, *range(op.n_outputs, len(outs))}  # type: ignore[union-attr]
-    for i in sorted(nondiff):
-        ctx.mark_non_differentiable(outs[i])
+    if nondiff:  # one call: each call replaces the set the last one marked
+        ctx.mark_non_differentiable(*[outs[i] for i in sorted(nondiff)])
     if not op.backward.materialize_grads:  # type: ignore[union-attr]
         ctx.set_materialize_grads(False)
 
@@ -429,9 +434,10 @@ def _saved(ctx: Any) -> types.SimpleNamespace:
     )  # fmt: skip
 
 
-def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
-    """The eager training path of `op`: a plain ``torch.autograd.Function`` over the ready
-    launches, called with a complete argument tuple in the op's order.
+def _eager_training(op: OpDecl) -> tuple[Callable[..., Any], bool]:
+    """The eager training path of `op`: (the C ``apply`` of a plain ``torch.autograd.Function``
+    over the ready launches, called with the op's arguments in its order; whether the op
+    has an optional tensor, which the caller's unwrapping must pass over).
 
     Everything a call would otherwise recompute is decided here once, as it is the same for
     every call: which arguments and outputs the backward reads (picked by position into
@@ -480,12 +486,14 @@ def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
         outs = call.launch_args(_identity, False, args) if ready else None
         if outs is None:
             outs = call.launch(args)
-        ctx.save_for_backward(*pick(args + outs))  # None: an absent optional
+        # FunctionCtx.save_for_backward's body (it sets to_save; autograd's C apply saves
+        # them, version checks and all), without its frame. None: an absent optional.
+        ctx.to_save = pick(args + outs)
         # Whether the backward may overwrite what it saved: decided while the forward runs
         # (``consuming()`` is a context the caller's forward pass sets), read by the backward.
         ctx.rest = (*args[n:], consuming() if may_consume else False)
-        for i in nondiff:
-            ctx.mark_non_differentiable(outs[i])
+        if nondiff:  # mark_non_differentiable's body: one set, every output in it
+            ctx.non_differentiable = tuple([outs[i] for i in nondiff])
         return outs[0] if n_out == 1 else outs[:n_out]
 
     def saved(ctx: Any) -> Any:
@@ -508,15 +516,7 @@ def _eager_training(op: OpDecl) -> Callable[[tuple[Any, ...]], Any]:
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(grads)},
     )
-    # autograd's C apply: Function.apply's own call, once no functorch transform is active.
+    # autograd's C apply: Function.apply's own call, once no functorch transform is active
+    # (the caller unwraps dead functorch wrappers first, as Function.apply does).
     apply = super(torch.autograd.Function, function).apply
-    unwrap = torch._C._functorch.unwrap_if_dead
-    optional = any(a.type == "Tensor?" for a in op.args)
-
-    def train(args: tuple[Any, ...]) -> Any:
-        if optional:
-            return apply(*[t if t is None else unwrap(t) for t in args[:n]], *args[n:])
-        return apply(*map(unwrap, args[:n]), *args[n:])
-
-    train.function = function  # type: ignore[attr-defined]
-    return train
+    return apply, any(a.type == "Tensor?" for a in op.args)
