@@ -124,11 +124,12 @@ def _case(args: tuple[Arg, ...], x: Any, w: Any, stat: Any, bias: bool) -> tuple
 
 def declare_norm(
     module: str, schema: str, describe: str, backward: Backward, stats: tuple[str, ...],
-    bwd: tuple[str, str],
+    bwd: tuple[str, str], training_route: Callable[..., Any] | None = None,
 ) -> tuple[OpDecl, OpDecl]:  # fmt: skip
     """(greta::<op>, greta::<op>_bwd) of the norm module `module` (``__name__``), from its
     ``OP``, ``validate``, ``validate_bwd``, ``plan_fwd``, ``plan_bwd`` and ``check_arrays``
-    and ``reference.<op>_fwd`` / ``<op>_bwd``. `bwd`: the backward's (schema, describe)."""
+    and ``reference.<op>_fwd`` / ``<op>_bwd``. `bwd`: the backward's (schema, describe);
+    `training_route`: ``OpDecl.training_route``."""
     ns = sys.modules[module]
     op = ns.OP
     fwd_args, bwd_args = parse_schema(schema)[0], parse_schema(bwd[0])[0]
@@ -148,6 +149,7 @@ def declare_norm(
         validate=_late(module, "validate"), plan=ns.plan_fwd,
         reference=getattr(reference, f"{op}_fwd"), check_arrays=ns.check_arrays,
         copies=lambda *metas: unflattened(*metas[:rows]), fwd_defaults=False,
+        training_route=training_route,
         aot_cases=lambda arch: [
             (*_case(fwd_args, x, w, stat, bias), with_stats)
             for x, w, stat in aot_norm_grid(op, arch)

@@ -319,6 +319,12 @@ class OpDecl:
     # The public op over this kernel op (front=False), where its callers do not give every
     # argument: see :class:`Front`.
     public: Front | None = None
+    # (*args) -> the outputs of PyTorch's own eager op for this call, or None where it does
+    # not take it (``ops/_torch_eager.py``). Eager training calls (torch tensors that want
+    # a gradient, on a GPU) run it where the arch's ``<name>_training`` table entry picks
+    # backend "torch" for the call's ``ELEMENTS`` (its first tensor's numel): small,
+    # host-bound calls. None: GRETA's own path always.
+    training_route: Callable[..., Any] | None = None
     args: tuple[Arg, ...] = field(init=False)
     public_args: tuple[Arg, ...] = field(init=False)  # the schema's order
     # For each of `args`, its position in the schema; None where the two orders agree.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from greta_core.ops import _interp_compat, _norms
+from greta_core.ops import _interp_compat, _norms, _torch_eager
 from greta_core.ops._plan import In, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import row_kernel_plan, rows_stride
 from greta_core.ops.declare import Backward, Meta
@@ -69,6 +69,7 @@ LAYER_NORM, LAYER_NORM_BWD = _norms.declare_norm(
     Backward(_grads, saves=("x", "weight", "bias", "mean", "rstd")), ("mean", "rstd"),
     bwd=("Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd -> (Tensor, Tensor, Tensor)",
          "the LayerNorm backward: (dx, dweight, dbias)"),
+    training_route=_torch_eager.layer_norm,
 )  # fmt: skip
 
 # The call caches the torch fronts take (y only: no backward follows) and tests reach.

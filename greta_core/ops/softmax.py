@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from greta_core import reference
-from greta_core.ops import _interp_compat
+from greta_core.ops import _interp_compat, _torch_eager
 from greta_core.ops._plan import In, Out, Plan, Wrap, _identity, run
 from greta_core.ops._rows import (
     TRITON_DTYPE_NAMES,
@@ -114,6 +114,7 @@ SOFTMAX = declare(OpDecl(
     check_arrays=check_arrays,
     copies=unflattened,
     aot_cases=_aot(OP, 1),
+    training_route=_torch_eager.softmax,
 ))  # fmt: skip
 
 # The raw API (greta_core.raw) and the call cache the torch front and tests reach.

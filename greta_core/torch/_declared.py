@@ -25,6 +25,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.library import triton_op, wrap_triton
 
+from greta_core.observe import record, recorded
 from greta_core.ops import _calls
 from greta_core.ops._calls import ForwardCall
 from greta_core.ops._plan import _identity
@@ -210,6 +211,7 @@ def register(op: OpDecl) -> Any:
     if backward is not None:  # the eager training path is the front's (a body op has none)
         train, optional = _eager_training(op)
         unwrap = torch._C._functorch.unwrap_if_dead
+        by_torch = _training_route(op)
 
     _lib.define(f"{op.name}({op.schema.partition('->')[0].strip()}) -> {out_schema}")
 
@@ -225,6 +227,10 @@ def register(op: OpDecl) -> Any:
                 if done is not None:
                     return op.unpack(done)
             elif training:
+                if by_torch is not None:  # the table may hand a small call to torch's op
+                    done = by_torch(args)
+                    if done is not None:
+                        return done
                 # autograd's C apply after Function.apply's unwrapping of dead functorch
                 # wrappers (see _eager_training), inline: one frame fewer per call.
                 if optional:
@@ -432,6 +438,47 @@ def _saved(ctx: Any) -> types.SimpleNamespace:
         **dict(zip(ctx.names, ctx.saved_tensors, strict=True)), **ctx.rest,
         needs_grad=ctx.needs_input_grad,
     )  # fmt: skip
+
+
+# What observe records for an eager training call torch's own op ran (OpDecl.training_route).
+TORCH_EAGER = "torch-eager"
+
+
+def _training_route(op: OpDecl) -> Callable[[tuple[Any, ...]], Any] | None:
+    """The eager training path's hand-off to PyTorch's own op (``op.training_route``) for
+    the calls the arch's ``<name>_training`` table entry gives backend "torch" (by their
+    ``ELEMENTS``), decided once per (table, shape, device): (args) -> outputs, or None
+    (GRETA's path runs the call). None where the op declares no route."""
+    torch_op = op.training_route
+    if torch_op is None:
+        return None
+    from greta_core import configs
+    from greta_core.arch import arch_of
+
+    entry, name = f"{op.name}_training", op.name
+    decided: dict[tuple[Any, ...], str | None] = {}
+
+    def route(args: tuple[Any, ...]) -> Any:
+        x = args[0]
+        key = (configs.lookup, x.shape, x.get_device())
+        try:
+            arch = decided[key]
+        except KeyError:
+            arch = arch_of(x)
+            config = configs.lookup(entry, arch, {"ELEMENTS": x.numel()})
+            if config.get("backend", "greta") != "torch":
+                arch = None
+            if len(decided) >= 4096:
+                decided.clear()
+            decided[key] = arch
+        if arch is None:
+            return None
+        out = torch_op(*args)
+        if out is not None and recorded.get(name) != TORCH_EAGER:
+            record(name, TORCH_EAGER, arch)
+        return out
+
+    return route
 
 
 def _eager_training(op: OpDecl) -> tuple[Callable[..., Any], bool]:
