@@ -976,14 +976,16 @@ class _Delegated:
     chunked options, the screening kernel's arguments and, once built, its ready launch."""
 
     __slots__ = (
-        "aligned", "arch", "capturing", "device", "high", "ignore", "ignore_index", "impl",
-        "low", "mean", "none", "options", "ready", "screen", "screened", "vocab",
+        "aligned", "arch", "capturing", "device", "functorch", "high", "ignore", "ignore_index",
+        "impl", "low", "mean", "none", "options", "ready", "screen", "screened", "vocab",
     )  # fmt: skip
 
     def __init__(
         self, impl: str, arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int,
         reduction: str,
     ) -> None:  # fmt: skip
+        import torch
+
         n_rows, vocab = hidden.shape[0], weight.shape[0]
         self.impl, self.arch, self.vocab, self.ignore_index = impl, arch, vocab, ignore_index
         self.low, self.high, self.ignore = torch_targets(vocab, ignore_index)
@@ -996,6 +998,8 @@ class _Delegated:
         self.screened = n_rows > 0
         self.screen = (vocab, ignore_index, reduction, arch)  # _SCREEN_CALL's scalars
         self.capturing = capture_probe()
+        # A functorch transform is active: its wrapped tensors have no data to launch on.
+        self.functorch = getattr(torch._C, "_are_functorch_transforms_active", bool)
         # None: not built yet; False: the plan cannot launch ready (the interpreter).
         self.ready: Any = None
         self.aligned = True
@@ -1066,42 +1070,12 @@ def _how(
 
 
 def _screened(how: _Delegated, target: Any) -> tuple[Any, int, Any, Any]:
-    """(the target torch's loss reads, its ignore index, the call's total, the marks).
-
-    A plain tensor whose values are on the device: one launch of the screening kernel
-    (``kernels/lce_targets.py``): the safe target (refused entries as `ignore_index`,
-    which torch's loss then ignores), the total (NaN if any entry was refused; for
-    "mean" max(1, the count of classes), else 0) folded into the device's deferred
-    report, and for "none" the per-row marks. Values on the host, traced, meta or empty
-    targets take :func:`screen_targets` and :func:`torch_targets`' clamp as before."""
-    import torch
-
-    if (
-        type(target) is torch.Tensor
-        and how.screened
-        and not torch._is_functional_tensor(target)
-        and (how.device >= 0 or not _values_on_host(target))
-        and not _functorch_active()
-    ):
-        raise_refused_targets()
-        outs = _launch_screen(how, target)
-        total = outs[1]
-        if how.device >= 0 and not how.capturing():  # note_refusals, its checks made
-            report = _REPORTS.get(how.device)
-            if report is None:
-                report = _REPORTS[how.device] = _DeviceReport(target.device)
-            report.fold(total, how.vocab, how.ignore_index)
-        return outs[0], how.ignore_index, total, outs[2] if how.none else None
+    """:func:`_torch_loss`'s target where the screening kernel does not take it (values on
+    the host, traced, meta, empty, a tensor subclass, a functorch transform): (the target
+    torch's loss reads, its ignore index, the call's total, the marks) from
+    :func:`screen_targets` and :func:`torch_targets`' clamp."""
     target, marks, total = screen_targets(target, how.vocab, how.ignore_index, how.mean, False)
     return target.clamp(how.low, how.high), how.ignore, total, marks
-
-
-def _functorch_active() -> bool:
-    """A functorch transform is active: its wrapped tensors have no data to launch on."""
-    import torch
-
-    probe = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return probe is not None and probe()
 
 
 def _launch_screen(how: _Delegated, target: Any) -> tuple[Any, ...]:
@@ -1139,7 +1113,7 @@ def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
 
     A host-bound training step pays every op here twice (forward and backward), so there
     are few: beside torch's product and cross_entropy, one launch of the target screening
-    (:func:`_screened`) and, for "mean", one divide by its total ("sum" adds the total,
+    and, for "mean", one divide by its total ("sum" adds the total,
     "none" the marks: NaN where a target was refused). The unchunked path is
     F.linear_cross_entropy with options=None as torch documents it (F.linear, then
     F.cross_entropy), written out: a 2-D product needs none of F.linear's reshapes, and
@@ -1149,7 +1123,29 @@ def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
 
     F = torch.nn.functional
     impl = how.impl
-    safe, ignore, total, marks = _screened(how, target)
+    # A plain tensor whose values are on the device: one launch of the screening kernel
+    # (kernels/lce_targets.py): the safe target (a refused entry as ignore_index, which
+    # torch's loss then ignores), the total (NaN if any entry was refused; for "mean"
+    # max(1, the count of classes), else 0), folded into the device's deferred report,
+    # and for "none" the per-row marks. Inline: the training path's hottest lines.
+    if (
+        type(target) is torch.Tensor
+        and how.screened
+        and not torch._is_functional_tensor(target)
+        and (how.device >= 0 or not _values_on_host(target))
+        and not how.functorch()
+    ):
+        raise_refused_targets()
+        outs = _launch_screen(how, target)
+        safe, ignore, total = outs[0], how.ignore_index, outs[1]
+        marks = outs[2] if how.none else None
+        if how.device >= 0 and not how.capturing():  # note_refusals, its checks made
+            report = _REPORTS.get(how.device)
+            if report is None:
+                report = _REPORTS[how.device] = _DeviceReport(target.device)
+            report.fold(total, how.vocab, how.ignore_index)
+    else:
+        safe, ignore, total, marks = _screened(how, target)
     if recorded.get(OP) != impl and not torch.compiler.is_compiling():
         record(OP, impl, how.arch)
     if impl == CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
