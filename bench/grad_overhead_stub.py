@@ -17,12 +17,23 @@ the Python frames entered and C functions called (``sys.setprofile``), the kerne
 and torch's allocation calls by name. ``--packed`` stands in Triton 3.7+'s C launcher (its
 kernel arguments as one sequence, ``ops._direct._packed``) for the flat one of 3.6.
 
-A dev probe: its numbers are this host's, meaningful against each other (floor, trees).
+``--lce-delegated``: linear_cross_entropy takes the path the sm_90 table gives the GPU case
+(8 tokens, hidden 64: torch's own loss, ``ops.linear_cross_entropy._route``) instead of the
+CPU's chunked kernel, with the GPU's Python: the table's choice forced with
+``configs.Override`` (backend "torch") for the whole run; the front's "do the kernels run"
+answered by a one-frame stand-in (a GPU call asks ``takes_reference``, one frame, where a
+CPU call reads the environment); the target screened as a GPU target is (a tree before the
+screening kernel: ``ops.linear_cross_entropy._values_on_host`` answers False, one frame as
+on the GPU; after it: the route's device tests recompiled to a GPU's answers, as ``stub``
+does for ``ops._calls``). No kernel runs, so a stand-in writes what the screening kernel
+would (the target into its safe buffer: torch's CPU cross_entropy reads it): 1 frame and
+1 C call counted beyond the GPU's. Left out (CUDA only): the deferred report's fold.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import statistics
@@ -46,6 +57,16 @@ def _recompile(owner: Any, name: str, old: str, new: str, module: Any) -> None:
     found: dict[str, Any] = {}
     exec(compile(source.replace(old, new), module.__file__, "exec"), module.__dict__, found)
     setattr(owner, name, found[name])
+
+
+def _recode(fn: Any, old: str, new: str, module: Any) -> None:
+    """`fn` runs its source with `old` replaced by `new` (its code swapped: callers that
+    hold the function itself, as a declaration's route, see the change)."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    assert old in source, (fn.__name__, old)
+    found: dict[str, Any] = {}
+    exec(compile(source.replace(old, new), module.__file__, "exec"), module.__dict__, found)
+    fn.__code__ = found[fn.__name__].__code__
 
 
 def _no_launch(*args: Any) -> None:
@@ -181,8 +202,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     parser.add_argument("--count", action="store_true", help="count, do not time")
     parser.add_argument("--packed", action="store_true", help="Triton 3.7+'s launcher form")
+    parser.add_argument(
+        "--lce-delegated",
+        action="store_true",
+        help="linear_cross_entropy's delegated path (with --only linear_cross_entropy)",
+    )
     args = parser.parse_args(argv)
     stub(args.packed)
+    with contextlib.ExitStack() as stack:
+        if args.lce_delegated:
+            stack.enter_context(lce_delegated())
+        return _run(args)
+
+
+@contextlib.contextmanager
+def lce_delegated() -> Any:
+    """linear_cross_entropy on the delegated path, as on the GPU (see the docstring)."""
+
+    from greta_core import configs
+    from greta_core.ops import linear_cross_entropy as lce
+    from greta_core.torch import _declared
+
+    _declared.run_triton_on_cpu = lambda *tensors: True  # type: ignore[assignment]
+    launch = getattr(lce, "_launch_screen", None)
+    if launch is None:  # a tree before the screening kernel
+        lce._values_on_host = lambda target: False  # type: ignore[assignment]
+    else:
+        _recode(lce._route, "how.device < 0 and ", "False and ", lce)
+        _recode(lce._torch_loss, "(how.device >= 0 or not _values_on_host(target))", "True", lce)
+
+        def writes(how: Any, target: Any) -> Any:
+            outs = launch(how, target)
+            outs[0].copy_(target)
+            return outs
+
+        lce._launch_screen = writes
+    with configs.Override({lce.DISPATCH: {"backend": "torch"}}):
+        yield
+
+
+def _run(args: Any) -> int:
     import grad_overhead
     import interleaved
     import torch
@@ -226,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             "per_floor": round(statistics.median([t / f for t, f in zip(times, floor, strict=True)]), 3),
         })  # fmt: skip
     doc = {
-        **collect("grad_overhead_stub", "cpu"),
+        **collect("grad_overhead_stub", "cpu"), "lce_delegated": args.lce_delegated,
         "clock": args.clock, "calls": args.calls, "rounds": args.rounds,
         "floor_us": round(statistics.median(floor), 2), "results": results,
         "skipped": [row for row in rows if "skipped" in row],
@@ -246,6 +305,7 @@ def _write_counts(args: Any, runnable: dict[Any, Any], rows: list[Any]) -> int:
     results = [{"group": g, "variant": v, **count(step)} for (g, v), step in runnable.items()]
     doc = {
         **collect("grad_overhead_stub_count", "cpu"), "packed": args.packed,
+        "lce_delegated": args.lce_delegated,
         "results": results, "skipped": [row for row in rows if "skipped" in row],
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,17 @@ forward+backward, beside the PyTorch eager loss it stands for.
 
 ``bench/grad_overhead.py``'s tiny LCE case (8 tokens) is delegated by the sm_90 table to
 torch's own path, so its host time is the ops GRETA adds around torch's. This probe runs
-that path on CPU tensors: the table's choice forced to "torch", the target screened as a
-GPU target is (on the device, no value read: ``ops.linear_cross_entropy._values_on_host``
-answers False). The deferred report's CUDA-only part (its copies to pinned memory and
-events) is not run here: see the output's ``not_counted``.
+that path on CPU tensors with the GPU's Python (``bench/grad_overhead_stub.py``'s
+``--lce-delegated``: the table's choice forced to "torch", the target screened as a GPU
+target is, no value read on the host; Triton launches stubbed, the screening kernel's
+writes stood in for). The deferred report's CUDA-only part (its fold, copies to pinned
+memory and events) is not run here: see the output's ``not_counted``.
 
 Counts: every aten op a ``TorchDispatchMode`` sees (forward, autograd's backward), by
-name. Times: ``bench/interleaved.py``'s rule on the thread's CPU clock.
+name; the screening kernel's launch (a tree that has one, ``_launch_screen``) is counted
+apart (``screen_launches``), its allocations and stand-in writes left out of the aten
+count as a GPU's launch would be. Times: ``bench/interleaved.py``'s rule on the thread's
+CPU clock.
 
     python bench/lce_host_ops.py --out <tmp>/lce_host_ops.json [--label before]
 
@@ -60,19 +64,36 @@ def variants() -> dict[str, Any]:
     return out
 
 
-def count_ops(step: Any) -> dict[str, int]:
-    from torch.utils._python_dispatch import TorchDispatchMode
+def count_ops(step: Any) -> tuple[dict[str, int], int]:
+    """(aten ops by name, screening launches) of one call of `step`."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    from greta_core.ops import linear_cross_entropy as lce
 
     seen: collections.Counter[str] = collections.Counter()
+    launches = [0]
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             seen[str(func.overloadpacket.__name__)] += 1
             return func(*args, **(kwargs or {}))
 
-    with Count():
-        step()
-    return dict(sorted(seen.items()))
+    launch = getattr(lce, "_launch_screen", None)
+
+    def counted(how: Any, target: Any) -> Any:
+        launches[0] += 1
+        with _disable_current_modes():
+            return launch(how, target)  # type: ignore[misc]
+
+    if launch is not None:
+        lce._launch_screen = counted
+    try:
+        with Count():
+            step()
+    finally:
+        if launch is not None:
+            lce._launch_screen = launch
+    return dict(sorted(seen.items())), launches[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,27 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args(argv)
     import grad_overhead
+    import grad_overhead_stub
     import interleaved
     import torch
 
-    from greta_core import configs
     from greta_core.bench.metadata import collect
-    from greta_core.ops import linear_cross_entropy as lce
 
     torch.set_num_threads(1)
-    lce._values_on_host = lambda target: False  # screened as a GPU target is
-    override = configs.Override({lce.DISPATCH: {"backend": "torch"}})
-    # The CPU tensors take the kernels' side of the front (where the table is read).
-    import os
-
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    os.environ["GRETA_TRITON_ON_CPU"] = "1"
-    with override:
+    grad_overhead_stub.stub()
+    with grad_overhead_stub.lce_delegated():
         steps = {
             name: grad_overhead._step(fn, inputs, extra)
             for name, (fn, inputs, extra) in variants().items()
         }
-        counts = {name: count_ops(step) for name, step in steps.items()}
+        counted = {name: count_ops(step) for name, step in steps.items()}
+        counts = {name: ops for name, (ops, _) in counted.items()}
         interleaved.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
         per = interleaved.interleaved_host_us(
             {(name, ""): step for name, step in steps.items()},
@@ -117,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(t / v for t, v in zip(times, per[(vendor, "")], strict=True))
         results.append({
             "variant": name, "aten_ops": sum(counts[name].values()), "ops": counts[name],
+            "screen_launches": counted[name][1],
             "host_us": round(statistics.median(times), 2), "ratio_to_vendor": round(ratio, 3),
         })  # fmt: skip
     doc = {
@@ -124,12 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         **collect("lce_host_ops", "cpu"),
         "clock": "thread", "calls": args.calls, "rounds": args.rounds,
         "not_counted": "the CUDA-only part of the deferred target report",
+        "stub": "Triton launches stubbed; the GPU's Python (grad_overhead_stub --lce-delegated)",
         "results": results,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     for r in results:
-        print(f"{r['variant']:34} {r['aten_ops']:3d} aten ops  {r['host_us']:8.1f} us  "
+        print(f"{r['variant']:34} {r['aten_ops']:3d} aten ops  {r['screen_launches']} screen  "
+              f"{r['host_us']:8.1f} us  "
               f"{r['ratio_to_vendor']:.2f}x vendor")  # fmt: skip
     return 0
 

@@ -24,7 +24,8 @@ from greta_core.errors import ConfigError, GretaInputError
 from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
 from greta_core.observe import record, recorded
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import capture_probe
+from greta_core.ops._calls import ForwardCall, ReadyLaunch, capture_probe, tensors_as_given
+from greta_core.ops._direct import ALIGN_MASK
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, check_array_float, float_dtypes
@@ -934,12 +935,81 @@ def core_options(arch: str, n_rows: int, vocab: int, hidden: int) -> Any:
     return cls(**{k: v for k, v in wanted.items() if k in fields})
 
 
+# --- the delegated path: torch's own loss, GRETA's target screening ---------------------
+
+SCREEN = "linear_cross_entropy_targets"
+
+
+@memo
+def plan_screen(n: int, vocab: int, ignore_index: int, reduction: str, arch: str) -> Plan:
+    """Input target int64 [n]; buffers: the safe target int64 [n], the total fp32 [] and,
+    for reduction "none", the marks fp32 [n] (see ``kernels/lce_targets.py``). One program:
+    the delegated regime has few tokens, and its sum is the same for any schedule."""
+    from greta_core.kernels.lce_targets import MODES, screen_targets_kernel
+
+    count, marks = MODES[reduction]
+    config = configs.lookup(SCREEN, arch, {})
+    launch = Launch(
+        screen_targets_kernel, (1,),
+        (In(0), n, vocab, ignore_index, Out(0), Out(1), Out(2 if marks else 1)),
+        {"COUNT": count, "MARKS": marks, "BLOCK": config["BLOCK"]},
+        configs.launch_options(config, arch),
+    )  # fmt: skip
+    buffers = (Buffer((n,), "int64"), Buffer((), "float32"))
+    if marks:
+        buffers += (Buffer((n,), "float32"),)
+    return Plan(SCREEN, arch, buffers, (launch,), tuple(range(len(buffers))))
+
+
+def _resolve_screen(target: Any, vocab: int, ignore_index: int, reduction: str, arch: str) -> Plan:
+    return plan_screen(target.shape[0], vocab, ignore_index, reduction, arch)
+
+
+# The screening's call cache: validation happened where the route was decided (_how), so
+# its resolve only plans. A route keeps its ready launch beside it (_launch_screen).
+_SCREEN_CALL = ForwardCall(_resolve_screen, 1, *tensors_as_given(1))
+
+
+class _Delegated:
+    """What one delegated call signature needs, decided once (:func:`_how`): what runs, the
+    bounds of :func:`torch_targets` (for targets the kernel does not screen), torch's
+    chunked options, the screening kernel's arguments and, once built, its ready launch."""
+
+    __slots__ = (
+        "aligned", "arch", "capturing", "device", "functorch", "high", "ignore", "ignore_index",
+        "impl", "low", "mean", "none", "options", "ready", "screen", "screened", "vocab",
+    )  # fmt: skip
+
+    def __init__(
+        self, impl: str, arch: str, hidden: Any, weight: Any, target: Any, ignore_index: int,
+        reduction: str,
+    ) -> None:  # fmt: skip
+        import torch
+
+        n_rows, vocab = hidden.shape[0], weight.shape[0]
+        self.impl, self.arch, self.vocab, self.ignore_index = impl, arch, vocab, ignore_index
+        self.low, self.high, self.ignore = torch_targets(vocab, ignore_index)
+        self.mean, self.none = reduction == "mean", reduction == "none"
+        self.options = (
+            core_options(arch, n_rows, vocab, hidden.shape[1]) if impl == CORE_CHUNKED else None
+        )
+        self.device = target.get_device()  # -1: the CPU (Triton's interpreter)
+        # An empty target has nothing to screen (nor launch for).
+        self.screened = n_rows > 0
+        self.screen = (vocab, ignore_index, reduction, arch)  # _SCREEN_CALL's scalars
+        self.capturing = capture_probe()
+        # A functorch transform is active: its wrapped tensors have no data to launch on.
+        self.functorch = getattr(torch._C, "_are_functorch_transforms_active", bool)
+        # None: not built yet; False: the plan cannot launch ready (the interpreter).
+        self.ready: Any = None
+        self.aligned = True
+
+
 # What _route decided per call signature (and table: keyed on configs.lookup, an Override
-# too, as memo is, and on core_api()): None for the kernel op, else (implementation, arch,
-# torch_targets()).
+# too, as memo is, and on core_api()): None for the kernel op, else a _Delegated.
 # A delegated signature is validated once, when it enters: everything `validate` reads of
-# the tensors is in the key (their values are screen_targets' business).
-_ROUTES: dict[tuple[Any, ...], tuple[str, str, int, int, int] | None] = {}
+# the tensors is in the key (their values are the screening's business).
+_ROUTES: dict[tuple[Any, ...], _Delegated | None] = {}
 _MAX_ROUTES = 1024
 
 
@@ -948,47 +1018,92 @@ def _route(
 ) -> Any:
     """torch's own loss where the table picks it for this call, else None (the kernel op).
     Only a call that GRETA's kernel would run is dispatched: the CPU and float64
-    references stay as they are, and a malformed call reaches the kernel's validation."""
-    if hidden.dim() != 2 or weight.dim() != 2 or not context.kernel_runs(hidden, weight):
-        return None
+    references stay as they are, and a malformed call reaches the kernel's validation.
+
+    One lookup per call: the key holds everything the decision reads (shapes, dtypes,
+    devices, the table), so a hit runs torch's loss at once. Whether the kernels run on
+    the CPU follows the environment (TRITON_INTERPRET, GRETA_TRITON_ON_CPU): asked per
+    call there, never cached."""
     # get_device(): an int (-1 on the CPU), cheaper than building a torch.device.
-    key = (
-        hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
-        weight.get_device(), target.shape, target.dtype, target.get_device(),
-        target.is_contiguous(), reduction, ignore_index, configs.lookup, core_api(),
-    )  # fmt: skip
     try:
+        key = (
+            hidden.shape, hidden.dtype, hidden.get_device(), weight.shape, weight.dtype,
+            weight.get_device(), target.shape, target.dtype, target.get_device(),
+            target.is_contiguous(), reduction, ignore_index, configs.lookup, core_api(),
+        )  # fmt: skip
         how = _ROUTES[key]
     except KeyError:
-        how = _how(hidden, weight, target, ignore_index, reduction)
-        if len(_ROUTES) < _MAX_ROUTES:
+        how = _how(context, hidden, weight, target, ignore_index, reduction)
+        if how is not _ASK and len(_ROUTES) < _MAX_ROUTES:
             _ROUTES[key] = how
     except TypeError:  # an unhashable (symbolic) size: no cache
-        how = _how(hidden, weight, target, ignore_index, reduction)
-    if how is None:
+        how = _how(context, hidden, weight, target, ignore_index, reduction)
+    if how is None or how is _ASK:
         return None
-    return _torch_loss(*how, hidden, weight, target, ignore_index, reduction)
+    if how.device < 0 and not context.kernel_runs(hidden, weight):
+        return None
+    return _torch_loss(how, hidden, weight, target)
+
+
+# _how's answer for a call whose decision must not be cached: the CPU's kernels declined
+# it (the environment may allow them later).
+_ASK: Any = object()
 
 
 def _how(
-    hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str
-) -> tuple[str, str, int, int, int] | None:
+    context: Any, hidden: Any, weight: Any, target: Any, ignore_index: int, reduction: str
+) -> _Delegated | None:
     """:func:`_route`'s decision for a new call signature."""
     from greta_core.arch import arch_of
 
+    if hidden.dim() != 2 or weight.dim() != 2:
+        return None
+    if not context.kernel_runs(hidden, weight):
+        return _ASK if hidden.get_device() < 0 else None
     arch = arch_of(hidden)
     n_rows, vocab, size = hidden.shape[0], weight.shape[0], hidden.shape[1]
     impl = choose(arch, n_rows, vocab, size, reduction, core_api())
     if impl == "greta":
         return None
     validate(hidden, weight, target, reduction)
-    return (impl, arch, *torch_targets(vocab, ignore_index))
+    return _Delegated(impl, arch, hidden, weight, target, ignore_index, reduction)
 
 
-def _torch_loss(
-    impl: str, arch: str, low: int, high: int, ignore: int, hidden: Any, weight: Any,
-    target: Any, ignore_index: int, reduction: str,
-) -> Any:  # fmt: skip
+def _screened(how: _Delegated, target: Any) -> tuple[Any, int, Any, Any]:
+    """:func:`_torch_loss`'s target where the screening kernel does not take it (values on
+    the host, traced, meta, empty, a tensor subclass, a functorch transform): (the target
+    torch's loss reads, its ignore index, the call's total, the marks) from
+    :func:`screen_targets` and :func:`torch_targets`' clamp."""
+    target, marks, total = screen_targets(target, how.vocab, how.ignore_index, how.mean, False)
+    return target.clamp(how.low, how.high), how.ignore, total, marks
+
+
+def _launch_screen(how: _Delegated, target: Any) -> tuple[Any, ...]:
+    """The screening kernel's results for `target`: the route's ready launch (built from
+    its first call, as ``ops._calls.CallCache`` builds one), else the screening's call
+    cache (its own ready launch, or the ordinary path: the interpreter, another
+    alignment, another current device)."""
+    ready = how.ready
+    if ready:
+        p = target.data_ptr()
+        if (p & ALIGN_MASK == 0) is how.aligned:
+            done = ready.launch((target,), [p])
+            if done is not None:
+                return done
+    elif ready is None:
+        plan = _SCREEN_CALL(target, *how.screen)
+        if not ReadyLaunch.fits(plan):
+            how.ready = False
+        else:
+            results = run(plan, (target,))
+            built = ReadyLaunch.build(plan, (target,), (0,), results, 1)
+            if built is not None:  # None until Triton has compiled and captured it
+                how.ready, how.aligned = built, target.data_ptr() & ALIGN_MASK == 0
+            return results
+    return _SCREEN_CALL.launch((target, *how.screen))
+
+
+def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
     """The loss by torch's own code; the inputs are checked as GRETA's kernel checks them
     (same one-line errors whichever implementation the table picks). The loss is float32
     and summed in float32, as the kernel's: torch's own sum or mean of bf16 losses rounds
@@ -997,35 +1112,51 @@ def _torch_loss(
     gives NaN), whichever implementation ran.
 
     A host-bound training step pays every op here twice (forward and backward), so there
-    are few: beside torch's product and cross_entropy, the target screening (a bucketize,
-    a lookup and a sum for the marks, :func:`torch_targets`' clamp for the target) and,
-    for "mean", one divide. The unchunked path is F.linear_cross_entropy with
-    options=None as torch documents it (F.linear, then F.cross_entropy), written out: a
-    2-D product needs none of F.linear's reshapes, and logits of at most
-    :data:`_UPCAST_MAX` elements go to cross_entropy in float32, as the kernel computes
-    them, which sums in float32 inside cross_entropy's own reduction."""
+    are few: beside torch's product and cross_entropy, one launch of the target screening
+    and, for "mean", one divide by its total ("sum" adds the total,
+    "none" the marks: NaN where a target was refused). The unchunked path is
+    F.linear_cross_entropy with options=None as torch documents it (F.linear, then
+    F.cross_entropy), written out: a 2-D product needs none of F.linear's reshapes, and
+    logits of at most :data:`_UPCAST_MAX` elements go to cross_entropy in float32, as the
+    kernel computes them, which sums in float32 inside cross_entropy's own reduction."""
     import torch
 
     F = torch.nn.functional
-    vocab = weight.shape[0]
-    mean = reduction == "mean"
-    # For "mean" the marks count the classes (NaN if any entry was refused): their sum is
-    # the divisor, poisoned where it must be and never 0. The clamped target (low, high,
-    # ignore: torch_targets) is what torch's code sees.
-    target, marks, total = screen_targets(target, vocab, ignore_index, mean, fill=False)
-    safe = target.clamp(low, high)
+    impl = how.impl
+    # A plain tensor whose values are on the device: one launch of the screening kernel
+    # (kernels/lce_targets.py): the safe target (a refused entry as ignore_index, which
+    # torch's loss then ignores), the total (NaN if any entry was refused; for "mean"
+    # max(1, the count of classes), else 0), folded into the device's deferred report,
+    # and for "none" the per-row marks. Inline: the training path's hottest lines.
+    if (
+        type(target) is torch.Tensor
+        and how.screened
+        and not torch._is_functional_tensor(target)
+        and (how.device >= 0 or not _values_on_host(target))
+        and not how.functorch()
+    ):
+        raise_refused_targets()
+        outs = _launch_screen(how, target)
+        safe, ignore, total = outs[0], how.ignore_index, outs[1]
+        marks = outs[2] if how.none else None
+        if how.device >= 0 and not how.capturing():  # note_refusals, its checks made
+            report = _REPORTS.get(how.device)
+            if report is None:
+                report = _REPORTS[how.device] = _DeviceReport(target.device)
+            report.fold(total, how.vocab, how.ignore_index)
+    else:
+        safe, ignore, total, marks = _screened(how, target)
     if recorded.get(OP) != impl and not torch.compiler.is_compiling():
-        record(OP, impl, arch)
+        record(OP, impl, how.arch)
     if impl == CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
-        options = core_options(arch, hidden.shape[0], vocab, hidden.shape[1])
         loss = F.linear_cross_entropy(
-            hidden, weight, safe, reduction="sum", ignore_index=ignore, options=options
+            hidden, weight, safe, reduction="sum", ignore_index=ignore, options=how.options
         ).float()
     else:
         logits = torch.mm(hidden, weight.t())
         if logits.numel() <= _UPCAST_MAX:
             logits = logits.float()
-        if reduction == "none":
+        if how.none:
             rows = F.cross_entropy(logits, safe, ignore_index=ignore, reduction="none")
             return poison(rows.float(), marks)
         if logits.dtype == torch.float32:
@@ -1033,11 +1164,13 @@ def _torch_loss(
         else:  # one op: accumulated and returned in float32
             rows = F.cross_entropy(logits, safe, ignore_index=ignore, reduction="none")
             loss = rows.sum(dtype=torch.float32)
-    if not mean:
-        return poison(loss, marks, total)
-    if total is None:  # the values were checked on the host
-        return loss / (safe != ignore).sum().clamp(min=1)
-    return loss / total  # all ignored: 0 / (N * _TINY), see _TINY
+    if total is None:  # the values were checked on the host, or cannot be (traced)
+        if how.mean:
+            return loss / (safe != ignore).sum().clamp(min=1)
+        return loss
+    # "mean": the total is max(1, classes), or the old path's counted marks (see _TINY);
+    # either is NaN where a target was refused. "sum": 0 or NaN.
+    return loss / total if how.mean else loss + total
 
 
 # Logits of at most this many elements are upcast to float32 before cross_entropy (the

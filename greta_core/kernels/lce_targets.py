@@ -1,0 +1,94 @@
+"""linear_cross_entropy's target screening on the device: one launch, no value read on
+the host.
+
+A GPU call never reads its target's values on the host (a sync per training step), and
+no kernel may read a logits row at a class outside the vocabulary (torch's cross_entropy
+would hit a device-side assert, which ends the CUDA context). One program walks the
+target in blocks of BLOCK entries and writes:
+
+- ``safe``: each class of [0, vocab) as itself, ``ignore_index`` as itself, every other
+  entry (a refused one) as ``ignore_index``: nothing downstream reads out of bounds;
+- ``total`` (fp32, one value): NaN if any entry was refused; else with COUNT
+  max(1, the number of classes) ("mean"'s divisor: a batch all ignored divides its 0 by
+  1), without it 0 (a "sum" adds it, poisoning the loss where it must);
+- with MARKS, ``marks`` (fp32 [n]): NaN at each refused entry, else 0 (reduction="none"
+  adds them to its rows).
+
+The count is an int32 sum per lane, reduced once at the end: exact, and the same for any
+schedule (one program). The deferred report (``ops.linear_cross_entropy._DeviceReport``)
+reads ``total`` later; the loss it poisons shows the refusal meanwhile.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# The ints take any value: the screening gains nothing from their alignment, and one
+# precompiled kernel then serves every call (AotSpec.int_divisible={}).
+_INTS = ("n", "vocab", "ignore_index")
+
+
+@triton.jit(do_not_specialize_on_alignment=_INTS)
+def screen_targets_kernel(
+    target_ptr,
+    n,
+    vocab,
+    ignore_index,
+    safe_ptr,
+    total_ptr,
+    marks_ptr,
+    COUNT: tl.constexpr,
+    MARKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    classes = tl.zeros((BLOCK,), dtype=tl.int32)
+    refused = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n
+        # Lanes past the end read as ignore_index: neither a class nor refused.
+        t = tl.load(target_ptr + offsets, mask=mask, other=ignore_index)
+        ignored = t == ignore_index
+        is_class = (t >= 0) & (t < vocab) & ~ignored
+        bad = ~is_class & ~ignored
+        tl.store(safe_ptr + offsets, tl.where(is_class, t, ignore_index), mask=mask)
+        classes += is_class.to(tl.int32)
+        refused += bad.to(tl.int32)
+        if MARKS:
+            tl.store(marks_ptr + offsets, tl.where(bad, float("nan"), 0.0), mask=mask)
+    total = tl.sum(classes, axis=0).to(tl.float32)
+    total = tl.maximum(total, 1.0) if COUNT else total * 0.0
+    total = tl.where(tl.max(refused, axis=0) > 0, float("nan"), total)
+    tl.store(total_ptr, total)
+
+
+# (COUNT, MARKS) per reduction: "mean" counts, "sum" adds 0, "none" adds per-row marks.
+MODES = {"mean": (True, False), "sum": (False, False), "none": (False, True)}
+
+
+def aot_specs(arch: str) -> list:
+    from greta_core import configs
+    from greta_core.kernels._aot import AotSpec
+
+    config = configs.lookup("linear_cross_entropy_targets", arch, {})
+    return [
+        AotSpec(
+            name=f"screen_targets[{reduction}]",
+            kernel=screen_targets_kernel,
+            signature={
+                "target_ptr": "*i64",
+                "n": "i32",
+                "vocab": "i32",
+                "ignore_index": "i32",
+                "safe_ptr": "*i64",
+                "total_ptr": "*fp32",
+                "marks_ptr": "*fp32",
+            },
+            constexprs={"COUNT": count, "MARKS": marks, "BLOCK": config["BLOCK"]},
+            options=configs.launch_options(config, arch),
+            # Every int unspecialised on alignment: one kernel for all their values.
+            int_divisible={},
+        )
+        for reduction, (count, marks) in MODES.items()
+    ]
