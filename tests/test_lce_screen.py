@@ -29,7 +29,9 @@ from greta_core.ops._plan import run  # noqa: E402
 
 F = torch.nn.functional
 VOCAB = 11
-TORCH_BACKEND = {lce.DISPATCH: {"backend": "torch"}}
+# The table's delegation, and the screening kernel on (the shipped tables keep it off
+# until a GPU run has verified it: test_the_shipped_tables_screen_with_torch_ops).
+TORCH_BACKEND = {lce.DISPATCH: {"backend": "torch"}, lce.SCREEN: {"KERNEL": True}}
 
 
 def _screen(target: torch.Tensor, ignore_index: int, reduction: str) -> tuple:
@@ -213,3 +215,8 @@ def test_delegated_step_adds_one_launch_and_the_reduction_to_torchs_ops(
         greta = _ops(lambda: torch.ops.greta.linear_cross_entropy(h, w, y, -100, reduction), (h, w))
     assert len(launches) == 2  # one per call: _ops's warm-up and the counted one
     assert greta - vendor == collections.Counter(extra) and not vendor - greta
+
+
+def test_the_shipped_tables_screen_with_torch_ops() -> None:
+    for arch in ("default", "sm_90", "gfx942", "gfx1100", "gfx1201"):
+        assert configs.lookup(lce.SCREEN, arch, {})["KERNEL"] is False

@@ -994,8 +994,10 @@ class _Delegated:
             core_options(arch, n_rows, vocab, hidden.shape[1]) if impl == CORE_CHUNKED else None
         )
         self.device = target.get_device()  # -1: the CPU (Triton's interpreter)
-        # An empty target has nothing to screen (nor launch for).
-        self.screened = n_rows > 0
+        # An empty target has nothing to screen (nor launch for). The table's KERNEL says
+        # whether the kernel screens at all: off in the shipped tables until a GPU run has
+        # verified it (the torch ops of screen_targets screen the target meanwhile).
+        self.screened = n_rows > 0 and bool(configs.lookup(SCREEN, arch, {}).get("KERNEL"))
         self.screen = (vocab, ignore_index, reduction, arch)  # _SCREEN_CALL's scalars
         self.capturing = capture_probe()
         # A functorch transform is active: its wrapped tensors have no data to launch on.
