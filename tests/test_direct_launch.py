@@ -475,12 +475,14 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     first = [partials(), partials()]
     arena = _calls.scratch_arena(0, 1000)
     assert arena is not None and arena.dtype == torch.uint8 and arena.numel() >= 8 * 4 * 4
-    assert first == [arena.data_ptr()] * 2
+    assert first == [arena.data_ptr() + _calls.ARENA_HEADER] * 2  # after the zeroed header
+    assert not arena[: _calls.ARENA_HEADER].any()
     result = ((4,), torch.bfloat16)  # the result
     assert made == [result, result]  # no partials allocated per call
     made.clear()
     ready._get_stream = lambda d: 2000 + d  # another stream
-    assert partials() == _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
+    assert partials() == _calls.scratch_arena(0, 2000).data_ptr() + _calls.ARENA_HEADER
+    assert _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
     assert made == [result]
     made.clear()
     # Another thread on the first stream: its own arena (two threads' launches may
@@ -490,8 +492,9 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     worker = threading.Thread(target=lambda: other.append(partials()))
     worker.start()
     worker.join()
-    assert other and other[0] == _calls.scratch_arena(0, 1000, worker.ident).data_ptr()
-    assert other[0] != arena.data_ptr() and _calls.scratch_arena(0, 1000) is arena
+    theirs = _calls.scratch_arena(0, 1000, worker.ident)
+    assert other and other[0] == theirs.data_ptr() + _calls.ARENA_HEADER
+    assert theirs.data_ptr() != arena.data_ptr() and _calls.scratch_arena(0, 1000) is arena
     ready._get_stream = lambda d: 3000 + d  # a new arena: the ended thread's is dropped
     partials()
     assert _calls.scratch_arena(0, 1000, worker.ident) is None
@@ -501,7 +504,8 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     ready._capturing = lambda: True  # a CUDA graph being captured: fresh, as any buffer
     fresh = partials()
     assert made == [result, ((8, 4), torch.float32)]
-    assert fresh not in (arena.data_ptr(), _calls.scratch_arena(0, 2000).data_ptr())
+    assert fresh not in (arena.data_ptr() + _calls.ARENA_HEADER,
+                         _calls.scratch_arena(0, 2000).data_ptr() + _calls.ARENA_HEADER)
     _calls.release_scratch()
     assert _calls.scratch_arena(0, 1000) is None
     monkeypatch.setattr(_calls, "ARENA_LIMIT", 8 * 4 * 4 - 1)  # too large for an arena
@@ -509,7 +513,7 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     big_cache.launch_args(_plan._identity, False, (x,))
     (big_ready,) = big_cache._ready.values()
     assert big_ready._scratch == 0
-    assert [at for *_, at in big_ready._allocs] == [None, None]
+    assert [alloc[4] for alloc in big_ready._allocs] == [None, None]
 
 
 def test_buffers_like_no_input_allocate_like_a_template() -> None:

@@ -86,8 +86,8 @@ def plan_bwd(op: str, n_params: int) -> Callable[..., Plan]:
         # The declarations import no Triton: the kernel module is imported when planning.
         kernel = getattr(importlib.import_module(f"greta_core.kernels.{op}"), f"{op}_bwd_kernel")
         return norm_bwd_plan(
-            f"{op}_bwd", kernel, 3 + len(stats), n_params, x.shape, rows_stride(dy),
-            rows_stride(x), x.dtype, weight.dtype, arch,
+            f"{op}_bwd", kernel, 3 + len(stats), n_params, x.shape,
+            (rows_stride(dy), rows_stride(x)), x.dtype, weight.dtype, arch,
         )  # fmt: skip
 
     return plan
