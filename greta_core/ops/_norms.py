@@ -12,6 +12,7 @@ from typing import Any
 from greta_core import reference
 from greta_core.ops._plan import Plan
 from greta_core.ops._rows import (
+    BWD_AOT_ROWS,
     aot_norm_grid,
     arch_for,
     check_array_param,
@@ -140,7 +141,8 @@ def declare_norm(
         reference=getattr(reference, f"{op}_bwd"),
         copies=lambda *metas: unflattened(*metas[:bwd_rows]),
         aot_cases=lambda arch: [
-            _case(bwd_args, x, w, stat, True) for x, w, stat in aot_norm_grid(f"{op}_bwd", arch)
+            _case(bwd_args, x, w, stat, True)
+            for x, w, stat in aot_norm_grid(f"{op}_bwd", arch, BWD_AOT_ROWS)
         ],
     ))  # fmt: skip
     norm = declare(OpDecl(

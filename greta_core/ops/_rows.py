@@ -285,17 +285,25 @@ def check_arrays_alike(op: str, a_name: str, a: Any, b_name: str, b: Any) -> Non
         )
 
 
-def aot_norm_grid(op: str, arch: str) -> list[tuple[Any, Any, Any]]:
+# The row counts of a norm backward's AOT cases beside 4: 1 row takes the one-launch form
+# wherever a width can (one program: P * N * params is least), 2**20 rows the two-launch
+# form wherever a width can (as many programs as the table allows): the variants calls
+# reach under the table's ``norm_bwd_reduce`` bound, and with it 0 the same as 4 rows.
+BWD_AOT_ROWS = (1, 2**20)
+
+
+def aot_norm_grid(op: str, arch: str, rows: tuple[int, ...] = ()) -> list[tuple[Any, Any, Any]]:
     """(x [rows, N], weight [N], a statistic fp32 [rows]) Metas for a norm's AOT cases:
     every width whose plan picks a block the table can pick (``aot_widths``), every kernel
-    dtype, weights in x's dtype or fp32."""
+    dtype, weights in x's dtype or fp32; 4 rows, then each of `rows`."""
     from greta_core.configs.blocks import aot_widths
     from greta_core.ops.declare import Meta
 
-    stat = Meta.contiguous((4,), "float32")
     return [
-        (Meta.contiguous((4, n), dtype), Meta.contiguous((n,), wdtype), stat)
+        (Meta.contiguous((r, n), dtype), Meta.contiguous((n,), wdtype),
+         Meta.contiguous((r,), "float32"))
         for n in aot_widths(op, arch)
         for dtype in TRITON_DTYPE_NAMES
         for wdtype in sorted({dtype, "float32"})
-    ]
+        for r in (4, *rows)
+    ]  # fmt: skip
