@@ -82,18 +82,23 @@ def _reduce_last(
 
     Why the last program sees every partial (the CUTLASS semaphore pattern):
 
-    - ``tl.debug_barrier()``: bar.sync on NVIDIA, s_barrier on AMD. Every thread of this
-      program has issued its partial stores before any thread passes it, and the barrier
-      orders them (CTA scope) before what follows in the program.
+    - ``tl.debug_barrier()`` (``gpu.barrier``): bar.sync on NVIDIA; on AMD a workgroup-scope
+      release fence, s_barrier, a workgroup-scope acquire fence (HIP's __syncthreads).
+      Every thread of this program has issued its partial stores before any thread passes
+      it, and it orders them (CTA / workgroup scope) before what follows in the program.
     - The scalar ``tl.atomic_add(..., sem="acq_rel", scope="gpu")``: Triton runs a scalar
       atomic on one thread of the program (the others' predicate is off) and hands its
       result to all through shared memory and a barrier. On NVIDIA it is
       ``atom.acq_rel.gpu.global.add``; its release is cumulative in the PTX memory model,
       so the other threads' stores, ordered before it by bar.sync, are visible at gpu scope
       to whoever acquires the counter's new value. On AMD it is an agent-scope acq_rel
-      atomicrmw; LLVM's AMDGPU memory model writes back (release: ``buffer_wbl2`` on gfx942,
-      whose XCDs have L2s of their own) before it and invalidates (acquire: ``buffer_inv``)
-      after it, after s_waitcnt of the stores the s_barrier ordered.
+      atomicrmw; LLVM's AMDGPU memory model (HSA's scoped model, where a workgroup-scope
+      synchronization followed by an agent-scope release is transitive) waits for the
+      stores and writes back before it (release: ``buffer_wbl2`` on gfx942, whose XCDs
+      have L2s of their own) and invalidates after it (acquire: ``buffer_inv``). Verified
+      on the Triton interpreter only so far: the GPU test of
+      ``tests/test_norm_bwd_one_launch.py`` is the check on hardware (no AMD GPU has run
+      it yet).
     - The program that reads ``n_progs - 1`` acquired every other program's release (the
       counter's modification order holds all n_progs increments before its own), and its
       other threads read the partials only after the barrier that hands them the atomic's
