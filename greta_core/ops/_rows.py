@@ -285,11 +285,12 @@ def check_arrays_alike(op: str, a_name: str, a: Any, b_name: str, b: Any) -> Non
         )
 
 
-# The row counts of a norm backward's AOT cases beside 4: 1 row takes the one-launch form
-# wherever a width can (one program: P * N * params is least), 2**20 rows the two-launch
-# form wherever a width can (as many programs as the table allows): the variants calls
-# reach under the table's ``norm_bwd_reduce`` bound, and with it 0 the same as 4 rows.
-BWD_AOT_ROWS = (1, 2**20)
+# The row counts of a norm backward's AOT cases beside 4. 4 rows (2 programs) take the
+# one-launch form wherever a width can for more than one row (a 1-row call's n_rows == 1
+# is a constexpr to Triton: compiled on first use, as any), 2**20 rows the two-launch form
+# wherever a width can (as many programs as the table allows): the variants calls reach
+# under the table's ``norm_bwd_reduce`` bound; with it 0, the same as 4 rows alone.
+BWD_AOT_ROWS = (2**20,)
 
 
 def aot_norm_grid(op: str, arch: str, rows: tuple[int, ...] = ()) -> list[tuple[Any, Any, Any]]:
