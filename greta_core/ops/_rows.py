@@ -159,7 +159,6 @@ def reduce_last_programs(op: str, arch: str, n_rows: int, n_cols: int, n_params:
 def norm_bwd_plan(
     op: str, kernel: Any, n_inputs: int, n_params: int, shape: tuple[int, ...],
     strides: tuple[int, int], dtype: str, w_dtype: str, arch: str, weight: int = 2,
-    counter: int | None = None,
 ) -> Plan:  # fmt: skip
     """The backward of a norm with `n_params` (1 or 2) per-column parameters (weight[, bias]).
 
@@ -178,8 +177,9 @@ def norm_bwd_plan(
     kernel starts and that the kernel leaves zero (``Buffer(zeroed=True)``: the ready
     launch takes it from the scratch arena's zeroed header, see ``ops/_calls.py``). The
     kernel's gradient and counter pointers come before dx; the two-launch form passes it
-    inputs there (unread: In(`weight`) for the gradients, In(`counter`), by default the
-    last input, a statistic, for the counter), so its written buffers stay (dx, partials).
+    inputs there (unread: In(`weight`) for the gradients, the last input, a statistic, for
+    the counter), so its written buffers stay (dx, partials): JAX's outputs are a launch's
+    trailing buffers.
     """
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(op, arch, n_cols)
@@ -203,7 +203,7 @@ def norm_bwd_plan(
         )  # fmt: skip
         buffers += (Buffer((1,), "int32", zeroed=True),)
         return Plan(op, arch, buffers, (bwd,), (0, *(g.index for g in grads)))
-    unread = (In(weight),) * n_params + (In(n_inputs - 1 if counter is None else counter),)
+    unread = (In(weight),) * n_params + (In(n_inputs - 1),)
     bwd = Launch(
         kernel, (programs,), (*inputs, *scalars, *unread, Out(0), Out(1)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "REDUCE_LAST": False, "BLOCK_R": 1,
