@@ -226,8 +226,7 @@ def _run(args: Any, override: dict[str, dict[str, Any]] | None) -> int:
     )  # fmt: skip
     runnable[FLOOR] = _floor_step()
     if args.count:
-        args.config_mapping = override
-        return _write_counts(args, runnable, rows)
+        return _write_counts(args, runnable, rows, override)
     if args.clock == "thread":
         interleaved.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
     per = interleaved.interleaved_host_us(
@@ -258,13 +257,15 @@ def _run(args: Any, override: dict[str, dict[str, Any]] | None) -> int:
     return 0
 
 
-def _write_counts(args: Any, runnable: dict[Any, Any], rows: list[Any]) -> int:
+def _write_counts(
+    args: Any, runnable: dict[Any, Any], rows: list[Any], override: dict[str, Any] | None
+) -> int:
     from greta_core.bench.metadata import collect
 
     results = [{"group": g, "variant": v, **count(step)} for (g, v), step in runnable.items()]
     doc = {
         **collect("grad_overhead_stub_count", "cpu"), "packed": args.packed,
-        "config": getattr(args, "config_mapping", None),
+        "config": override,
         "results": results, "skipped": [row for row in rows if "skipped" in row],
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
