@@ -262,3 +262,21 @@ def test_gpu_one_launch_is_the_two_launch_form_bit_for_bit(op: str) -> None:
     torch.cuda.synchronize()
     arenas = [a for key, a in _calls._ARENAS.items() if key[0] == torch.cuda.current_device()]
     assert arenas and all(not a[2][: _calls.ARENA_HEADER].any() for a in arenas)
+
+
+def test_amd_plans_make_each_wave_wait_for_its_stores() -> None:
+    """Triton's barrier on AMD does not wait for a wave's stores (gfx942's code shows a bare
+    s_barrier): the one-launch plan for a HIP arch sets WAIT_STORES to its family's wait,
+    0 elsewhere and in the two-launch form."""
+    from greta_core.ops._rows import store_wait
+
+    archs = ("sm_90", "cpu", "gfx942", "gfx90a", "gfx1100", "gfx1030", "gfx1201")
+    assert [store_wait(a) for a in archs] == [0, 0, 1, 1, 2, 2, 3]
+    x, w = Meta.contiguous((16, 64), "bfloat16"), Meta.contiguous((64,), "float32")
+    stat = Meta.contiguous((16,), "float32")
+    plan = DECLARED["rms_norm_bwd"].plan
+    assert plan("gfx942", x, x, w, stat).launches[0].constexprs["WAIT_STORES"] == 0
+    with configs.Override({"norm_bwd_reduce": {"MAX_PARTIALS": 10**6}}):
+        for arch, wait in (("gfx942", 1), ("gfx1100", 2), ("gfx1201", 3), ("sm_90", 0)):
+            (launch,) = plan(arch, x, x, w, stat).launches
+            assert launch.constexprs["WAIT_STORES"] == wait

@@ -75,6 +75,7 @@ def sum_partials(
 def _reduce_last(
     dw_partial_ptr, db_partial_ptr, n_progs, n_cols, dw_ptr, db_ptr, counter_ptr,
     CENTER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):  # fmt: skip
     """After this program stored its partial row(s): count it done; the last program to do
     so adds every program's partials (``sum_partials``: program order 0..P-1) into dweight
@@ -82,20 +83,22 @@ def _reduce_last(
 
     Why the last program sees every partial (the CUTLASS semaphore pattern):
 
-    - ``tl.debug_barrier()`` (``gpu.barrier``): bar.sync on NVIDIA; on AMD a workgroup-scope
-      release fence, s_barrier, a workgroup-scope acquire fence (HIP's __syncthreads).
-      Every thread of this program has issued its partial stores before any thread passes
-      it, and it orders them (CTA / workgroup scope) before what follows in the program.
+    - ``tl.debug_barrier()``: bar.sync on NVIDIA, where it orders every thread's partial
+      stores (CTA scope) before what follows in the program. On AMD (gfx942, Triton 3.6)
+      it is a bare s_barrier: no wave waits for its stores to complete before it (the
+      compiled code shows no s_waitcnt there), so WAIT_STORES (the plan's ``store_wait``:
+      1 gfx9, 2 gfx10/11, 3 gfx12) puts the arch's wait for outstanding stores in every
+      wave first (``s_waitcnt vmcnt(0)`` on gfx942): each wave's partial stores have
+      reached the L2 before any wave passes the barrier.
     - The scalar ``tl.atomic_add(..., sem="acq_rel", scope="gpu")``: Triton runs a scalar
       atomic on one thread of the program (the others' predicate is off) and hands its
       result to all through shared memory and a barrier. On NVIDIA it is
       ``atom.acq_rel.gpu.global.add``; its release is cumulative in the PTX memory model,
       so the other threads' stores, ordered before it by bar.sync, are visible at gpu scope
       to whoever acquires the counter's new value. On AMD it is an agent-scope acq_rel
-      atomicrmw; LLVM's AMDGPU memory model (HSA's scoped model, where a workgroup-scope
-      synchronization followed by an agent-scope release is transitive) waits for the
-      stores and writes back before it (release: ``buffer_wbl2`` on gfx942, whose XCDs
-      have L2s of their own) and invalidates after it (acquire: ``buffer_inv``). Verified
+      atomicrmw: ``buffer_wbl2 sc1`` (release: the L2's lines written back, every wave's
+      partials among them, for the other XCDs of a gfx942, whose L2s are their own) and
+      ``s_waitcnt vmcnt(0)`` before it, ``buffer_inv sc1`` (acquire) after it. Verified
       on the Triton interpreter only so far: the GPU test of
       ``tests/test_norm_bwd_one_launch.py`` is the check on hardware (no AMD GPU has run
       it yet).
@@ -107,6 +110,21 @@ def _reduce_last(
     - The counter goes back to 0 with a plain store: the next kernel that uses it runs
       after this one ends on the same stream, and a kernel's end publishes its stores.
     """
+    if WAIT_STORES:  # AMD: every wave's stores complete before the barrier (see above)
+        if WAIT_STORES == 1:  # gfx9 (CDNA): stores count in vmcnt
+            wait: tl.constexpr = "s_waitcnt vmcnt(0)"
+        elif WAIT_STORES == 2:  # gfx10, gfx11 (RDNA 2-3): in vscnt
+            wait: tl.constexpr = "s_waitcnt_vscnt null, 0x0"
+        else:  # gfx12 (RDNA 4): in storecnt
+            wait: tl.constexpr = "s_wait_storecnt 0x0"
+        tl.inline_asm_elementwise(
+            wait + "\n v_mov_b32 $0, $1",
+            "=v,v",
+            [n_cols],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
     tl.debug_barrier()
     done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     if done == n_progs - 1:
@@ -128,6 +146,7 @@ def norm_bwd_rows(
     dx_ptr, dw_partial_ptr, db_partial_ptr, dw_ptr, db_ptr, counter_ptr,
     BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, CENTER: tl.constexpr, HAS_DS: tl.constexpr,
     REDUCE_LAST: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):  # fmt: skip
     """The backward of this program's rows of a norm, g = w * dy:
     RMSNorm (CENTER off): dx = rstd * (g - xhat * mean(g * xhat)), xhat = x * rstd;
@@ -137,7 +156,8 @@ def norm_bwd_rows(
     ds_ptr is unread without). Writes one fp32 partial row of dweight (and dbias) per
     program; ``col_sum`` adds them, or with REDUCE_LAST the last program to finish does
     (``_reduce_last``: one launch, not two; dw_ptr, db_ptr and counter_ptr are unread
-    without it, and BLOCK_R / BLOCK_P, its column block and unroll, unused)."""
+    without it, and BLOCK_R / BLOCK_P, its column block and unroll, and WAIT_STORES, AMD's
+    wait for each wave's stores before the barrier, unused)."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     dw_row = dw_partial_ptr + pid.to(tl.int64) * n_cols
@@ -218,5 +238,5 @@ def norm_bwd_rows(
     if REDUCE_LAST:
         _reduce_last(
             dw_partial_ptr, db_partial_ptr, n_progs, n_cols, dw_ptr, db_ptr, counter_ptr,
-            CENTER, BLOCK_R, BLOCK_P,
+            CENTER, BLOCK_R, BLOCK_P, WAIT_STORES,
         )  # fmt: skip

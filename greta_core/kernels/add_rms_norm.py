@@ -64,6 +64,7 @@ def add_rms_norm_bwd_kernel(
     REDUCE_LAST: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):
     # s is stored contiguous (the forward writes it): its row stride is n_cols. dw_ptr and
     # counter_ptr are unread without REDUCE_LAST.
@@ -71,4 +72,5 @@ def add_rms_norm_bwd_kernel(
         dy_ptr, s_ptr, w_ptr, rstd_ptr, rstd_ptr, ds_ptr, n_rows, n_cols, stride_dy, n_cols,
         stride_ds, dx_ptr, dw_partial_ptr, dw_partial_ptr, dw_ptr, dw_ptr, counter_ptr,
         BLOCK_N, ONE_PASS, False, True, REDUCE_LAST, BLOCK_R, BLOCK_P,
+        WAIT_STORES,
     )  # fmt: skip

@@ -96,6 +96,7 @@ def layer_norm_bwd_kernel(
     REDUCE_LAST: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):
     # dx = rstd * (g - xhat * mean(g * xhat) - mean(g)), g = w * dy; ds_ptr is unread. The
     # partials: [2 * programs, N], dweight's rows then dbias's (one buffer, one col_sum, or
@@ -105,4 +106,5 @@ def layer_norm_bwd_kernel(
         dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
         dx_ptr, partial_ptr, db_partial_ptr, dw_ptr, db_ptr, counter_ptr, BLOCK_N, ONE_PASS,
         True, False, REDUCE_LAST, BLOCK_R, BLOCK_P,
+        WAIT_STORES,
     )  # fmt: skip

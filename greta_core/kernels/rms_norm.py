@@ -104,6 +104,7 @@ def rms_norm_bwd_kernel(
     REDUCE_LAST: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):
     # mean_ptr, ds_ptr and db_partial_ptr are unread (CENTER and HAS_DS off); dw_ptr and
     # counter_ptr too without REDUCE_LAST (the plan then passes inputs: see norm_bwd_plan).
@@ -111,4 +112,5 @@ def rms_norm_bwd_kernel(
         dy_ptr, x_ptr, w_ptr, rstd_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
         dx_ptr, dw_partial_ptr, dw_partial_ptr, dw_ptr, dw_ptr, counter_ptr, BLOCK_N, ONE_PASS,
         False, False, REDUCE_LAST, BLOCK_R, BLOCK_P,
+        WAIT_STORES,
     )  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from greta_core import configs
+from greta_core.arch import is_hip
 from greta_core.configs.blocks import row_block
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan
 from greta_core.ops._validate import GretaInputError, check_tensor, launch_arch
@@ -141,6 +142,16 @@ def col_sum_launch(
     )
 
 
+def store_wait(arch: str) -> int:
+    """WAIT_STORES of a norm backward in one launch: how an AMD wave waits for its own
+    stores before the barrier (Triton's barrier there does not; ``kernels/_rows.py``):
+    1 gfx9 (vmcnt), 2 gfx10/gfx11 (vscnt), 3 gfx12 (storecnt); 0 elsewhere (NVIDIA's
+    bar.sync orders them, the interpreter runs programs one after another)."""
+    if not is_hip(arch):
+        return 0
+    return 3 if arch.startswith("gfx12") else 2 if arch.startswith(("gfx10", "gfx11")) else 1
+
+
 def reduce_last_programs(op: str, arch: str, n_rows: int, n_cols: int, n_params: int) -> int:
     """Programs of a norm backward in one launch (its last program adds the partials), or 0
     for the two-launch form (kernel + ``col_sum``).
@@ -171,7 +182,9 @@ def norm_bwd_plan(
     buffer and one launch for both parameters: the host time of a training step's small
     norms is mostly per launch and per allocation (issue 25).
 
-    Where ``reduce_last_programs`` allows it, one launch: the kernel's REDUCE_LAST form,
+    Where ``reduce_last_programs`` allows it, one launch: the kernel's REDUCE_LAST form (on
+    AMD with ``store_wait``'s WAIT_STORES: each wave waits for its stores before the
+    barrier, ``kernels/_rows.py``),
     whose last program adds the partials in ``col_sum``'s order and writes the gradients;
     it counts finished programs in one more scratch buffer, an int32 that is zero when the
     kernel starts and that the kernel leaves zero (``Buffer(zeroed=True)``: the ready
@@ -198,7 +211,8 @@ def norm_bwd_plan(
         bwd = Launch(
             kernel, (programs,), (*inputs, *scalars, *grads, Out(2 + n_params), Out(0), Out(1)),
             {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "REDUCE_LAST": True,
-             "BLOCK_R": reduce["BLOCK_R"], "BLOCK_P": reduce["BLOCK_P"]},
+             "BLOCK_R": reduce["BLOCK_R"], "BLOCK_P": reduce["BLOCK_P"],
+             "WAIT_STORES": store_wait(arch)},
             rp.options,
         )  # fmt: skip
         buffers += (Buffer((1,), "int32", zeroed=True),)
@@ -207,7 +221,7 @@ def norm_bwd_plan(
     bwd = Launch(
         kernel, (programs,), (*inputs, *scalars, *unread, Out(0), Out(1)),
         {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "REDUCE_LAST": False, "BLOCK_R": 1,
-         "BLOCK_P": 1},
+         "BLOCK_P": 1, "WAIT_STORES": 0},
         rp.options,
     )  # fmt: skip
     col_sum = col_sum_launch(arch, Out(1), programs, n_cols, *grads)
