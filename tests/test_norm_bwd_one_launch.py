@@ -280,3 +280,64 @@ def test_amd_plans_make_each_wave_wait_for_its_stores() -> None:
         for arch, wait in (("gfx942", 1), ("gfx1100", 2), ("gfx1201", 3), ("sm_90", 0)):
             (launch,) = plan(arch, x, x, w, stat).launches
             assert launch.constexprs["WAIT_STORES"] == wait
+
+
+# Compiles rms_norm's one-launch backward (bf16, N 2048) for sm_90 and gfx942 without a GPU
+# (the kernel-wheel build's way) and prints each one's assembly lines as JSON.
+_COMPILE = r"""
+import json, sys, tempfile
+from greta_core import configs
+from greta_core.kernel_wheels import aot
+from greta_core.ops.declare import DECLARED, aot_specs
+import greta_core.ops.rms_norm
+
+out = {}
+for arch, key in (("sm_90", "ptx"), ("gfx942", "amdgcn")):
+    with configs.Override({"norm_bwd_reduce": {"MAX_PARTIALS": 65536}}):
+        spec = next(
+            s for s in aot_specs(DECLARED["rms_norm_bwd"], arch)
+            if s.constexprs.get("REDUCE_LAST") and s.constexprs["BLOCK_N"] == 2048
+            and s.signature["dy_ptr"] == "*bf16"
+        )
+    ints = aot.int_args_for(spec, "aligned")
+    args = [spec.constexprs[n] if n in spec.constexprs
+            else aot._stand_in(n, spec.signature[n], ints) for n in spec.kernel.arg_names]
+    with tempfile.TemporaryDirectory() as d, aot.compiling_for(arch, d):
+        spec.kernel.device_caches.clear()
+        compiled = spec.kernel.warmup(*args, grid=(1,), **aot._jit_options(spec))
+    out[arch] = [line.strip() for line in compiled.asm[key].splitlines()]
+print(json.dumps(out))
+"""
+
+
+def test_compiled_one_launch_orders_the_partials_before_the_count() -> None:
+    """What the docstring of ``kernels._rows._reduce_last`` claims, in the compiled code
+    (Triton's own lowering, no GPU needed): on sm_90 bar.sync, then the acq_rel gpu-scope
+    atomic, then ``.cg`` loads of the partials; on gfx942 every wave's wait for its stores
+    before s_barrier, then the release write-back, the atomic, the acquire invalidate."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True,
+                          text=True, timeout=300, check=True)  # fmt: skip
+    asm = json.loads(proc.stdout.splitlines()[-1])
+
+    def first(lines: list[str], text: str, after: int = -1) -> int:
+        return next(i for i, line in enumerate(lines) if i > after and text in line)
+
+    ptx = asm["sm_90"]
+    atom = first(ptx, "atom.global.gpu.acq_rel.add")
+    store = max(
+        i for i, line in enumerate(ptx[:atom]) if line.startswith("@") and "st.global" in line
+    )
+    assert store < first(ptx, "bar.sync", store) < atom < first(ptx, "ld.global.cg", atom)
+    gcn = asm["gfx942"]
+    atom = first(gcn, "global_atomic_add")
+    barrier = max(i for i, line in enumerate(gcn[:atom]) if line == "s_barrier")
+    store = max(i for i, line in enumerate(gcn[:barrier]) if "_store_" in line)
+    assert store < first(gcn, "s_waitcnt vmcnt(0)", store) < barrier
+    assert barrier < first(gcn, "buffer_wbl2 sc1", barrier) < atom
+    assert atom < first(gcn, "buffer_inv sc1", atom)
