@@ -12,6 +12,9 @@ thread's CPU clock by default (a shared host's other tenants left out).
 
     python bench/grad_overhead_stub.py --out <tmp>/stub.json [--only rms_norm softmax]
 
+``--config JSON`` serves keys over the config tables, as in grad_overhead.py (e.g.
+``'{"norm_bwd_reduce": {"MAX_PARTIALS": 65536}}'``: the norms' backward in one launch).
+
 ``--count`` counts instead of timing, the same for every host and run: per forward+backward,
 the Python frames entered and C functions called (``sys.setprofile``), the kernel launches
 and torch's allocation calls by name. ``--packed`` stands in Triton 3.7+'s C launcher (its
@@ -108,6 +111,8 @@ def _counted_launch(*args: Any) -> None:
 def stub(packed: bool = False) -> None:
     """CPU tensors take the GPU hot path; no kernel runs. `packed`: the captured launcher
     takes Triton 3.7+'s form (``_direct._packed`` over a C launch)."""
+    import dataclasses
+
     from greta_core.ops import _calls, _direct, _plan
 
     if hasattr(_calls, "_eager"):  # a tree before eager_training
@@ -125,7 +130,7 @@ def stub(packed: bool = False) -> None:
             return got[1]
         f = real_form(plan)
         launches = [(*launch[:4], _Captured(launch[1])) for launch in f.launches]
-        forms[id(plan)] = (plan, _plan._TorchForm(f.allocs, f.plain, launches, f.empty))
+        forms[id(plan)] = (plan, dataclasses.replace(f, launches=launches))
         return forms[id(plan)][1]
 
     _plan._torch_form = _calls._torch_form = form
@@ -207,12 +212,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="linear_cross_entropy's delegated path (with --only linear_cross_entropy)",
     )
+    parser.add_argument("--config", help="JSON {op: {KEY: value}} over the config tables")
     args = parser.parse_args(argv)
+    import grad_overhead
+
+    try:
+        override = grad_overhead.config_override(args.config)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
     stub(args.packed)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(grad_overhead.overridden(override))
         if args.lce_delegated:
             stack.enter_context(lce_delegated())
-        return _run(args)
+        return _run(args, override)
 
 
 @contextlib.contextmanager
@@ -241,7 +254,7 @@ def lce_delegated() -> Any:
         yield
 
 
-def _run(args: Any) -> int:
+def _run(args: Any, override: dict[str, dict[str, Any]] | None) -> int:
     import grad_overhead
     import interleaved
     import torch
@@ -268,7 +281,7 @@ def _run(args: Any) -> int:
     )  # fmt: skip
     runnable[FLOOR] = _floor_step()
     if args.count:
-        return _write_counts(args, runnable, rows)
+        return _write_counts(args, runnable, rows, override)
     if args.clock == "thread":
         interleaved.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
     per = interleaved.interleaved_host_us(
@@ -286,7 +299,7 @@ def _run(args: Any) -> int:
         })  # fmt: skip
     doc = {
         **collect("grad_overhead_stub", "cpu"), "lce_delegated": args.lce_delegated,
-        "clock": args.clock, "calls": args.calls, "rounds": args.rounds,
+        "clock": args.clock, "calls": args.calls, "rounds": args.rounds, "config": override,
         "floor_us": round(statistics.median(floor), 2), "results": results,
         "skipped": [row for row in rows if "skipped" in row],
     }  # fmt: skip
@@ -299,13 +312,15 @@ def _run(args: Any) -> int:
     return 0
 
 
-def _write_counts(args: Any, runnable: dict[Any, Any], rows: list[Any]) -> int:
+def _write_counts(
+    args: Any, runnable: dict[Any, Any], rows: list[Any], override: dict[str, Any] | None
+) -> int:
     from greta_core.bench.metadata import collect
 
     results = [{"group": g, "variant": v, **count(step)} for (g, v), step in runnable.items()]
     doc = {
         **collect("grad_overhead_stub_count", "cpu"), "packed": args.packed,
-        "lce_delegated": args.lce_delegated,
+        "lce_delegated": args.lce_delegated, "config": override,
         "results": results, "skipped": [row for row in rows if "skipped" in row],
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

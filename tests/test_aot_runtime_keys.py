@@ -375,3 +375,32 @@ def test_cases_that_meet_one_key_make_one_spec(arch: str) -> None:
     bwd_cases = [(*map(meta, ts), *scalars) for ts, scalars in backwards]
     two = dataclasses.replace(bwd, aot_cases=lambda a: bwd_cases)
     assert len(aot_specs(two, arch)) == 2 * 3  # delta, dkdv, dq at each query length
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_table_with_the_one_launch_norm_backward_finds_both_forms(arch: str) -> None:
+    """A table that turns the norms' one-launch backward on (``norm_bwd_reduce``): calls of
+    a few rows (one launch, REDUCE_LAST) and of many (two launches), bf16 with fp32
+    weights, at every width the AOT cases cover, find their keys in the wheel that table
+    builds."""
+    from greta_core import configs
+    from greta_core.configs.blocks import aot_widths
+
+    forms: set[bool] = set()
+    with configs.Override({"norm_bwd_reduce": {"MAX_PARTIALS": 2 * 4096}}):
+        for name in ("rms_norm_bwd", "add_rms_norm_bwd", "layer_norm_bwd"):
+            op = DECLARED[name]
+            wheel = wheel_keys(op, arch)
+            for n in aot_widths(name, arch):
+                # 4 programs (one launch up to N 2048), and 128+ (under 2 GiB a tensor: ROCm)
+                for rows in (16, 2**14):
+                    x, w = Meta.contiguous((rows, n), "bfloat16"), Meta.contiguous((n,), "float32")
+                    stat = Meta.contiguous((rows,), "float32")
+                    metas = {"rms_norm_bwd": (x, x, w, stat), "add_rms_norm_bwd": (x, x, x, w, stat),
+                             "layer_norm_bwd": (x, x, w, stat, stat)}[name]  # fmt: skip
+                    keys = runtime_keys(op, arch, [CallTensor(m) for m in metas], ())
+                    for key in keys:
+                        if _covered(op, key, aot.precompiled_int_variants(key[0])):
+                            assert key in wheel, (name, rows, n, key)
+                    forms.add(len(keys) == 1)
+    assert forms == {True, False}

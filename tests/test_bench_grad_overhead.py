@@ -59,3 +59,29 @@ def test_a_step_differentiates_every_input() -> None:
     gx, gw = bench._step(lambda a, b, s: a * b * s, (x, w), (2.0,))()
     torch.testing.assert_close(gx, 2.0 * w.detach())
     torch.testing.assert_close(gw, 2.0 * x.detach())
+
+
+def test_config_serves_keys_over_the_tables_for_the_run(tmp_path: Path) -> None:
+    """--config: a JSON object (inline or a file) that configs.Override serves for the run
+    (the shipped tables leave the norms' one-launch backward off); bad JSON is a one-line
+    usage error before anything runs."""
+    from greta_core import configs
+
+    bench = load_script("bench/grad_overhead.py", "grad_overhead_bench")
+    assert bench.config_override(None) is None
+    mapping = bench.config_override('{"norm_bwd_reduce": {"MAX_PARTIALS": 64}}')
+    assert mapping == {"norm_bwd_reduce": {"MAX_PARTIALS": 64}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(mapping))
+    assert bench.config_override(str(path)) == mapping
+    with pytest.raises(ValueError, match="not valid JSON"):
+        bench.config_override("{oops")
+    with pytest.raises(ValueError, match="must map op names to objects"):
+        bench.config_override('{"norm_bwd_reduce": 1}')
+    assert configs.lookup("norm_bwd_reduce", "sm_90")["MAX_PARTIALS"] == 0
+    with bench.overridden(mapping):
+        assert configs.lookup("norm_bwd_reduce", "sm_90")["MAX_PARTIALS"] == 64
+    assert configs.lookup("norm_bwd_reduce", "sm_90")["MAX_PARTIALS"] == 0
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--config", "{oops", "--out", str(tmp_path / "g.json")])
+    assert exc.value.code == 2 and not (tmp_path / "g.json").exists()

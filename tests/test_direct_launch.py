@@ -475,12 +475,14 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     first = [partials(), partials()]
     arena = _calls.scratch_arena(0, 1000)
     assert arena is not None and arena.dtype == torch.uint8 and arena.numel() >= 8 * 4 * 4
-    assert first == [arena.data_ptr()] * 2
+    assert first == [arena.data_ptr() + _calls.ARENA_HEADER] * 2  # after the zeroed header
+    assert not arena[: _calls.ARENA_HEADER].any()
     result = ((4,), torch.bfloat16)  # the result
     assert made == [result, result]  # no partials allocated per call
     made.clear()
     ready._get_stream = lambda d: 2000 + d  # another stream
-    assert partials() == _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
+    assert partials() == _calls.scratch_arena(0, 2000).data_ptr() + _calls.ARENA_HEADER
+    assert _calls.scratch_arena(0, 2000).data_ptr() != arena.data_ptr()
     assert made == [result]
     made.clear()
     # Another thread on the first stream: its own arena (two threads' launches may
@@ -490,8 +492,9 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     worker = threading.Thread(target=lambda: other.append(partials()))
     worker.start()
     worker.join()
-    assert other and other[0] == _calls.scratch_arena(0, 1000, worker.ident).data_ptr()
-    assert other[0] != arena.data_ptr() and _calls.scratch_arena(0, 1000) is arena
+    theirs = _calls.scratch_arena(0, 1000, worker.ident)
+    assert other and other[0] == theirs.data_ptr() + _calls.ARENA_HEADER
+    assert theirs.data_ptr() != arena.data_ptr() and _calls.scratch_arena(0, 1000) is arena
     ready._get_stream = lambda d: 3000 + d  # a new arena: the ended thread's is dropped
     partials()
     assert _calls.scratch_arena(0, 1000, worker.ident) is None
@@ -501,7 +504,10 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     ready._capturing = lambda: True  # a CUDA graph being captured: fresh, as any buffer
     fresh = partials()
     assert made == [result, ((8, 4), torch.float32)]
-    assert fresh not in (arena.data_ptr(), _calls.scratch_arena(0, 2000).data_ptr())
+    assert fresh not in (
+        arena.data_ptr() + _calls.ARENA_HEADER,
+        _calls.scratch_arena(0, 2000).data_ptr() + _calls.ARENA_HEADER,
+    )
     _calls.release_scratch()
     assert _calls.scratch_arena(0, 1000) is None
     monkeypatch.setattr(_calls, "ARENA_LIMIT", 8 * 4 * 4 - 1)  # too large for an arena
@@ -509,7 +515,78 @@ def test_ready_launch_carves_scratch_from_the_streams_arena(
     big_cache.launch_args(_plan._identity, False, (x,))
     (big_ready,) = big_cache._ready.values()
     assert big_ready._scratch == 0
-    assert [at for *_, at in big_ready._allocs] == [None, None]
+    assert [alloc[4] for alloc in big_ready._allocs] == [None, None]
+
+
+def test_ready_launch_takes_a_zeroed_counter_from_the_arenas_header(
+    monkeypatch: pytest.MonkeyPatch, device
+) -> None:
+    """A zeroed scratch buffer (a norm backward's counter of finished programs) on the ready
+    path: the start of the arena's header, zeroed once when the arena is made, no zeroing
+    per call; the other scratch after the header. While a graph is captured the call takes
+    the ordinary path (it allocates the counter zeroed); a plan whose zeroed buffer the
+    header cannot hold, or a zeroed result, never gets a ready launch."""
+    from greta_core.ops import _calls
+
+    monkeypatch.setattr(_calls, "_ARENAS", {})
+    a, b, s = _Kernel(), _Kernel(), _support()
+
+    def fake_direct_launch(k, grid, spec, keywords, kinds):  # type: ignore[no-untyped-def]
+        slots = tuple(i for i, (kind, _) in enumerate(spec) if kind in kinds)
+        return _direct.DirectLaunch(k, grid, keywords, slots, (keywords["BLOCK"], 7), s)
+
+    monkeypatch.setattr(_direct, "direct_launch", fake_direct_launch)
+    buffers = (Buffer((4,), "bfloat16"), Buffer((8, 4), "float32"))
+    launches = (Launch(a, (8,), (Out(2), 4, Out(1)), {"BLOCK": 16}),
+                Launch(b, (2, 3), (Out(1), 8, Out(0)), {"BLOCK": 32}))  # fmt: skip
+    plan = Plan("fake", "sm_90", (*buffers, Buffer((1,), "int32", zeroed=True)), launches, (0,))
+    assert _calls.ReadyLaunch.fits(plan)
+    zeroing: list[Any] = []
+    real_zeros, real_zero_, real_new = torch.zeros, torch.Tensor.zero_, torch.Tensor.new_zeros
+
+    def zeros(*args: Any, **kw: Any) -> Any:
+        zeroing.append("zeros")
+        return real_zeros(*args, **kw)
+
+    def zero_(t: Any) -> Any:
+        zeroing.append(t.numel())
+        return real_zero_(t)
+
+    def new_zeros(t: Any, *args: Any, **kw: Any) -> Any:
+        zeroing.append("new_zeros")
+        return real_new(t, *args, **kw)
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    monkeypatch.setattr(torch.Tensor, "zero_", zero_)
+    monkeypatch.setattr(torch.Tensor, "new_zeros", new_zeros)
+    cache = _calls.CallCache(lambda x: plan, 1, plan_inputs=lambda p: (p, (0,)))
+    x = torch.ones(4)
+    cache.launch_args(_plan._identity, False, (x,))  # the ordinary path: a zeroed counter
+    assert zeroing == ["zeros"]
+    (ready,) = cache._ready.values()
+    assert type(ready) is _calls.ReadyLaunch
+    for _ in range(3):
+        (y,) = cache.launch_args(_plan._identity, False, (x,))
+        (la,), (lb,) = a.compiled.launches[-1:], b.compiled.launches[-1:]
+        arena = _calls.scratch_arena(0, 1000)
+        assert la[9] == arena.data_ptr()  # the counter: the header's start
+        assert la[11] == lb[9] == arena.data_ptr() + _calls.ARENA_HEADER  # the partials
+        assert lb[11] == y.data_ptr()
+    assert zeroing == ["zeros", _calls.ARENA_HEADER]  # the header, once, when made
+    assert not arena[: _calls.ARENA_HEADER].any()
+    launched = len(a.compiled.launches)
+    ready._capturing = lambda: True  # no arena in a graph: the ordinary path
+    assert cache.launch_args(_plan._identity, False, (x,)) is None
+    assert len(a.compiled.launches) == launched
+    ready._capturing = lambda: False
+    fresh = ready._fresh((x,))  # the direct launcher's path (an unaligned buffer)
+    assert fresh[2].dtype == torch.int32 and zeroing[-1] == "new_zeros" and fresh[2].item() == 0
+    monkeypatch.setattr(_calls, "ARENA_HEADER", 255)  # too small for the counter's 256 bytes
+    assert not _calls.ReadyLaunch.fits(plan)
+    monkeypatch.setattr(_calls, "ARENA_HEADER", 1024)
+    result = Plan("fake", "sm_90", (Buffer((4,), "bfloat16", zeroed=True), buffers[1]),
+                  launches[1:], (0,))  # fmt: skip
+    assert not _calls.ReadyLaunch.fits(result)  # a zeroed result: the ordinary path
 
 
 def test_buffers_like_no_input_allocate_like_a_template() -> None:

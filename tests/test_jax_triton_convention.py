@@ -110,3 +110,47 @@ def test_dce_rule_left_alone_where_jax_and_jax_triton_agree() -> None:
     assert not adapt_dce_rule(rules, prim, _two_arg_rule)
     assert rules[prim] is _two_arg_rule
     assert not adapt_dce_rule({}, prim, _three_arg_default)  # nothing registered
+
+
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.1"])
+def test_a_norm_backward_in_one_launch_gets_its_counter_zeroed(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The norms' one-launch backward (``norm_bwd_plan`` with the bound on) under JAX: one
+    triton_call whose outputs are the gradient, the int32 counter, dx and the partials, in
+    the kernel's parameter order; the counter starts as zeros (0.3: ``zeroed_outputs``;
+    0.4: a zeros operand aliased to it); the results are dx and dweight."""
+    import sys
+    import types
+
+    jnp = pytest.importorskip("jax.numpy")
+    from greta_core import configs
+    from greta_core.jax import _plan as jax_plan
+    from greta_core.ops.declare import Meta
+    from greta_core.ops.rms_norm import plan_bwd
+
+    x, w, stat = (Meta.contiguous(s, d) for s, d in
+                  (((7, 40), "float32"), ((40,), "float32"), ((7,), "float32")))  # fmt: skip
+    with configs.Override({"norm_bwd_reduce": {"MAX_PARTIALS": 10**6}}):
+        plan = plan_bwd("sm_90", x, x, w, stat)
+    calls: list[dict[str, Any]] = []
+
+    def triton_call(*args: Any, **kw: Any) -> list[Any]:
+        calls.append({"args": args, **kw})
+        return [jnp.full(s.shape, k, s.dtype) for k, s in enumerate(kw["out_shape"])]
+
+    fake = types.SimpleNamespace(__version__=version, triton_call=triton_call)
+    monkeypatch.setitem(sys.modules, "jax_triton", fake)
+    inputs = tuple(jnp.ones(m.shape, m.dtype) for m in (x, x, w, stat))
+    dx, dw = jax_plan.run(plan, inputs)
+    (call,) = calls
+    shapes = [(tuple(s.shape), str(s.dtype)) for s in call["out_shape"]]
+    assert shapes == [((40,), "float32"), ((1,), "int32"), ((7, 40), "float32"),
+                      ((3, 40), "float32")]  # fmt: skip
+    assert int(dw[0]) == 0 and int(dx[0, 0]) == 2  # dweight, dx: the first and third outputs
+    assert call["REDUCE_LAST"] is True and call["grid"] == (3,)
+    if version == "0.3.1":
+        assert call["zeroed_outputs"] == (1,) and "counter_ptr" not in call
+    else:
+        assert "zeroed_outputs" not in call and not call["counter_ptr"].any()
+        assert call["counter_ptr"].dtype == jnp.int32

@@ -49,11 +49,104 @@ def _stats(mean_ptr, rstd_ptr, row, CENTER: tl.constexpr):
 
 
 @triton.jit
+def sum_partials(
+    partial_ptr, n_partials, n_cols, cols, col_mask, BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """The fp32 sums over the `n_partials` rows of a [n_partials, n_cols] partials buffer at
+    `cols` ([BLOCK_N]), added in row order 0, 1, ..., n_partials - 1: each column's sum is
+    the same sequence of fp32 additions whatever the kernel's layout or warp count, so
+    ``col_sum`` and a norm backward's last program (``REDUCE_LAST``) give the same bits.
+    BLOCK_P rows per step, unrolled (their loads in flight together; the additions stay in
+    order). ``.cg`` loads: the rows were written by other programs (this kernel's, under
+    REDUCE_LAST) and are read from L2, never from a stale line of this core's L1."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, n_partials, BLOCK_P):
+        for r in tl.static_range(BLOCK_P):
+            p = start + r
+            row = partial_ptr + tl.cast(p, tl.int64) * n_cols
+            acc += tl.load(
+                row + cols, mask=col_mask & (p < n_partials), other=0.0, cache_modifier=".cg"
+            )
+    return acc
+
+
+@triton.jit
+def _reduce_last(
+    dw_partial_ptr, db_partial_ptr, n_progs, n_cols, dw_ptr, db_ptr, counter_ptr,
+    CENTER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
+):  # fmt: skip
+    """After this program stored its partial row(s): count it done; the last program to do
+    so adds every program's partials (``sum_partials``: program order 0..P-1) into dweight
+    (and dbias), in their dtype, and sets the counter back to 0 for the next launch.
+
+    Why the last program sees every partial (the CUTLASS semaphore pattern):
+
+    - ``tl.debug_barrier()``: bar.sync on NVIDIA, where it orders every thread's partial
+      stores (CTA scope) before what follows in the program. On AMD (gfx942, Triton 3.6)
+      it is a bare s_barrier: no wave waits for its stores to complete before it (the
+      compiled code shows no s_waitcnt there), so WAIT_STORES (the plan's ``store_wait``:
+      1 gfx9, 2 gfx10/11, 3 gfx12) puts the arch's wait for outstanding stores in every
+      wave first (``s_waitcnt vmcnt(0)`` on gfx942): each wave's partial stores have
+      reached the L2 before any wave passes the barrier.
+    - The scalar ``tl.atomic_add(..., sem="acq_rel", scope="gpu")``: Triton runs a scalar
+      atomic on one thread of the program (the others' predicate is off) and hands its
+      result to all through shared memory and a barrier. On NVIDIA it is
+      ``atom.acq_rel.gpu.global.add``; its release is cumulative in the PTX memory model,
+      so the other threads' stores, ordered before it by bar.sync, are visible at gpu scope
+      to whoever acquires the counter's new value. On AMD it is an agent-scope acq_rel
+      atomicrmw: ``buffer_wbl2 sc1`` (release: the L2's lines written back, every wave's
+      partials among them, for the other XCDs of a gfx942, whose L2s are their own) and
+      ``s_waitcnt vmcnt(0)`` before it, ``buffer_inv sc1`` (acquire) after it. Verified
+      on the Triton interpreter only so far: the GPU test of
+      ``tests/test_norm_bwd_one_launch.py`` is the check on hardware (no AMD GPU has run
+      it yet).
+    - The program that reads ``n_progs - 1`` acquired every other program's release (the
+      counter's modification order holds all n_progs increments before its own), and its
+      other threads read the partials only after the barrier that hands them the atomic's
+      result: the acquire happens before their loads. Those loads are ``.cg`` (L2 on
+      NVIDIA; the gfx942 cache bits for it): no L1 line from before can answer them.
+    - The counter goes back to 0 with a plain store: the next kernel that uses it runs
+      after this one ends on the same stream, and a kernel's end publishes its stores.
+    """
+    if WAIT_STORES:  # AMD: every wave's stores complete before the barrier (see above)
+        if WAIT_STORES == 1:  # gfx9 (CDNA): stores count in vmcnt
+            wait: tl.constexpr = "s_waitcnt vmcnt(0)"
+        elif WAIT_STORES == 2:  # gfx10, gfx11 (RDNA 2-3): in vscnt
+            wait: tl.constexpr = "s_waitcnt_vscnt null, 0x0"
+        else:  # gfx12 (RDNA 4): in storecnt
+            wait: tl.constexpr = "s_wait_storecnt 0x0"
+        tl.inline_asm_elementwise(
+            wait + "\n v_mov_b32 $0, $1",
+            "=v,v",
+            [n_cols],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    tl.debug_barrier()
+    done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == n_progs - 1:
+        for start in range(0, n_cols, BLOCK_R):
+            cols = start + tl.arange(0, BLOCK_R)
+            mask = cols < n_cols
+            dw = sum_partials(dw_partial_ptr, n_progs, n_cols, cols, mask, BLOCK_R, BLOCK_P)
+            tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=mask)
+            if CENTER:
+                db = sum_partials(db_partial_ptr, n_progs, n_cols, cols, mask, BLOCK_R, BLOCK_P)
+                tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=mask)
+        tl.store(counter_ptr, 0)
+
+
+@triton.jit
 def norm_bwd_rows(
     dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, ds_ptr,
     n_rows, n_cols, stride_dy, stride_x, stride_ds,
-    dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dx_ptr, dw_partial_ptr, db_partial_ptr, dw_ptr, db_ptr, counter_ptr,
     BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, CENTER: tl.constexpr, HAS_DS: tl.constexpr,
+    REDUCE_LAST: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):  # fmt: skip
     """The backward of this program's rows of a norm, g = w * dy:
     RMSNorm (CENTER off): dx = rstd * (g - xhat * mean(g * xhat)), xhat = x * rstd;
@@ -61,7 +154,10 @@ def norm_bwd_rows(
     * rstd, and the bias partials (mean_ptr / db_partial_ptr are unread without CENTER).
     HAS_DS: the gradient `ds` reaching the normed input directly is added to dx (add_rms_norm;
     ds_ptr is unread without). Writes one fp32 partial row of dweight (and dbias) per
-    program; ``col_sum`` adds them."""
+    program; ``col_sum`` adds them, or with REDUCE_LAST the last program to finish does
+    (``_reduce_last``: one launch, not two; dw_ptr, db_ptr and counter_ptr are unread
+    without it, and BLOCK_R / BLOCK_P, its column block and unroll, and WAIT_STORES, AMD's
+    wait for each wave's stores before the barrier, unused)."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     dw_row = dw_partial_ptr + pid.to(tl.int64) * n_cols
@@ -139,3 +235,8 @@ def norm_bwd_rows(
                 if CENTER:
                     part = tl.load(db_row + cols, mask=mask, other=0.0)
                     tl.store(db_row + cols, part + dy, mask=mask)
+    if REDUCE_LAST:
+        _reduce_last(
+            dw_partial_ptr, db_partial_ptr, n_progs, n_cols, dw_ptr, db_ptr, counter_ptr,
+            CENTER, BLOCK_R, BLOCK_P, WAIT_STORES,
+        )  # fmt: skip

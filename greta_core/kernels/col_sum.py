@@ -1,6 +1,8 @@
 """Column sums of a [P, N] fp32 partials buffer: the deterministic second stage of the
 weight/bias gradients of the norms (each backward program writes one partial row; this
-adds them in a fixed order, so results do not depend on scheduling).
+adds them in a fixed order, so results do not depend on scheduling). The order is
+``_rows.sum_partials``': row 0, 1, ..., P-1 per column, whatever the layout, the one a norm
+backward's last program uses when it adds the partials itself (``REDUCE_LAST``).
 
 A grid of two in its second dim sums two such buffers laid end to end ([2, P, N]: layer_norm's
 dweight and dbias partials) into ``out_ptr`` and ``out2_ptr``: one launch, not two. With a
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from greta_core.kernels._rows import sum_partials
 
 
 @triton.jit
@@ -30,13 +34,8 @@ def col_sum_kernel(
     partial_ptr += second * n_partials * n_cols
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
-    acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    for start in range(0, n_partials, BLOCK_P):
-        rows = start + tl.arange(0, BLOCK_P)
-        mask = (rows[:, None] < n_partials) & col_mask[None, :]
-        ptrs = partial_ptr + rows[:, None] * n_cols + cols[None, :]
-        acc += tl.load(ptrs, mask=mask, other=0.0)
-    total = tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty)
+    acc = sum_partials(partial_ptr, n_partials, n_cols, cols, col_mask, BLOCK_N, BLOCK_P)
+    total = acc.to(out_ptr.dtype.element_ty)
     # Masked stores, not a pointer picked by a branch: the first sum goes to out_ptr, the
     # last to out2_ptr (both in one dtype: a norm's weight and bias).
     tl.store(out_ptr + cols, total, mask=col_mask & (second == 0))

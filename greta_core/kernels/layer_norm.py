@@ -6,7 +6,8 @@ rstd_ptr are never read (the plan passes y's pointer): one allocation, not three
 otherwise BLOCK_N chunks are read three times (mean, variance, output). HAS_BIAS=False
 ignores ``b_ptr`` (callers pass any valid pointer). The backward writes dx and one fp32
 partial row of dweight and one of dbias per program, in one [2 * programs, N] buffer
-(dweight's rows first); one ``col_sum`` launch adds both.
+(dweight's rows first); one ``col_sum`` launch adds both (or, with REDUCE_LAST, the
+backward's last program: one launch).
 """
 
 from __future__ import annotations
@@ -85,15 +86,25 @@ def layer_norm_bwd_kernel(
     n_cols,
     stride_dy,
     stride_x,
+    dw_ptr,
+    db_ptr,
+    counter_ptr,
     dx_ptr,
     partial_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    REDUCE_LAST: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):
     # dx = rstd * (g - xhat * mean(g * xhat) - mean(g)), g = w * dy; ds_ptr is unread. The
-    # partials: [2 * programs, N], dweight's rows then dbias's (one buffer, one col_sum).
+    # partials: [2 * programs, N], dweight's rows then dbias's (one buffer, one col_sum, or
+    # with REDUCE_LAST the last program's sums into dw_ptr and db_ptr, unread without).
     db_partial_ptr = partial_ptr + tl.num_programs(0).to(tl.int64) * n_cols
     norm_bwd_rows(
         dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
-        dx_ptr, partial_ptr, db_partial_ptr, BLOCK_N, ONE_PASS, True, False,
+        dx_ptr, partial_ptr, db_partial_ptr, dw_ptr, db_ptr, counter_ptr, BLOCK_N, ONE_PASS,
+        True, False, REDUCE_LAST, BLOCK_R, BLOCK_P,
+        WAIT_STORES,
     )  # fmt: skip

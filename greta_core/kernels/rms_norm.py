@@ -4,7 +4,8 @@ fp32 math for every input dtype. Forward also writes rstd (fp32, one per row) fo
 backward; with STORE_RSTD off (a call no backward follows) it does not, and rstd_ptr is
 never read (the plan passes y's pointer), so the call allocates one buffer, not two. ONE_PASS keeps the whole row in registers (one read, one write per element);
 otherwise the row is processed in BLOCK_N chunks (two reads). The backward writes dx and
-one fp32 partial row of dweight per program; ``col_sum`` adds the partials.
+one fp32 partial row of dweight per program; ``col_sum`` adds the partials, or with
+REDUCE_LAST the backward's last program does (one launch: ``_rows._reduce_last``).
 """
 
 from __future__ import annotations
@@ -94,13 +95,22 @@ def rms_norm_bwd_kernel(
     n_cols,
     stride_dy,
     stride_x,
+    dw_ptr,
+    counter_ptr,
     dx_ptr,
     dw_partial_ptr,
     BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    REDUCE_LAST: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    WAIT_STORES: tl.constexpr,
 ):
-    # mean_ptr, ds_ptr and db_partial_ptr are unread (CENTER and HAS_DS off).
+    # mean_ptr, ds_ptr and db_partial_ptr are unread (CENTER and HAS_DS off); dw_ptr and
+    # counter_ptr too without REDUCE_LAST (the plan then passes inputs: see norm_bwd_plan).
     norm_bwd_rows(
         dy_ptr, x_ptr, w_ptr, rstd_ptr, rstd_ptr, dy_ptr, n_rows, n_cols, stride_dy, stride_x, 0,
-        dx_ptr, dw_partial_ptr, dw_partial_ptr, BLOCK_N, ONE_PASS, False, False,
+        dx_ptr, dw_partial_ptr, dw_partial_ptr, dw_ptr, dw_ptr, counter_ptr, BLOCK_N, ONE_PASS,
+        False, False, REDUCE_LAST, BLOCK_R, BLOCK_P,
+        WAIT_STORES,
     )  # fmt: skip

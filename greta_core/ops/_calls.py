@@ -263,14 +263,19 @@ class ReadyLaunch:
     the ordinary path would pay the direct launcher's key and lookup once per kernel.
 
     Scratch buffers take no allocation of their own: they are carved from the current
-    stream's scratch arena (:func:`scratch_arena`), see there why that is safe.
+    stream's scratch arena (:func:`scratch_arena`), see there why that is safe. A zeroed
+    scratch buffer (a norm backward's count of finished programs, ``norm_bwd_plan``) comes
+    from the arena's header, zeroed once when the arena is made and left zero by every
+    kernel that uses it: no memset per call. While the stream captures a CUDA graph (no
+    arena) such a plan takes the ordinary path, which allocates it zeroed; a plan whose
+    zeroed buffers cannot come from the header takes it always (:meth:`fits`).
     """
 
     __slots__ = (
         "_allocs", "_arch", "_args", "_capturing", "_consts", "_empty", "_empty_like", "_fn",
         "_get_device", "_get_stream", "_impl", "_index", "_launches", "_more", "_more_hooks",
         "_one", "_op", "_pick", "_positions", "_pre_run_hooks", "_quiet", "_results",
-        "_scratch", "_source", "_u8",
+        "_scratch", "_source", "_u8", "_zeroed",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -279,12 +284,14 @@ class ReadyLaunch:
 
     @staticmethod
     def fits(plan: Plan) -> bool:
-        """Launches, each with a direct launcher, and every buffer a plain empty one."""
+        """Launches, each with a direct launcher, and every buffer a plain empty one or a
+        zeroed scratch buffer the arena's header holds."""
         form = _torch_form(plan)
         return (
             bool(form.launches)
             and form.plain is not None
             and all(launch[4] is not None for launch in form.launches)
+            and _arena_offsets(form.plain, plan.results, form.zeroed) is not None
         )
 
     @classmethod
@@ -317,23 +324,17 @@ class ReadyLaunch:
             if captured is None:
                 return None
             blocks.append((spec, captured))
-        # Where each scratch buffer starts in the stream's arena (None: a result, allocated).
-        at, scratch = [], 0
-        for i, (shape, dtype) in enumerate(form.plain):
-            if i in plan.results:
-                at.append(None)
-                continue
-            at.append(scratch)
-            scratch += -(-math.prod(shape) * dtype.itemsize // _ARENA_ALIGN) * _ARENA_ALIGN
-        if scratch > ARENA_LIMIT:
-            at, scratch = [None] * len(form.plain), 0
+        layout = _arena_offsets(form.plain, plan.results, form.zeroed)
+        if layout is None:  # fits(plan) holds: not reached
+            return None
+        at, scratch = layout
         allocs = []
-        for (shape, dtype), offset in zip(form.plain, at, strict=True):
+        for i, ((shape, dtype), offset) in enumerate(zip(form.plain, at, strict=True)):
             like = _like(inputs, positions, shape, dtype)
             template = None
             if like is None and offset is None:
                 template = _template(inputs[0], shape, dtype)
-            allocs.append((like, shape, dtype, template, offset))
+            allocs.append((like, shape, dtype, template, offset, i in form.zeroed))
         # Triton 3.7+'s C launcher takes the kernel's arguments as one sequence
         # (``_direct._packed``): it is called here with a second pick for them, without the
         # wrapper's Python frame and repacking.
@@ -393,7 +394,7 @@ class ReadyLaunch:
             launches=tuple((direct, spec) for (spec, _), direct in zip(blocks, directs,
                                                                         strict=True)),
             quiet=quiet, pre_run_hooks=hooks, more_hooks=more_hooks, scratch=scratch,
-            capturing=capture_probe(), u8=torch.uint8,
+            capturing=capture_probe(), u8=torch.uint8, zeroed=bool(form.zeroed),
         )  # fmt: skip
 
     def launch(self, args: tuple[Any, ...], ptrs: list[int | None]) -> tuple[Any, ...] | None:
@@ -424,13 +425,16 @@ class ReadyLaunch:
         empty, empty_like, source = self._empty, self._empty_like, args[self._source]
         stream = self._get_stream(self._index)
         base = None
-        if self._scratch and not self._capturing():
-            arena = _ARENAS.get((self._index, stream, _thread()))
-            if arena is None or arena[0] < self._scratch:
-                arena = _grow_arena(source, self._index, stream, self._scratch, self._u8)
-            base = arena[1]
+        if self._scratch:
+            if not self._capturing():
+                arena = _ARENAS.get((self._index, stream, _thread()))
+                if arena is None or arena[0] < self._scratch:
+                    arena = _grow_arena(source, self._index, stream, self._scratch, self._u8)
+                base = arena[1]
+            elif self._zeroed:  # no arena in a graph: the ordinary path zeroes the buffer
+                return None
         bufs = []
-        for like, shape, dtype, template, at in self._allocs:
+        for like, shape, dtype, template, at, _ in self._allocs:
             if at is not None and base is not None:  # scratch: the arena's, at its offset
                 src.append(base + at)
                 bufs.append(None)
@@ -465,10 +469,11 @@ class ReadyLaunch:
         launcher's path takes tensors)."""
         source = args[self._source]
         return [
-            self._empty_like(args[like]) if like is not None
+            source.new_zeros(shape, dtype=dtype) if zeroed
+            else self._empty_like(args[like]) if like is not None
             else self._empty_like(template) if template is not None
             else self._empty(source, shape, dtype=dtype)
-            for like, shape, dtype, template, _ in self._allocs
+            for like, shape, dtype, template, _, zeroed in self._allocs
         ]  # fmt: skip
 
     def _by_direct(self, args: tuple[Any, ...], bufs: list[Any]) -> tuple[Any, ...]:
@@ -491,6 +496,35 @@ _ARENA_ALIGN = 256
 # A plan whose scratch is larger allocates it per call, as any buffer (a bound on what an
 # arena holds on to; and ROCm's buffer-ops attribute stays that of a small storage).
 ARENA_LIMIT = 64 * 2**20
+# The arena's first bytes: zeroed when it is made, then left zero by every kernel (zeroed
+# scratch buffers, ``_TorchForm.zeroed``); scratch buffers start after them.
+ARENA_HEADER = 1024
+
+
+def _arena_offsets(
+    plain: list[tuple[tuple[int, ...], Any]], results: tuple[int, ...], zeroed: tuple[int, ...]
+) -> tuple[list[int | None], int] | None:
+    """(where each buffer of a plan lies in the scratch arena, None for a result or scratch
+    allocated per call; the bytes the arena needs, 0 for none), or None where a zeroed
+    buffer cannot come from the arena's header (more than it holds, or scratch over
+    ``ARENA_LIMIT``, allocated per call): the plan then takes the ordinary path."""
+    at: list[int | None] = []
+    scratch, header = ARENA_HEADER, 0
+    for i, (shape, dtype) in enumerate(plain):
+        nbytes = -(-math.prod(shape) * dtype.itemsize // _ARENA_ALIGN) * _ARENA_ALIGN
+        if i in results:
+            at.append(None)
+        elif i in zeroed:
+            at.append(header)
+            header += nbytes
+        else:
+            at.append(scratch)
+            scratch += nbytes
+    if header > ARENA_HEADER or (zeroed and scratch > ARENA_LIMIT):
+        return None
+    if scratch > ARENA_LIMIT:
+        return [None] * len(plain), 0
+    return at, (scratch if any(a is not None for a in at) else 0)
 
 
 def scratch_arena(device: int, stream: int, thread: int | None = None) -> Any | None:
@@ -507,6 +541,9 @@ def scratch_arena(device: int, stream: int, thread: int | None = None) -> Any | 
     graph (graphs replay on any stream, at any time: a captured launch allocates as
     before). An arena grows to the largest scratch asked of it (at most ``ARENA_LIMIT``)
     and is held until :func:`release_scratch`; ``torch.cuda.empty_cache`` does not free it.
+    Its first ``ARENA_HEADER`` bytes are zeroed when it is made (one memset, queued on
+    `stream` before any kernel that reads them) and hold zeroed scratch (counters that
+    their kernels leave zero); the other scratch buffers start after them.
     """
     arena = _ARENAS.get((device, stream, _thread() if thread is None else thread))
     return None if arena is None else arena[2]
@@ -530,6 +567,7 @@ def _grow_arena(
     for key in [k for k in list(_ARENAS) if k[2] not in alive]:
         _ARENAS.pop(key, None)
     tensor = source.new_empty((size,), dtype=u8)
+    tensor[:ARENA_HEADER].zero_()
     arena = (size, tensor.data_ptr(), tensor)
     _ARENAS[(device, stream, _thread())] = arena
     return arena

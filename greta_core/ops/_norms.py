@@ -12,6 +12,7 @@ from typing import Any
 from greta_core import reference
 from greta_core.ops._plan import Plan
 from greta_core.ops._rows import (
+    BWD_AOT_ROWS,
     aot_norm_grid,
     arch_for,
     check_array_param,
@@ -86,8 +87,8 @@ def plan_bwd(op: str, n_params: int) -> Callable[..., Plan]:
         # The declarations import no Triton: the kernel module is imported when planning.
         kernel = getattr(importlib.import_module(f"greta_core.kernels.{op}"), f"{op}_bwd_kernel")
         return norm_bwd_plan(
-            f"{op}_bwd", kernel, 3 + len(stats), n_params, x.shape, rows_stride(dy),
-            rows_stride(x), x.dtype, weight.dtype, arch,
+            f"{op}_bwd", kernel, 3 + len(stats), n_params, x.shape,
+            (rows_stride(dy), rows_stride(x)), x.dtype, weight.dtype, arch,
         )  # fmt: skip
 
     return plan
@@ -141,7 +142,8 @@ def declare_norm(
         reference=getattr(reference, f"{op}_bwd"),
         copies=lambda *metas: unflattened(*metas[:bwd_rows]),
         aot_cases=lambda arch: [
-            _case(bwd_args, x, w, stat, True) for x, w, stat in aot_norm_grid(f"{op}_bwd", arch)
+            _case(bwd_args, x, w, stat, True)
+            for x, w, stat in aot_norm_grid(f"{op}_bwd", arch, BWD_AOT_ROWS)
         ],
     ))  # fmt: skip
     norm = declare(OpDecl(

@@ -125,9 +125,13 @@ _MAX_FORMS = 4096
 @dataclass(frozen=True, slots=True)
 class _TorchForm:
     allocs: list[tuple[Any, ...]]  # (alias, fill, zeroed, shape, torch dtype) per buffer
-    plain: list[tuple[tuple[int, ...], Any]] | None  # (shape, dtype) when all are plain empties
+    # (shape, dtype) per buffer when all are plain empties, zeroed scratch aside (below)
+    plain: list[tuple[tuple[int, ...], Any]] | None
     launches: list[tuple[Any, ...]]  # (kernel, grid, spec, keywords, DirectLaunch or None)
     empty: Callable[..., Any]  # torch.empty
+    # With `plain`: the zeroed buffers, all scratch (a norm backward's program counter: a
+    # ready launch takes it from the scratch arena's zeroed header, ``ops/_calls.py``).
+    zeroed: tuple[int, ...] = ()
 
 
 def _torch_form(plan: Plan) -> _TorchForm:
@@ -142,8 +146,12 @@ def _torch_form(plan: Plan) -> _TorchForm:
         (b.alias, b.fill, b.zeroed, tuple(b.shape), getattr(torch, b.dtype)) for b in plan.buffers
     ]
     plain = None
-    if all(a is None and f is None and not z for a, f, z, _, _ in allocs):
+    if all(
+        a is None and f is None and (not z or i not in plan.results)
+        for i, (a, f, z, _, _) in enumerate(allocs)
+    ):
         plain = [(shape, dtype) for _, _, _, shape, dtype in allocs]
+    zeroed = tuple(i for i, (_, _, z, _, _) in enumerate(allocs) if z) if plain else ()
     launches = []
     for launch in plan.launches:
         spec = tuple(
@@ -158,7 +166,7 @@ def _torch_form(plan: Plan) -> _TorchForm:
         launches.append((launch.kernel, launch.grid, spec, keywords, direct))
     if len(_TORCH_FORM) >= _MAX_FORMS:
         _TORCH_FORM.clear()
-    built = _TorchForm(allocs, plain, launches, torch.empty)
+    built = _TorchForm(allocs, plain, launches, torch.empty, zeroed)
     _TORCH_FORM[id(plan)] = (plan, built)
     return built
 
@@ -178,7 +186,7 @@ def run(
     form = _torch_form(plan)
     empty = form.empty
     device = inputs[0].device
-    if out is None and form.plain is not None:
+    if out is None and form.plain is not None and not form.zeroed:
         bufs = [empty(shape, dtype=dtype, device=device) for shape, dtype in form.plain]
     else:
         bufs = _allocate(plan, form, inputs, out, device)

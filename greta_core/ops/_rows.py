@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from greta_core import configs
+from greta_core.arch import is_hip
 from greta_core.configs.blocks import row_block
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan
 from greta_core.ops._validate import GretaInputError, check_tensor, launch_arch
@@ -141,35 +142,89 @@ def col_sum_launch(
     )
 
 
+def store_wait(arch: str) -> int:
+    """WAIT_STORES of a norm backward in one launch: how an AMD wave waits for its own
+    stores before the barrier (Triton's barrier there does not; ``kernels/_rows.py``):
+    1 gfx9 (vmcnt), 2 gfx10/gfx11 (vscnt), 3 gfx12 (storecnt); 0 elsewhere (NVIDIA's
+    bar.sync orders them, the interpreter runs programs one after another)."""
+    if not is_hip(arch):
+        return 0
+    return 3 if arch.startswith("gfx12") else 2 if arch.startswith(("gfx10", "gfx11")) else 1
+
+
+def reduce_last_programs(op: str, arch: str, n_rows: int, n_cols: int, n_params: int) -> int:
+    """Programs of a norm backward in one launch (its last program adds the partials), or 0
+    for the two-launch form (kernel + ``col_sum``).
+
+    ceil(sqrt(rows)) programs (at most ``bwd_programs``'): a program's serial work is its
+    rows (rows / P of them) plus, for the last one, the P partial rows it adds, least near
+    P = sqrt(rows) (256 rows: 16 programs of 16 rows). One launch when those partials are
+    small: P * N * `n_params` <= ``norm_bwd_reduce``'s MAX_PARTIALS (0: never)."""
+    bound = int(configs.lookup("norm_bwd_reduce", arch, {"N": n_cols})["MAX_PARTIALS"])
+    if bound <= 0 or n_rows <= 0:
+        return 0
+    programs = min(bwd_programs(arch, op, n_rows, n_cols), math.isqrt(n_rows - 1) + 1)
+    return programs if programs * n_cols * n_params <= bound else 0
+
+
 def norm_bwd_plan(
     op: str, kernel: Any, n_inputs: int, n_params: int, shape: tuple[int, ...],
-    stride_dy: int, stride_x: int, dtype: str, w_dtype: str, arch: str,
+    strides: tuple[int, int], dtype: str, w_dtype: str, arch: str, weight: int = 2,
 ) -> Plan:  # fmt: skip
     """The backward of a norm with `n_params` (1 or 2) per-column parameters (weight[, bias]).
 
-    Inputs In(0..n_inputs-1) = (dy, x, weight, saved stats...). One launch of `kernel` (a
-    program per ``bwd_programs``) writes dx and one fp32 partials row per program for each
-    parameter, into one buffer ([n_params * programs, N]: the bias's rows after the
-    weight's); one column-sum launch adds them per parameter (deterministic). Buffers: dx,
-    the partials (scratch), the parameter gradients (weight dtype, zeros when there are no
-    rows). One buffer and one launch for both parameters: the host time of a training step's
-    small norms is mostly per launch and per allocation (issue 25).
+    Inputs In(0..n_inputs-1) (dy, x, weight, saved stats... for `op`'s kernel), then the
+    kernel's scalars (rows, N, the two row `strides`). One launch of `kernel` (a program per
+    ``bwd_programs``) writes dx and one fp32 partials row per program for each parameter,
+    into one buffer ([n_params * programs, N]: the bias's rows after the weight's); one
+    column-sum launch adds them per parameter (deterministic). Buffers: dx, the partials
+    (scratch), the parameter gradients (weight dtype, zeros when there are no rows). One
+    buffer and one launch for both parameters: the host time of a training step's small
+    norms is mostly per launch and per allocation (issue 25).
+
+    Where ``reduce_last_programs`` allows it, one launch: the kernel's REDUCE_LAST form (on
+    AMD with ``store_wait``'s WAIT_STORES: each wave waits for its stores before the
+    barrier, ``kernels/_rows.py``),
+    whose last program adds the partials in ``col_sum``'s order and writes the gradients;
+    it counts finished programs in one more scratch buffer, an int32 that is zero when the
+    kernel starts and that the kernel leaves zero (``Buffer(zeroed=True)``: the ready
+    launch takes it from the scratch arena's zeroed header, see ``ops/_calls.py``). The
+    kernel's gradient and counter pointers come before dx; the two-launch form passes it
+    inputs there (unread: In(`weight`) for the gradients, the last input, a statistic, for
+    the counter), so its written buffers stay (dx, partials): JAX's outputs are a launch's
+    trailing buffers.
     """
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(op, arch, n_cols)
-    programs = bwd_programs(arch, op, n_rows, n_cols)
+    one = reduce_last_programs(op, arch, n_rows, n_cols, n_params)
+    programs = one or bwd_programs(arch, op, n_rows, n_cols)
+    inputs = tuple(In(i) for i in range(n_inputs))
+    scalars = (n_rows, n_cols, *strides)
     grads = tuple(Out(2 + i) for i in range(n_params))
-    bwd = Launch(
-        kernel, (programs,),
-        (*(In(i) for i in range(n_inputs)), n_rows, n_cols, stride_dy, stride_x, Out(0), Out(1)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
-    )  # fmt: skip
-    col_sum = col_sum_launch(arch, Out(1), programs, n_cols, *grads)
     buffers = (
         Buffer(shape, dtype),
         Buffer((n_params * programs, n_cols), "float32"),
         *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
     )
+    if one:
+        reduce = configs.lookup("norm_bwd_reduce", arch, {"N": n_cols})
+        bwd = Launch(
+            kernel, (programs,), (*inputs, *scalars, *grads, Out(2 + n_params), Out(0), Out(1)),
+            {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "REDUCE_LAST": True,
+             "BLOCK_R": reduce["BLOCK_R"], "BLOCK_P": reduce["BLOCK_P"],
+             "WAIT_STORES": store_wait(arch)},
+            rp.options,
+        )  # fmt: skip
+        buffers += (Buffer((1,), "int32", zeroed=True),)
+        return Plan(op, arch, buffers, (bwd,), (0, *(g.index for g in grads)))
+    unread = (In(weight),) * n_params + (In(n_inputs - 1),)
+    bwd = Launch(
+        kernel, (programs,), (*inputs, *scalars, *unread, Out(0), Out(1)),
+        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "REDUCE_LAST": False, "BLOCK_R": 1,
+         "BLOCK_P": 1, "WAIT_STORES": 0},
+        rp.options,
+    )  # fmt: skip
+    col_sum = col_sum_launch(arch, Out(1), programs, n_cols, *grads)
     return Plan(op, arch, buffers, (bwd, col_sum) if n_rows else (), (0, *(g.index for g in grads)))
 
 
@@ -244,17 +299,26 @@ def check_arrays_alike(op: str, a_name: str, a: Any, b_name: str, b: Any) -> Non
         )
 
 
-def aot_norm_grid(op: str, arch: str) -> list[tuple[Any, Any, Any]]:
+# The row counts of a norm backward's AOT cases beside 4. 4 rows (2 programs) take the
+# one-launch form wherever a width can for more than one row (a 1-row call's n_rows == 1
+# is a constexpr to Triton: compiled on first use, as any), 2**20 rows the two-launch form
+# wherever a width can (as many programs as the table allows): the variants calls reach
+# under the table's ``norm_bwd_reduce`` bound; with it 0, the same as 4 rows alone.
+BWD_AOT_ROWS = (2**20,)
+
+
+def aot_norm_grid(op: str, arch: str, rows: tuple[int, ...] = ()) -> list[tuple[Any, Any, Any]]:
     """(x [rows, N], weight [N], a statistic fp32 [rows]) Metas for a norm's AOT cases:
     every width whose plan picks a block the table can pick (``aot_widths``), every kernel
-    dtype, weights in x's dtype or fp32."""
+    dtype, weights in x's dtype or fp32; 4 rows, then each of `rows`."""
     from greta_core.configs.blocks import aot_widths
     from greta_core.ops.declare import Meta
 
-    stat = Meta.contiguous((4,), "float32")
     return [
-        (Meta.contiguous((4, n), dtype), Meta.contiguous((n,), wdtype), stat)
+        (Meta.contiguous((r, n), dtype), Meta.contiguous((n,), wdtype),
+         Meta.contiguous((r,), "float32"))
         for n in aot_widths(op, arch)
         for dtype in TRITON_DTYPE_NAMES
         for wdtype in sorted({dtype, "float32"})
-    ]
+        for r in (4, *rows)
+    ]  # fmt: skip

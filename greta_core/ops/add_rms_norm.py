@@ -5,24 +5,21 @@ and of its backward's kernel op greta::add_rms_norm_bwd."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from greta_core.ops import _interp_compat, _norms
 from greta_core.ops._norms import check_stats
-from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, _identity
+from greta_core.ops._plan import In, Out, Plan, Wrap, _identity
 from greta_core.ops._rows import (
     arch_for,
-    bwd_programs,
     check_array_param,
     check_array_rows,
     check_arrays_alike,
     check_rows_input,
     check_vector,
-    col_sum_launch,
+    norm_bwd_plan,
     param_dtypes,
     row_kernel_plan,
-    row_plan,
     rows_stride,
 )
 from greta_core.ops._validate import check_same_device, check_same_shape, check_tensor
@@ -81,25 +78,14 @@ def plan_fwd(arch: str, x: Meta, residual: Meta, weight: Meta, eps: float, stats
 
 
 def plan_bwd(arch: str, dy: Meta, ds: Meta, s: Meta, weight: Meta, rstd: Meta) -> Plan:
-    """Buffers: dx (also the residual's gradient), fp32 dweight partials (scratch), dweight."""
+    """Buffers: dx (also the residual's gradient), fp32 dweight partials (scratch), dweight
+    (``norm_bwd_plan``: s's row stride is N, the kernel's own)."""
     from greta_core.kernels.add_rms_norm import add_rms_norm_bwd_kernel
 
-    n_rows, n_cols = math.prod(s.shape[:-1]), s.shape[-1]
-    rp = row_plan("add_rms_norm_bwd", arch, n_cols)
-    programs = bwd_programs(arch, "add_rms_norm_bwd", n_rows, n_cols)
-    bwd = Launch(
-        add_rms_norm_bwd_kernel, (programs,),
-        (In(0), In(1), In(2), In(3), In(4), n_rows, n_cols, rows_stride(dy), rows_stride(ds),
-         Out(0), Out(1)),
-        {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass}, rp.options,
+    return norm_bwd_plan(
+        "add_rms_norm_bwd", add_rms_norm_bwd_kernel, 5, 1, s.shape,
+        (rows_stride(dy), rows_stride(ds)), s.dtype, weight.dtype, arch, weight=3,
     )  # fmt: skip
-    buffers = (
-        Buffer(s.shape, s.dtype),
-        Buffer((programs, n_cols), "float32"),
-        Buffer((n_cols,), weight.dtype, zeroed=n_rows == 0),  # no rows: a zero gradient
-    )
-    launches = (bwd, col_sum_launch(arch, Out(1), programs, n_cols, Out(2))) if n_rows else ()
-    return Plan("add_rms_norm_bwd", arch, buffers, launches, (0, 2))
 
 
 # --- the declarations -------------------------------------------------------------------
