@@ -152,7 +152,10 @@ def install_argv(plan: InstallPlan, stage: str, uv: str | None = None) -> list[s
         f"{stage}/requirements.txt",
     ]
     if plan.installer == "uv":
-        return [uv or "uv", "pip", "install", "--python", py, "--offline", *common]
+        # --no-cache: the stage is a fresh folder each run, so uv's cache could never serve
+        # these files again; cached, each install left an unpacked copy of every wheel in
+        # the user's uv cache (gigabytes for torch).
+        return [uv or "uv", "pip", "install", "--python", py, "--offline", "--no-cache", *common]
     # --no-compile: the transaction knows every file the install writes; bytecode is
     # compiled at first import instead.
     return [*python_module(py, "pip"), "install", "--no-compile", *common]

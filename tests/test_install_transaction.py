@@ -190,6 +190,10 @@ def test_success_installs_verifies_and_persists_env(
         out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, out + err
     assert f"offline with {installer}" in out
+    # The staged files sit in a fresh folder each run, so no cache entry of theirs is ever
+    # read again: the install leaves the user's uv cache as it was (each run used to add
+    # an unpacked copy of every wheel: gigabytes for torch).
+    assert not list((tmp_path / "uv-cache").glob("archive-*/*"))
     python = python_of(fresh_venv)
     clean = {k: v for k, v in env.items() if k != "GRETA_FIX_PROBE"}
     check = subprocess.run(

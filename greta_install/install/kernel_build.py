@@ -589,7 +589,9 @@ def install_wheel(
         req.write_text(f"{name}=={version} --hash=sha256:{sha}\n", encoding="utf-8")
         common = ["--no-index", "--find-links", str(wheel.parent), "--no-deps", "--require-hashes"]
         if uv:
-            argv = [uv, "pip", "install", "--python", python, "--offline", *common, "-r", str(req)]
+            # --no-cache: a freshly built wheel; see commandline.install_argv.
+            argv = [uv, "pip", "install", "--python", python, "--offline", "--no-cache", *common,
+                    "-r", str(req)]  # fmt: skip
         else:
             argv = [*python_module(python, "pip"), "install", "--disable-pip-version-check"]
             argv += common
