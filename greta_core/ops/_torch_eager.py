@@ -16,30 +16,31 @@ from typing import Any
 
 
 @functools.cache
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-@functools.cache
 def fused_rms_norm() -> bool:
     """torch's F.rms_norm is one fused op with its own backward (torch 2.8+); before, it
     decomposes into half a dozen ops, no cheaper on the host than GRETA's path."""
-    return hasattr(_torch().ops.aten, "_fused_rms_norm")
+    import torch
+
+    return hasattr(torch.ops.aten, "_fused_rms_norm")
 
 
 def rms_norm(x: Any, weight: Any, eps: float) -> Any:
+    import torch
+
     if weight.dtype != x.dtype or not fused_rms_norm():
         return None
-    return _torch().nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def layer_norm(x: Any, weight: Any, bias: Any | None, eps: float) -> Any:
+    import torch
+
     if weight.dtype != x.dtype:
         return None
-    return _torch().nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
 def softmax(x: Any) -> Any:
-    return _torch().softmax(x, -1)
+    import torch
+
+    return torch.softmax(x, -1)

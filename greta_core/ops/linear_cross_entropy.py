@@ -24,8 +24,7 @@ from greta_core.errors import ConfigError, GretaInputError
 from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
 from greta_core.observe import record, recorded
 from greta_core.ops import _interp_compat
-from greta_core.ops._calls import ForwardCall, ReadyLaunch, capture_probe, tensors_as_given
-from greta_core.ops._direct import ALIGN_MASK
+from greta_core.ops._calls import ForwardCall, capture_probe, tensors_as_given
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan, Wrap, dtype_name, memo, run
 from greta_core.ops._plan import _identity as _no_wrap
 from greta_core.ops._rows import arch_for, check_array_float, float_dtypes
@@ -966,18 +965,18 @@ def _resolve_screen(target: Any, vocab: int, ignore_index: int, reduction: str, 
 
 
 # The screening's call cache: validation happened where the route was decided (_how), so
-# its resolve only plans. A route keeps its ready launch beside it (_launch_screen).
+# its resolve only plans; its ready launch serves the calls after the first of a signature.
 _SCREEN_CALL = ForwardCall(_resolve_screen, 1, *tensors_as_given(1))
 
 
 class _Delegated:
     """What one delegated call signature needs, decided once (:func:`_how`): what runs, the
     bounds of :func:`torch_targets` (for targets the kernel does not screen), torch's
-    chunked options, the screening kernel's arguments and, once built, its ready launch."""
+    chunked options and the screening kernel's arguments."""
 
     __slots__ = (
-        "aligned", "arch", "capturing", "device", "functorch", "high", "ignore", "ignore_index",
-        "impl", "low", "mean", "none", "options", "ready", "screen", "screened", "vocab",
+        "arch", "capturing", "device", "functorch", "high", "ignore", "ignore_index", "impl",
+        "low", "mean", "none", "options", "screen", "screened", "vocab",
     )  # fmt: skip
 
     def __init__(
@@ -1002,9 +1001,6 @@ class _Delegated:
         self.capturing = capture_probe()
         # A functorch transform is active: its wrapped tensors have no data to launch on.
         self.functorch = getattr(torch._C, "_are_functorch_transforms_active", bool)
-        # None: not built yet; False: the plan cannot launch ready (the interpreter).
-        self.ready: Any = None
-        self.aligned = True
 
 
 # What _route decided per call signature (and table: keyed on configs.lookup, an Override
@@ -1081,27 +1077,9 @@ def _screened(how: _Delegated, target: Any) -> tuple[Any, int, Any, Any]:
 
 
 def _launch_screen(how: _Delegated, target: Any) -> tuple[Any, ...]:
-    """The screening kernel's results for `target`: the route's ready launch (built from
-    its first call, as ``ops._calls.CallCache`` builds one), else the screening's call
-    cache (its own ready launch, or the ordinary path: the interpreter, another
-    alignment, another current device)."""
-    ready = how.ready
-    if ready:
-        p = target.data_ptr()
-        if (p & ALIGN_MASK == 0) is how.aligned:
-            done = ready.launch((target,), [p])
-            if done is not None:
-                return done
-    elif ready is None:
-        plan = _SCREEN_CALL(target, *how.screen)
-        if not ReadyLaunch.fits(plan):
-            how.ready = False
-        else:
-            results = run(plan, (target,))
-            built = ReadyLaunch.build(plan, (target,), (0,), results, 1)
-            if built is not None:  # None until Triton has compiled and captured it
-                how.ready, how.aligned = built, target.data_ptr() & ALIGN_MASK == 0
-            return results
+    """The screening kernel's results for `target`: the screening's call cache, whose
+    ready launch serves every call after the first of a signature (the ordinary path
+    under the interpreter, another alignment or another current device)."""
     return _SCREEN_CALL.launch((target, *how.screen))
 
 
