@@ -76,6 +76,22 @@ def _no_patch_left_behind():
 SNAPSHOTS = DATA / "snapshots"
 
 
+# GRETA's own eager training path for the ops whose small training calls the shipped tables
+# hand to torch's op (``<op>_training``, greta_core/ops/_torch_eager.py).
+GRETA_TRAINING = {
+    f"{op}_training": {"backend": "greta"} for op in ("rms_norm", "layer_norm", "softmax")
+}
+
+
+@pytest.fixture
+def greta_training():
+    """Kernel tests test GRETA's kernels in training too, whatever size the tables route."""
+    from greta_core import configs
+
+    with configs.Override(GRETA_TRAINING):
+        yield
+
+
 def snapshot_names() -> list[str]:
     return sorted(p.name for p in SNAPSHOTS.iterdir() if (p / "expected.json").is_file())
 

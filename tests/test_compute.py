@@ -19,6 +19,9 @@ from greta_core.compute import (  # noqa: E402
     ops_attention,
 )
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16] + ([torch.float16] if DEVICE == "cuda" else [])
 # max |got - want| / max |want| allowed, by operand dtype (float64 reference).

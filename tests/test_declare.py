@@ -26,6 +26,9 @@ from _kernel_testing import DEVICE, ON_GPU, expected_impl, need_triton  # noqa: 
 from greta_core import observe  # noqa: E402
 from greta_core.ops import declare  # noqa: E402
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 TOY = """
 import math
 

@@ -18,6 +18,9 @@ from greta_core.ops import rms_norm  # noqa: E402
 
 # The schemas of the hand-written registrations these declarations replace (main at
 # 6539582): callers and saved graphs name these ops, so they stay as they were.
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 SCHEMAS = {
     "rms_norm": "greta::rms_norm(Tensor x, Tensor weight, float eps=9.9999999999999995e-07) -> Tensor",
     "rms_norm_fwd": "greta::rms_norm_fwd(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",

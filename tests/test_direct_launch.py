@@ -33,6 +33,10 @@ _IN, _OUT, _SCALAR = _plan._IN, _plan._OUT, _plan._SCALAR
 # --- stand-ins for Triton's objects ------------------------------------------------------
 
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
+
 class _Chain:
     def __init__(self) -> None:
         self.calls: list[Any] = []

@@ -28,6 +28,9 @@ import greta_core.torch  # noqa: E402, F401
 from greta_core import observe, raw  # noqa: E402
 from greta_core.ops import linear_cross_entropy as lce_ops  # noqa: E402
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 F = torch.nn.functional
 GLU_REFS = {
     "swiglu": F.silu,

@@ -29,6 +29,9 @@ from greta_core.ops import rms_norm as rms_ops  # noqa: E402
 from greta_core.ops.declare import Meta  # noqa: E402
 
 # Ragged row lengths, a multi-dim leading shape, and (interpreter-cheap) a looped row.
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 SHAPES = [(3, 37), (2, 3, 64), (3, 130)] + ([(64, 8192), (16, 20000)] if ON_GPU else [])
 LOOPED = (3, 8229) if not ON_GPU else (8, 40000)
 

@@ -22,6 +22,9 @@ import greta_core.torch  # noqa: E402, F401
 from greta_core import observe, raw  # noqa: E402
 from greta_core.ops import softmax as sm_ops  # noqa: E402
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 SHAPES = [(3, 37), (2, 3, 64), (3, 130)] + ([(8192, 8192), (4, 32768)] if ON_GPU else [])
 # Longer than the one-pass limit of the table in use: the online (looped) variant.
 LOOPED = (3, 16411) if not ON_GPU else (4, 70000)

@@ -32,6 +32,9 @@ from greta_core.ops import _plan, rms_norm  # noqa: E402
 from greta_core.ops._plan import Buffer, In, Launch, Out, Plan  # noqa: E402
 from greta_core.ops.declare import Meta  # noqa: E402
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 
 def _rms_plan(rows: int = 4, arch: str = "sm_90") -> Plan:
     """rms_norm's memoized plan (its declaration's) for x [rows, 64] fp32, with rstd."""

@@ -29,8 +29,8 @@ from greta_core.ops._plan import run  # noqa: E402
 
 F = torch.nn.functional
 VOCAB = 11
-# The table's delegation, and the screening kernel on (the shipped tables keep it off
-# until a GPU run has verified it: test_the_shipped_tables_screen_with_torch_ops).
+# The table's delegation, and the screening kernel on (as the shipped tables have it:
+# test_the_shipped_tables_screen_with_the_kernel; the torch ops' screening is KERNEL false).
 TORCH_BACKEND = {lce.DISPATCH: {"backend": "torch"}, lce.SCREEN: {"KERNEL": True}}
 
 
@@ -217,6 +217,6 @@ def test_delegated_step_adds_one_launch_and_the_reduction_to_torchs_ops(
     assert greta - vendor == collections.Counter(extra) and not vendor - greta
 
 
-def test_the_shipped_tables_screen_with_torch_ops() -> None:
+def test_the_shipped_tables_screen_with_the_kernel() -> None:
     for arch in ("default", "sm_90", "gfx942", "gfx1100", "gfx1201"):
-        assert configs.lookup(lce.SCREEN, arch, {})["KERNEL"] is False
+        assert configs.lookup(lce.SCREEN, arch, {})["KERNEL"] is True

@@ -21,6 +21,9 @@ from greta_core import configs, observe, raw  # noqa: E402
 from greta_core.ops._plan import In, Out  # noqa: E402
 from greta_core.ops.declare import DECLARED, Meta, aot_specs  # noqa: E402
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 OPS = ("rms_norm", "add_rms_norm", "layer_norm")
 # 7 rows: ceil(sqrt(7)) = 3 programs, the rows no multiple of them. A 16-column block and
 # an unroll of 2 in the last program: several column blocks, a masked partial row.

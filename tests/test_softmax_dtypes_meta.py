@@ -16,6 +16,9 @@ import greta_core.torch  # noqa: F401  (registers torch.ops.greta)
 from greta_core import raw, reference
 from greta_core.errors import GretaInputError
 
+# GRETA's kernels in training too (the tables hand small norm/softmax training calls to torch).
+pytestmark = pytest.mark.usefixtures("greta_training")
+
 ROW_OPS = ("softmax", "rms_norm", "layer_norm", "swiglu", "add_rms_norm")
 REFERENCE = {
     "softmax": reference.softmax,

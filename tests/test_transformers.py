@@ -206,7 +206,9 @@ def test_class_mode_patches_models_built_afterwards() -> None:
     assert observe.last_implementation("rms_norm") is None
 
 
-def test_flags_leave_unselected_modules_alone() -> None:
+def test_flags_leave_unselected_modules_alone(greta_training: None) -> None:
+    # greta_training: the norm runs GRETA's kernel in training too (a GPU's tables hand so
+    # small a call to torch's F.rms_norm).
     model = tiny_model("llama")
     report = apply_greta(model, attention=False, cross_entropy=False, add_rms_norm=False)
     assert report.kernels == ("rms_norm", "rope", "swiglu")
@@ -290,7 +292,9 @@ def test_torch_compile_trains_through_greta_ops() -> None:
         assert any(f"greta.{op}" in t for t in targets), (op, sorted(targets))
 
 
-def test_whole_model_through_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whole_model_through_the_triton_interpreter(
+    monkeypatch: pytest.MonkeyPatch, greta_training: None
+) -> None:
     """The same comparison with the real Triton kernels (interpreter on CPU; GPU as is)."""
     from greta_core.arch import interpreter_active
 
