@@ -117,9 +117,11 @@ def _reduce_last(
             wait: tl.constexpr = "s_waitcnt_vscnt null, 0x0"
         else:  # gfx12 (RDNA 4): in storecnt
             wait: tl.constexpr = "s_wait_storecnt 0x0"
+        # One instruction, its output tied to its input ("0"): no escape sequence in the
+        # source, which torch.compile's Inductor copies into a string of its own.
         tl.inline_asm_elementwise(
-            wait + "\n v_mov_b32 $0, $1",
-            "=v,v",
+            wait,
+            "=v,0",
             [n_cols],
             dtype=tl.int32,
             is_pure=False,
