@@ -12,9 +12,12 @@ import pkgutil
 
 import pytest
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
-import greta_core.kernels  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+import greta_core.kernels
 
 
 def _jit_sources() -> dict[str, str]:
@@ -25,9 +28,7 @@ def _jit_sources() -> dict[str, str]:
         module = importlib.import_module(f"greta_core.kernels.{info.name}")
         for name, value in vars(module).items():
             fn = getattr(value, "fn", None)
-            jit = isinstance(
-                value, (triton.runtime.JITFunction, triton.runtime.interpreter.InterpretedFunction)
-            )
+            jit = isinstance(value, (JITFunction, InterpretedFunction))
             if jit and inspect.isfunction(fn) and fn.__module__ == module.__name__:
                 found[f"{info.name}.{name}"] = inspect.getsource(fn)
     return found
