@@ -87,6 +87,9 @@ step() {
 }
 
 COMMIT=${GRETA_SUITE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)}
+# The files' own git tree: a copied checkout's HEAD can lag the files it holds (the lent GPU
+# machines'), and `git rev-parse C^{tree}` of the commit C that ran equals this.
+TREE=$(python3 -c 'from greta_core.bench.metadata import git_commit; print(git_commit()["tree"])' 2>/dev/null || echo unknown)
 STACK=${GRETA_STACK:-image}
 # On the locked stack, do what `greta doctor`'s cuda.ptxas tells a user: the environment's
 # NVIDIA wheel ptxas first on PATH. XLA assembles jax-triton's kernels with the first ptxas
@@ -99,7 +102,7 @@ if [[ $STACK == locked* ]]; then
         note "$(printf '%-13s %-14s %s' ptxas system "no NVIDIA wheel ptxas here: $(command -v ptxas || echo none) stays first")"
     fi
 fi
-python3 - "$STACK" "$COMMIT" >"$WORK/versions.txt" 2>&1 <<'PY'
+python3 - "$STACK" "$COMMIT" "$TREE" >"$WORK/versions.txt" 2>&1 <<'PY'
 import importlib.metadata as md, json, pathlib, sys
 names = ("torch", "triton", "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-triton",
          "transformers", "torchvision", "nvidia-nccl-cu13", "numpy")
@@ -108,7 +111,7 @@ def version(name):
         return md.version(name)
     except md.PackageNotFoundError:
         return "-"
-print(f"stack: {sys.argv[1]}   commit: {sys.argv[2]}")
+print(f"stack: {sys.argv[1]}   commit: {sys.argv[2]}   tree: {sys.argv[3]}")
 print("versions: " + " ".join(f"{n}=={version(n)}" for n in names))
 try:
     import torch

@@ -6,11 +6,13 @@ No host name and no local path is recorded: result files are meant to be shared.
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +47,37 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit(repo: Path | None = None) -> dict[str, Any]:
-    """Commit of the GRETA checkout the code runs from, and whether it had local changes."""
+    """Commit of the GRETA checkout the code runs from, whether it had local changes, and
+    the git tree of the files as they are (``tree``: equal to ``git rev-parse C^{tree}`` of
+    the commit C whose files ran, whatever the checkout's own HEAD says; a copied working
+    tree, as the lent GPU machines get, keeps a stale HEAD)."""
     repo = repo or Path(__file__).resolve().parents[2]
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if commit is None:
-        return {"commit": None, "dirty": None}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+        return {"commit": None, "dirty": None, "tree": None}
+    status = _run(["git", "status", "--porcelain"], cwd=repo)
+    tree = _run(["git", "rev-parse", "HEAD^{tree}"], cwd=repo) if status == "" else _tree(repo)
+    dirty = (
+        None if status is None else any(not line.startswith("??") for line in status.splitlines())
+    )
+    return {"commit": commit, "dirty": dirty, "tree": tree}
+
+
+def _tree(repo: Path) -> str | None:
+    """The git tree of the working files (tracked or not, .gitignore honoured), through a
+    throwaway index: the checkout's own index and HEAD are left as they are."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        for cmd in (["git", "add", "-A"], ["git", "write-tree"]):
+            try:
+                proc = subprocess.run(
+                    cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=60
+                )
+            except (OSError, subprocess.SubprocessError):
+                return None
+            if proc.returncode != 0:
+                return None
+        return proc.stdout.strip()
 
 
 def header(
