@@ -76,13 +76,14 @@ def _steps(op: str, rows: int, hidden: int, device: str) -> tuple[Callable[[], A
 
 
 def time_pair(
-    pair: tuple[Callable[[], Any], ...], calls: int, rounds: int, sync: Callable[[], None]
-) -> tuple[list[float], list[float]]:
+    pair: tuple[Callable[[], Any], ...], calls: int, rounds: int, warmup: int,
+    sync: Callable[[], None],
+) -> tuple[list[float], list[float]]:  # fmt: skip
     """Microseconds per call of each of the pair in each round, the device synchronised
     before the clock stops; the order alternates per round."""
     out: tuple[list[float], list[float]] = ([], [])
     for fn in pair:
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     sync()
     for r in range(rounds):
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--calls", type=int, default=40, help="calls per case and round")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=3, help="calls of each before timing")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run)")
     args = parser.parse_args(argv)
 
@@ -131,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         for op in OPS:
             for rows, hidden in sizes:
                 vendor, greta = time_pair(
-                    _steps(op, rows, hidden, args.device), args.calls, args.rounds, sync
+                    _steps(op, rows, hidden, args.device),
+                    args.calls,
+                    args.rounds,
+                    args.warmup,
+                    sync,
                 )
                 ratio = statistics.median(g / v for g, v in zip(greta, vendor, strict=True))
                 results.append({
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "tiny": args.tiny,
         "calls": args.calls,
         "rounds": args.rounds,
+        "warmup": args.warmup,
         "results": results,
         "crossover_elements": bounds,
     }
