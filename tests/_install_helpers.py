@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 MAX_REQUESTS = 400
 SERVER_LIFETIME_S = 300
+# How often a test server's loop looks for shutdown(): each shutdown waited up to the
+# default half second, once per server, in dozens of tests.
+POLL_S = 0.02
 
 
 # --- tiny wheels ------------------------------------------------------------------------
@@ -140,7 +143,9 @@ class Index:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": POLL_S}, daemon=True
+        )
         self.stopper = threading.Timer(SERVER_LIFETIME_S, self.server.shutdown)
         self.stopper.daemon = True
 

@@ -8,6 +8,7 @@ from a child process GRETA started."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,9 +16,10 @@ import venv
 from pathlib import Path
 
 import pytest
-from _install_helpers import pip_venv, python_of
+from _install_helpers import make_wheel, pip_venv, python_of
 
 from greta_install import commandline
+from greta_install.locks.lockfile import load_lock, lock_resource_dir
 
 HOSTILE = ("greta", "greta_core", "greta_install", "pip", "triton", "torch", "jax")
 # `greta` as the console script starts it: the installed package, no cwd on sys.path.
@@ -154,16 +156,37 @@ def test_uninstall_runs_the_environments_own_pip(
     _nothing_ran(marker)
 
 
-def test_doctor_and_its_index_check_run_isolated(hostile: tuple[Path, Path]) -> None:
+def _stand_in_wheels(folder: Path) -> Path:
+    """A stand-in wheel for every pin of every packaged lock of this Python: pip finds each
+    pin in this folder at once, whichever target the doctor detects here."""
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    folder.mkdir()
+    for entry in (lock_resource_dir() / "targets").iterdir():
+        target, found, row = entry.name.removesuffix(".txt").partition(f"-py{py.replace('.', '')}")
+        if not found:
+            continue
+        for pkg in load_lock(target, py, row.lstrip("-") or "current").packages:
+            filename, data = make_wheel(str(pkg.name), str(pkg.version))
+            (folder / filename).write_bytes(data)
+    return folder
+
+
+def test_doctor_and_its_index_check_run_isolated(
+    hostile: tuple[Path, Path], tmp_path: Path
+) -> None:
     """`greta doctor --check-index`: the framework probes, the backend probe
-    (`greta_core.backends`) and `pip install --dry-run` against an index (a closed port
-    here: every pin is then unknown, which is the index check's answer offline)."""
+    (`greta_core.backends`) and `pip install --dry-run` against an index (a folder of
+    stand-in wheels, no machine's pip configuration: every pin is found, so pip runs once
+    per index of the lock instead of once more for each pin it did not find)."""
     where, marker = hostile
     proc = _greta(
-        where, "doctor", "--check-index", "--json", PIP_INDEX_URL="http://127.0.0.1:9/simple"
-    )
+        where, "doctor", "--check-index", "--json", PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(_stand_in_wheels(tmp_path / "wheels")),
+    )  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
     assert '"backends' in proc.stdout, proc.stdout[-2000:]
+    (index,) = [c for c in json.loads(proc.stdout)["checks"] if c["id"] == "lock.index"]
+    assert index["status"] == "ok", index  # pip ran and answered
     _nothing_ran(marker)
 
 

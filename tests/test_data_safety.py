@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pytest
-from _install_helpers import REPO, make_kernel_wheel, make_wheel
+from _install_helpers import POLL_S, REPO, make_kernel_wheel, make_wheel
 
 from greta_install.detection.system_view import LiveSystem, SnapshotSystem
 from greta_install.environment import envfix, tools
@@ -331,7 +331,7 @@ def test_downloads_are_bounded_and_https_only() -> None:
                         allow_http=False)  # fmt: skip
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with pytest.raises(installer.DownloadError, match="over the"):
@@ -339,7 +339,7 @@ def test_downloads_are_bounded_and_https_only() -> None:
                             allow_http=True)  # fmt: skip
         start = time.monotonic()
         with pytest.raises(installer.DownloadError, match="did not finish"):
-            installer.fetch(f"{base}/slow.whl", lambda b: None, max_bytes=1 << 20, deadline_s=1.5,
+            installer.fetch(f"{base}/slow.whl", lambda b: None, max_bytes=1 << 20, deadline_s=0.5,
                             allow_http=True)  # fmt: skip
         assert time.monotonic() - start < 20
     finally:

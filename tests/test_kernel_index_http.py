@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from _install_helpers import REPO, make_kernel_wheel
+from _install_helpers import POLL_S, REPO, make_kernel_wheel
 
 from greta_install import boundedio
 from greta_install.install.installer import find_kernel_wheel
@@ -64,7 +64,7 @@ def serve(routes: dict[str, bytes], stream: frozenset[str] = frozenset()) -> Ite
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

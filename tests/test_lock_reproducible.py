@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _install_helpers import POLL_S
 
 from greta_install.environment.tools import find_uv
 from greta_install.locks import lockgen
@@ -119,7 +120,7 @@ class JsonIndex:
                 self.send_error(404)
 
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True)
         thread.start()
         timer = threading.Timer(LIFETIME_S, server.shutdown)
         timer.start()

@@ -110,7 +110,7 @@ def test_a_hanging_child_is_killed_and_reported(tmp_path: Path) -> None:
     python = fault_env(
         tmp_path / "env", "none", {"torch/__init__.py": "import time\ntime.sleep(600)\n"}
     )
-    report = smoke.run_smoke(python, "cpu", timeout=3)
+    report = smoke.run_smoke(python, "cpu", timeout=1)
     assert report.timed_out and not report.ok
     assert "did not finish in time" in report.failure_message()
 
