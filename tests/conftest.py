@@ -46,10 +46,6 @@ if not _has_nvidia_or_amd_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     # ... and the torch ops' CPU kernels run those Triton kernels too (not the reference).
     os.environ.setdefault("GRETA_TRITON_ON_CPU", "1")
-    # The jax tests run op by op on tiny arrays: XLA's compile of each op, not running it,
-    # is their time. Its optimisation passes change how fast the code runs, not what it
-    # computes; without them the jax tests take ~30% less (43 of them: 65.9 s -> 46.8 s).
-    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 DATA = Path(__file__).parent / "data"
 # GRETA_TEST_SEED varies the inputs of every seeded test (scripts/repeat_tests.sh).
