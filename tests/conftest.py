@@ -16,14 +16,6 @@ from typing import Any
 
 import pytest
 
-# Where PYTHONDONTWRITEBYTECODE is set (this CI machine's shells set it) and the installer
-# compiled nothing (uv, for the test extra: transformers, huggingface_hub, pytest; this
-# checkout), every child interpreter of the suite (greta commands, bench and smoke children,
-# torchrun ranks, the doc snippets) compiled those modules from source again. The suite's
-# environment is its own: the first import writes the cache, the later ones read it.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
-
 try:  # the fuzz tests' examples are the same on every run (reproducible failures)
     from hypothesis import settings
 
