@@ -327,3 +327,82 @@ def test_the_judging_rank_exits_only_after_its_peers_took_the_verdict(
     with pytest.raises(Exited):
         judge._watch()
     assert 0.2 <= time.monotonic() - start < 5
+
+
+def test_a_failed_beat_does_not_silence_the_rank(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a loaded host one store exchange can fail. The beat thread used to go quiet for
+    good after it (seen under load: the stalled rank missed the verdict and waited out the
+    launcher's timeout); it reconnects and still takes a peer's verdict, and a store gone
+    for STORE_GONE_S ends it."""
+    from greta_install.doctor import collective_worker as cw
+
+    class Exited(BaseException):
+        pass
+
+    def _exit(code: int) -> None:
+        raise Exited(code)
+
+    monkeypatch.setattr(cw.os, "_exit", _exit)
+    monkeypatch.setattr(cw, "HEARTBEAT_S", 0.01)
+    store, connects = _Store(), []
+    verdict = {"error": "all_reduce did not finish. Suspect rank 1", "stalled": True}
+
+    def connect() -> _Store:
+        connects.append(time.monotonic())
+        if len(connects) == 2:  # the beat after the failed one: the verdict is in by now
+            store.gone = False
+            store.data[cw.ABORT_KEY] = json.dumps(verdict)
+        return store
+
+    peer = cw.Heartbeat(("127.0.0.1", 0), 1, 2, 5.0, str(tmp_path / "r1.json"), {})
+    monkeypatch.setattr(peer, "_store", connect)
+    store.gone = True  # the first exchange fails
+    with pytest.raises(Exited):
+        peer._beat()
+    assert len(connects) == 2 and store.data[f"{cw.ACK_PREFIX}1"] == "1"
+    assert json.loads((tmp_path / "r1.json").read_text())["error"] == verdict["error"]
+    # A store that stays gone: the job is ending, and the thread ends after STORE_GONE_S.
+    monkeypatch.setattr(cw, "STORE_GONE_S", 0.1)
+    store.data.clear()
+    store.gone = True
+    monkeypatch.setattr(peer, "_store", lambda: store)
+    start = time.monotonic()
+    peer._beat()
+    assert 0.1 <= time.monotonic() - start < 5
+
+
+def test_an_error_after_the_verdict_keeps_the_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A stalled collective ends when the judged peer exits, and the judging rank's own
+    collective then fails (gloo: "Connection closed by peer"): its report keeps the
+    watchdog's verdict (seen under load: the error replaced it), the error beside it."""
+    from greta_install.doctor import collective_worker as cw
+
+    result = tmp_path / "r0.json"
+    verdict = {"error": "all_reduce did not finish within 5 s. Suspect rank 1", "stalled": True}
+
+    def stalled(path: str) -> dict:
+        cw._write(path, {"rows": [1], **verdict})  # what the watchdog thread wrote
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setenv("GRETA_COLLECTIVE_RESULT", str(result))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("GRETA_COLLECTIVE_MODE", raising=False)
+    monkeypatch.setattr(cw, "run_rank", stalled)
+    assert cw.main(["worker"]) == 1
+    got = json.loads(result.read_text())
+    assert got == {
+        "rows": [1], **verdict, "rank": 0, "then": "RuntimeError: Connection closed by peer"
+    }  # fmt: skip
+
+    def fails(path: str) -> dict:
+        raise RuntimeError("boom")
+
+    result.unlink()
+    monkeypatch.setattr(cw, "run_rank", fails)
+    assert cw.main(["worker"]) == 1
+    assert json.loads(result.read_text()) == {"rank": 0, "error": "RuntimeError: boom"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r0.json"]  # no temporary left

@@ -23,6 +23,9 @@ HEARTBEAT_S = 0.5
 # Between the two reads of the heartbeats: six beats, so a loaded host that delays one
 # beat thread by a second is not taken for a frozen rank.
 SAMPLE_GAP_S = 6 * HEARTBEAT_S
+# How long a heartbeat thread keeps trying a store it cannot reach before it takes the job
+# for ended (a peer's verdict reaches a rank only through its heartbeat).
+STORE_GONE_S = 10.0
 HB_PREFIX = "greta/collective/hb/"
 ABORT_KEY = "greta/collective/verdict"
 # Each rank that took the verdict says so here (after writing its report): the judging rank
@@ -99,8 +102,12 @@ def device_and_sync(torch: Any, backend: str, local: int | None) -> tuple[Any, s
 
 
 def _write(path: str, result: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    """Whole or not at all: the watchdog thread and the main thread both write the result,
+    and a reader must never find half a file."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(result, fh)
+    os.replace(tmp, path)
 
 
 def run_rank(result_path: str) -> dict[str, Any]:
@@ -234,11 +241,12 @@ class Heartbeat:
         self.phase = f"between collectives, after {self.phase}"
 
     def _beat(self) -> None:
-        store = self._store()
+        store, failed_since = None, None
         while not self._stop.is_set():
             self.beat += 1
             entry = {**self.me, "beat": self.beat, "seq": self.seq, "phase": self.phase}
             try:
+                store = store or self._store()
                 store.set(f"{HB_PREFIX}{self.rank}", json.dumps(entry))
                 # A peer's watchdog judged a stall: every rank ends with its verdict, so no
                 # rank waits out the launcher's timeout in a collective that cannot finish.
@@ -247,8 +255,16 @@ class Heartbeat:
                     self._report({**self.partial, **verdict, "rank": self.rank})
                     store.set(f"{ACK_PREFIX}{self.rank}", "1")
                     os._exit(3)
+                failed_since = None
             except Exception:
-                return  # the store is gone: the job is ending
+                # One failed exchange (a loaded host, a dropped connection) must not silence
+                # this rank for good: it would miss a peer's verdict and wait out the
+                # launcher's timeout. A store unreachable for STORE_GONE_S: the job is ending.
+                now = time.monotonic()
+                failed_since = failed_since or now
+                if now - failed_since > STORE_GONE_S:
+                    return
+                store = None  # a fresh connection next beat
             self._stop.wait(HEARTBEAT_S)
 
     def _read(self, store: Any) -> dict[int, dict[str, Any]]:
@@ -557,7 +573,13 @@ def main(argv: list[str]) -> int:
                 partial = json.load(fh)
         except (OSError, ValueError):
             partial = {}
-        _write(result_path, {**partial, "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        error = f"{type(exc).__name__}: {exc}"
+        if partial.get("stalled"):
+            # The watchdog's verdict came first: this error (a peer that ended on it closed
+            # the connection) follows from the stall, and the verdict names its cause.
+            _write(result_path, {**partial, "rank": rank, "then": error})
+        else:
+            _write(result_path, {**partial, "rank": rank, "error": error})
         return 1
     _write(result_path, result)
     return 0
