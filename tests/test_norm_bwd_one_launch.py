@@ -285,8 +285,8 @@ def test_amd_plans_make_each_wave_wait_for_its_stores() -> None:
             assert launch.constexprs["WAIT_STORES"] == wait
 
 
-# Compiles rms_norm's one-launch backward (bf16, N 2048) for sm_90 and gfx942 without a GPU
-# (the kernel-wheel build's way) and prints each one's assembly lines as JSON.
+# Compiles rms_norm's one-launch backward (bf16, N 2048) for sm_90 and the three AMD families
+# without a GPU (the kernel-wheel build's way) and prints each one's assembly lines as JSON.
 _COMPILE = r"""
 import json, sys, tempfile
 from greta_core import configs
@@ -295,7 +295,8 @@ from greta_core.ops.declare import DECLARED, aot_specs
 import greta_core.ops.rms_norm
 
 out = {}
-for arch, key in (("sm_90", "ptx"), ("gfx942", "amdgcn")):
+for arch, key in (("sm_90", "ptx"), ("gfx942", "amdgcn"), ("gfx1100", "amdgcn"),
+                  ("gfx1201", "amdgcn")):
     with configs.Override({"norm_bwd_reduce": {"MAX_PARTIALS": 65536}}):
         spec = next(
             s for s in aot_specs(DECLARED["rms_norm_bwd"], arch)
@@ -344,3 +345,14 @@ def test_compiled_one_launch_orders_the_partials_before_the_count() -> None:
     assert store < first(gcn, "s_waitcnt vmcnt(0)", store) < barrier
     assert barrier < first(gcn, "buffer_wbl2 sc1", barrier) < atom
     assert atom < first(gcn, "buffer_inv sc1", atom)
+    # RDNA 3 and 4 count stores apart from loads: their own wait, between the last partial
+    # store and the barrier (WAIT_STORES 2 and 3).
+    for arch, wait in (
+        ("gfx1100", "s_waitcnt_vscnt null, 0x0"),
+        ("gfx1201", "s_wait_storecnt 0x0"),
+    ):
+        gcn = asm[arch]
+        atom = first(gcn, "global_atomic_add")
+        barrier = max(i for i, line in enumerate(gcn[:atom]) if line.startswith("s_barrier"))
+        store = max(i for i, line in enumerate(gcn[:barrier]) if "_store_" in line)
+        assert store < first(gcn, wait, store) < barrier, arch
