@@ -50,11 +50,14 @@ def runnable_cases(
 
 
 def interleaved_host_us(
-    fns: dict[Any, Call], calls: int, rounds: int, warmup: int, sync: Callable[[], None]
-) -> dict[Any, list[float]]:
+    fns: dict[Any, Call], calls: int, rounds: int, warmup: int, sync: Callable[[], None],
+    device_time: bool = False,
+) -> dict[Any, list[float]]:  # fmt: skip
     """Per case, its host time per call (microseconds) in each round (see the module
     docstring): a drift of the machine (clocks, other tenants) reaches every case alike,
-    and a case and its vendor are timed seconds apart."""
+    and a case and its vendor are timed seconds apart. `device_time`: the device is
+    synchronised before the clock stops, so a call costs its host or its device time,
+    whichever is larger (``bench/route_bound.py``)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -68,6 +71,8 @@ def interleaved_host_us(
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
+            if device_time:
+                sync()
             out[name].append((time.perf_counter() - start) / calls * 1e6)
             sync()
     return out

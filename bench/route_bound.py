@@ -8,7 +8,8 @@ work outweighs the host's. This bench finds that size: for each op and input siz
 of ``calls`` forward+backward calls **with the device synchronised inside the timed region**
 (so host and GPU time both count, as they do in a training step: a host-bound call costs its
 host time, a GPU-bound one its kernels'), GRETA's path (the route forced off) against the
-PyTorch op, interleaved per round as ``bench/interleaved.py`` does, median over rounds.
+PyTorch op, interleaved per round by ``bench/interleaved.py`` (``device_time``), median
+over rounds.
 
 ``crossover_elements`` per op is the largest size at which PyTorch's op is at least as fast
 as GRETA's path at that size and every smaller one: the most the table's ``ELEMENTS_max``
@@ -29,10 +30,12 @@ import csv
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling interleaved.py
+from interleaved import interleaved_host_us, ratios_to_vendor
 
 OPS = ("rms_norm", "layer_norm", "softmax")
 HIDDEN = (2048, 4096)
@@ -75,28 +78,6 @@ def _steps(op: str, rows: int, hidden: int, device: str) -> tuple[Callable[[], A
     return step(vendor), step(greta)
 
 
-def time_pair(
-    pair: tuple[Callable[[], Any], ...], calls: int, rounds: int, warmup: int,
-    sync: Callable[[], None],
-) -> tuple[list[float], list[float]]:  # fmt: skip
-    """Microseconds per call of each of the pair in each round, the device synchronised
-    before the clock stops; the order alternates per round."""
-    out: tuple[list[float], list[float]] = ([], [])
-    for fn in pair:
-        for _ in range(warmup):
-            fn()
-    sync()
-    for r in range(rounds):
-        for i in (0, 1) if r % 2 == 0 else (1, 0):
-            fn = pair[i]
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
-            out[i].append((time.perf_counter() - start) * 1e6 / calls)
-    return out
-
-
 def crossover(rows: list[dict[str, Any]], op: str) -> int:
     """The largest ELEMENTS up to which PyTorch's op is at least as fast at every size (0:
     GRETA's path wins at the smallest)."""
@@ -120,31 +101,32 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import greta_core.torch  # noqa: F401  (every op declared)
     from greta_core import configs
     from greta_core.bench.metadata import collect
+    from greta_core.ops.declare import DECLARED
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     sizes = [(r, h) for h in (TINY_HIDDEN if args.tiny else HIDDEN)
              for r in (TINY_ROWS if args.tiny else ROWS)]  # fmt: skip
     # GRETA's own path everywhere: the route is what is being sized.
-    forced = {f"{op}_training": {"backend": "greta"} for op in OPS}
+    forced = {DECLARED[op].training_entry: {"backend": "greta"} for op in OPS}
     results: list[dict[str, Any]] = []
     with configs.Override(forced):
         for op in OPS:
             for rows, hidden in sizes:
-                vendor, greta = time_pair(
-                    _steps(op, rows, hidden, args.device),
-                    args.calls,
-                    args.rounds,
-                    args.warmup,
-                    sync,
-                )
-                ratio = statistics.median(g / v for g, v in zip(greta, vendor, strict=True))
+                vendor, greta = _steps(op, rows, hidden, args.device)
+                per_round = interleaved_host_us(
+                    {("case", "vendor"): vendor, ("case", "greta"): greta},
+                    args.calls, args.rounds, args.warmup, sync, device_time=True,
+                )  # fmt: skip
+                ratio = ratios_to_vendor(per_round, ("greta",), 3)["case"]["greta"]
+                vendor, greta = per_round[("case", "vendor")], per_round[("case", "greta")]
                 results.append({
                     "op": op, "rows": rows, "hidden": hidden, "elements": rows * hidden,
                     "vendor_us": round(statistics.median(vendor), 2),
                     "greta_us": round(statistics.median(greta), 2),
-                    "greta_vs_vendor": round(ratio, 3),
+                    "greta_vs_vendor": ratio,
                 })  # fmt: skip
                 r = results[-1]
                 print(f"{op:10} {rows:6}x{hidden:<5} torch {r['vendor_us']:9.1f} us  "

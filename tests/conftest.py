@@ -76,19 +76,18 @@ def _no_patch_left_behind():
 SNAPSHOTS = DATA / "snapshots"
 
 
-# GRETA's own eager training path for the ops whose small training calls the shipped tables
-# hand to torch's op (``<op>_training``, greta_core/ops/_torch_eager.py).
-GRETA_TRAINING = {
-    f"{op}_training": {"backend": "greta"} for op in ("rms_norm", "layer_norm", "softmax")
-}
-
-
 @pytest.fixture
 def greta_training():
-    """Kernel tests test GRETA's kernels in training too, whatever size the tables route."""
+    """Kernel tests test GRETA's kernels in training too, whatever size the tables hand to
+    torch's op (each declared ``training_route``'s ``<op>_training`` entry)."""
+    import greta_core.raw  # noqa: F401  (every op declared)
     from greta_core import configs
+    from greta_core.ops.declare import DECLARED
 
-    with configs.Override(GRETA_TRAINING):
+    pinned = {
+        op.training_entry: {"backend": "greta"} for op in DECLARED.values() if op.training_route
+    }
+    with configs.Override(pinned):
         yield
 
 

@@ -36,11 +36,15 @@ def package_versions() -> dict[str, str | None]:
     return {key: dist_version(*names) for key, names in _DISTRIBUTIONS.items()}
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+def _run(
+    cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 10
+) -> str | None:
     if not shutil.which(cmd[0]):
         return None
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
+        proc = subprocess.run(
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
@@ -68,16 +72,9 @@ def _tree(repo: Path) -> str | None:
     throwaway index: the checkout's own index and HEAD are left as they are."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        for cmd in (["git", "add", "-A"], ["git", "write-tree"]):
-            try:
-                proc = subprocess.run(
-                    cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=60
-                )
-            except (OSError, subprocess.SubprocessError):
-                return None
-            if proc.returncode != 0:
-                return None
-        return proc.stdout.strip()
+        if _run(["git", "add", "-A"], repo, env, timeout=60) is None:
+            return None
+        return _run(["git", "write-tree"], repo, env)
 
 
 def header(

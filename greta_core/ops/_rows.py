@@ -152,15 +152,16 @@ def store_wait(arch: str) -> int:
     return 3 if arch.startswith("gfx12") else 2 if arch.startswith(("gfx10", "gfx11")) else 1
 
 
-def reduce_last_programs(op: str, arch: str, n_rows: int, n_cols: int, n_params: int) -> int:
+def reduce_last_programs(
+    op: str, arch: str, n_rows: int, n_cols: int, n_params: int, bound: int
+) -> int:
     """Programs of a norm backward in one launch (its last program adds the partials), or 0
     for the two-launch form (kernel + ``col_sum``).
 
     ceil(sqrt(rows)) programs (at most ``bwd_programs``'): a program's serial work is its
     rows (rows / P of them) plus, for the last one, the P partial rows it adds, least near
     P = sqrt(rows) (256 rows: 16 programs of 16 rows). One launch when those partials are
-    small: P * N * `n_params` <= ``norm_bwd_reduce``'s MAX_PARTIALS (0: never)."""
-    bound = int(configs.lookup("norm_bwd_reduce", arch, {"N": n_cols})["MAX_PARTIALS"])
+    small: P * N * `n_params` <= `bound`, ``norm_bwd_reduce``'s MAX_PARTIALS (0: never)."""
     if bound <= 0 or n_rows <= 0:
         return 0
     programs = min(bwd_programs(arch, op, n_rows, n_cols), math.isqrt(n_rows - 1) + 1)
@@ -196,7 +197,8 @@ def norm_bwd_plan(
     """
     n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
     rp = row_plan(op, arch, n_cols)
-    one = reduce_last_programs(op, arch, n_rows, n_cols, n_params)
+    reduce = configs.lookup("norm_bwd_reduce", arch, {"N": n_cols})
+    one = reduce_last_programs(op, arch, n_rows, n_cols, n_params, int(reduce["MAX_PARTIALS"]))
     programs = one or bwd_programs(arch, op, n_rows, n_cols)
     inputs = tuple(In(i) for i in range(n_inputs))
     scalars = (n_rows, n_cols, *strides)
@@ -207,7 +209,6 @@ def norm_bwd_plan(
         *(Buffer((n_cols,), w_dtype, zeroed=n_rows == 0) for _ in grads),
     )
     if one:
-        reduce = configs.lookup("norm_bwd_reduce", arch, {"N": n_cols})
         bwd = Launch(
             kernel, (programs,), (*inputs, *scalars, *grads, Out(2 + n_params), Out(0), Out(1)),
             {"BLOCK_N": rp.block_n, "ONE_PASS": rp.one_pass, "REDUCE_LAST": True,

@@ -3,8 +3,8 @@ training_route``): where the arch's ``<op>_training`` table entry says backend "
 a call's size, its forward and backward run as torch's C++ autograd runs them, which costs
 less host time than any Python ``torch.autograd.Function`` (issue 25: a norm's forward +
 backward took 1.5-1.7x F.rms_norm's host time through GRETA's, H200; at small sizes both
-kernels take a few microseconds of GPU time). The shipped tables keep GRETA's path until a
-GPU run measures the bound. Each returns None where torch's op does not take the call as
+kernels take a few microseconds of GPU time). The shipped tables do so up to 8 Mi elements
+(``bench/route_bound.py``). Each returns None where torch's op does not take the call as
 GRETA's kernels would (a dtype mix), and GRETA's path runs it.
 
 torch is imported on first call: the declarations stay importable without it (JAX)."""

@@ -339,6 +339,11 @@ class OpDecl:
     call_stats: ForwardCall = field(init=False)  # with the statistics (a backward follows)
     _converts: bool = field(init=False, repr=False)
 
+    @property
+    def training_entry(self) -> str:
+        """The config table entry that picks ``training_route``'s calls."""
+        return f"{self.name}_training"
+
     def __post_init__(self) -> None:
         self.public_args, self.n_outputs = parse_schema(self.schema)
         order = sorted(

@@ -994,8 +994,7 @@ class _Delegated:
         )
         self.device = target.get_device()  # -1: the CPU (Triton's interpreter)
         # An empty target has nothing to screen (nor launch for). The table's KERNEL says
-        # whether the kernel screens at all: off in the shipped tables until a GPU run has
-        # verified it (the torch ops of screen_targets screen the target meanwhile).
+        # whether the kernel screens at all (false: screen_targets' torch ops screen it).
         self.screened = n_rows > 0 and bool(configs.lookup(SCREEN, arch, {}).get("KERNEL"))
         self.screen = (vocab, ignore_index, reduction, arch)  # _SCREEN_CALL's scalars
         self.capturing = capture_probe()

@@ -455,7 +455,7 @@ def _training_route(op: OpDecl) -> Callable[[tuple[Any, ...]], Any] | None:
     from greta_core import configs
     from greta_core.arch import arch_of
 
-    entry, name = f"{op.name}_training", op.name
+    entry, name = op.training_entry, op.name
     decided: dict[tuple[Any, ...], str | None] = {}
 
     def route(args: tuple[Any, ...]) -> Any:
