@@ -67,6 +67,62 @@ def screen_targets_kernel(
 MODES = {"mean": (True, False), "sum": (False, False), "none": (False, True)}
 
 
+@triton.jit(do_not_specialize_on_alignment=_INTS)
+def poison_logits_kernel(
+    target_ptr,
+    n,
+    vocab,
+    ignore_index,
+    logits_ptr,
+    safe_ptr,
+    total_ptr,
+    MEAN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The screening for float32 logits [n, vocab] (contiguous) already computed: torch's
+    ``cross_entropy`` with the call's own reduction then gives GRETA's loss, with no op
+    after it (a training step's backward pays per autograd node). In place on the logits:
+
+    - a refused entry becomes class c of a row whose first logit is NaN: that row's loss,
+      and so the sum or mean, is NaN, as the kernel's is;
+    - "mean" (MEAN) of a target with no class and nothing refused: ``safe[0]`` becomes
+      class c of a row -inf but 0 at c, whose loss and gradient are exactly 0, so torch's
+      mean is 0 / 1 (GRETA's rule) instead of 0 / 0.
+
+    c is class 0, or 1 where ignore_index is 0: the caller makes sure it is < vocab.
+
+    ``total`` is written as :func:`screen_targets_kernel` writes it, for the deferred
+    report (NaN if anything was refused)."""
+    c = (ignore_index == 0).to(tl.int64)
+    classes = tl.zeros((BLOCK,), dtype=tl.int32)
+    refused = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n
+        t = tl.load(target_ptr + offsets, mask=mask, other=ignore_index)
+        ignored = t == ignore_index
+        is_class = (t >= 0) & (t < vocab) & ~ignored
+        bad = ~is_class & ~ignored
+        tl.store(safe_ptr + offsets, tl.where(is_class, t, tl.where(bad, c, ignore_index)),
+                 mask=mask)  # fmt: skip
+        tl.store(logits_ptr + offsets.to(tl.int64) * vocab, float("nan"), mask=bad)
+        classes += is_class.to(tl.int32)
+        refused += bad.to(tl.int32)
+    count = tl.sum(classes, axis=0)
+    any_refused = tl.max(refused, axis=0) > 0
+    total = tl.maximum(count.to(tl.float32), 1.0) if MEAN else count.to(tl.float32) * 0.0
+    tl.store(total_ptr, tl.where(any_refused, float("nan"), total))
+    if MEAN:  # noqa: SIM102  (a compile-time branch, then a run-time one)
+        if (count == 0) & (n > 0) & ~any_refused:
+            # Every thread's store of safe[0] above comes first.
+            tl.debug_barrier()
+            tl.store(safe_ptr, c)
+            for start in range(0, vocab, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                row = tl.where(cols == c, 0.0, float("-inf"))
+                tl.store(logits_ptr + cols, row, mask=cols < vocab)
+
+
 def aot_specs(arch: str) -> list:
     from greta_core import configs
     from greta_core.kernels._aot import AotSpec
@@ -91,4 +147,22 @@ def aot_specs(arch: str) -> list:
             int_divisible={},
         )
         for reduction, (count, marks) in MODES.items()
+    ] + [
+        AotSpec(
+            name=f"poison_logits[{'mean' if mean else 'sum,none'}]",
+            kernel=poison_logits_kernel,
+            signature={
+                "target_ptr": "*i64",
+                "n": "i32",
+                "vocab": "i32",
+                "ignore_index": "i32",
+                "logits_ptr": "*fp32",
+                "safe_ptr": "*i64",
+                "total_ptr": "*fp32",
+            },
+            constexprs={"MEAN": mean, "BLOCK": config["BLOCK"]},
+            options=configs.launch_options(config, arch),
+            int_divisible={},
+        )
+        for mean in (True, False)
     ]

@@ -969,6 +969,32 @@ def _resolve_screen(target: Any, vocab: int, ignore_index: int, reduction: str, 
 _SCREEN_CALL = ForwardCall(_resolve_screen, 1, *tensors_as_given(1))
 
 
+@memo
+def plan_poison(n: int, vocab: int, ignore_index: int, reduction: str, arch: str) -> Plan:
+    """Inputs target int64 [n] and float32 logits [n, vocab] (contiguous, written in place);
+    buffers: the safe target int64 [n] and the total fp32 [] (``kernels/lce_targets.py``,
+    ``poison_logits_kernel``). One program, as :func:`plan_screen`."""
+    from greta_core.kernels.lce_targets import poison_logits_kernel
+
+    config = configs.lookup(SCREEN, arch, {})
+    launch = Launch(
+        poison_logits_kernel, (1,),
+        (In(0), n, vocab, ignore_index, In(1), Out(0), Out(1)),
+        {"MEAN": reduction == "mean", "BLOCK": config["BLOCK"]},
+        configs.launch_options(config, arch),
+    )  # fmt: skip
+    return Plan(SCREEN, arch, (Buffer((n,), "int64"), Buffer((), "float32")), (launch,), (0, 1))
+
+
+def _resolve_poison(
+    target: Any, logits: Any, vocab: int, ignore_index: int, reduction: str, arch: str
+) -> Plan:
+    return plan_poison(target.shape[0], vocab, ignore_index, reduction, arch)
+
+
+_POISON_CALL = ForwardCall(_resolve_poison, 2, *tensors_as_given(2))
+
+
 class _Delegated:
     """What one delegated call signature needs, decided once (:func:`_how`): what runs, the
     bounds of :func:`torch_targets` (for targets the kernel does not screen), torch's
@@ -976,7 +1002,8 @@ class _Delegated:
 
     __slots__ = (
         "arch", "capturing", "device", "functorch", "high", "ignore", "ignore_index", "impl",
-        "low", "mean", "none", "options", "screen", "screened", "vocab",
+        "low", "mean", "none", "options", "poisons", "reduction", "screen", "screened",
+        "vocab",
     )  # fmt: skip
 
     def __init__(
@@ -988,7 +1015,7 @@ class _Delegated:
         n_rows, vocab = hidden.shape[0], weight.shape[0]
         self.impl, self.arch, self.vocab, self.ignore_index = impl, arch, vocab, ignore_index
         self.low, self.high, self.ignore = torch_targets(vocab, ignore_index)
-        self.mean, self.none = reduction == "mean", reduction == "none"
+        self.reduction, self.mean, self.none = reduction, reduction == "mean", reduction == "none"
         self.options = (
             core_options(arch, n_rows, vocab, hidden.shape[1]) if impl == CORE_CHUNKED else None
         )
@@ -997,6 +1024,8 @@ class _Delegated:
         # whether the kernel screens at all (false: screen_targets' torch ops screen it).
         self.screened = n_rows > 0 and bool(configs.lookup(SCREEN, arch, {}).get("KERNEL"))
         self.screen = (vocab, ignore_index, reduction, arch)  # _SCREEN_CALL's scalars
+        # poison_logits_kernel's class (0, or 1 where ignore_index is 0) is in the vocabulary.
+        self.poisons = self.screened and vocab > (ignore_index == 0)
         self.capturing = capture_probe()
         # A functorch transform is active: its wrapped tensors have no data to launch on.
         self.functorch = getattr(torch._C, "_are_functorch_transforms_active", bool)
@@ -1082,6 +1111,12 @@ def _launch_screen(how: _Delegated, target: Any) -> tuple[Any, ...]:
     return _SCREEN_CALL.launch((target, *how.screen))
 
 
+def _launch_poison(how: _Delegated, target: Any, logits: Any) -> tuple[Any, ...]:
+    """(the safe target, the total) of ``poison_logits_kernel`` on float32 `logits`, which
+    it writes in place: its call cache, as :func:`_launch_screen`'s."""
+    return _POISON_CALL.launch((target, logits, *how.screen))
+
+
 def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
     """The loss by torch's own code; the inputs are checked as GRETA's kernel checks them
     (same one-line errors whichever implementation the table picks). The loss is float32
@@ -1091,9 +1126,13 @@ def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
     gives NaN), whichever implementation ran.
 
     A host-bound training step pays every op here twice (forward and backward), so there
-    are few: beside torch's product and cross_entropy, one launch of the target screening
-    and, for "mean", one divide by its total ("sum" adds the total,
-    "none" the marks: NaN where a target was refused). The unchunked path is
+    are few. Float32 logits of a plain tensor whose values are on the device (the
+    host-bound regime: :data:`_UPCAST_MAX`) take torch's own ops and nothing else: torch's
+    product, ``.float()`` and cross_entropy with the call's reduction, with one launch of
+    the screening between the last two, which writes the refusals and "mean"'s empty
+    count into the logits (``poison_logits_kernel``). Elsewhere the screening runs first
+    and the reduction follows: "mean" divides by its total, "sum" adds the total, "none"
+    the marks (NaN where a target was refused). The unchunked path is
     F.linear_cross_entropy with options=None as torch documents it (F.linear, then
     F.cross_entropy), written out: a 2-D product needs none of F.linear's reshapes, and
     logits of at most :data:`_UPCAST_MAX` elements go to cross_entropy in float32, as the
@@ -1102,39 +1141,52 @@ def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
 
     F = torch.nn.functional
     impl = how.impl
-    # A plain tensor whose values are on the device: one launch of the screening kernel
-    # (kernels/lce_targets.py): the safe target (a refused entry as ignore_index, which
-    # torch's loss then ignores), the total (NaN if any entry was refused; for "mean"
-    # max(1, the count of classes), else 0), folded into the device's deferred report,
-    # and for "none" the per-row marks. Inline: the training path's hottest lines.
-    if (
+    if recorded.get(OP) != impl and not torch.compiler.is_compiling():
+        record(OP, impl, how.arch)
+    # A plain tensor whose values are on the device: the screening kernel
+    # (kernels/lce_targets.py), one launch whose total (NaN if any entry was refused) goes
+    # to the device's deferred report. Inline: the training path's hottest lines.
+    on_device = (
         type(target) is torch.Tensor
         and how.screened
         and not torch._is_functional_tensor(target)
         and (how.device >= 0 or not _values_on_host(target))
         and not how.functorch()
-    ):
+    )
+    logits = None
+    if impl != CORE_CHUNKED:
+        logits = torch.mm(hidden, weight.t())
+        if logits.numel() <= _UPCAST_MAX:
+            logits = logits.float()
+        # Written in place: a fresh tensor nothing else holds (neither the product's nor
+        # the copy's backward saves it), and plain (a subclass's data is not its own).
+        if (
+            on_device
+            and how.poisons
+            and logits.dtype == torch.float32
+            and type(logits) is torch.Tensor
+        ):
+            raise_refused_targets()
+            safe, total = _launch_poison(how, target, logits)
+            _fold(how, total, target)
+            return F.cross_entropy(logits, safe, ignore_index=how.ignore_index,
+                                   reduction=how.reduction)  # fmt: skip
+    if on_device:
+        # The safe target (a refused entry as ignore_index, which torch's loss then
+        # ignores), the total ("mean": max(1, the count of classes), else 0; NaN if any
+        # entry was refused) and for "none" the per-row marks.
         raise_refused_targets()
         outs = _launch_screen(how, target)
         safe, ignore, total = outs[0], how.ignore_index, outs[1]
         marks = outs[2] if how.none else None
-        if how.device >= 0 and not how.capturing():  # note_refusals, its checks made
-            report = _REPORTS.get(how.device)
-            if report is None:
-                report = _REPORTS[how.device] = _DeviceReport(target.device)
-            report.fold(total, how.vocab, how.ignore_index)
+        _fold(how, total, target)
     else:
         safe, ignore, total, marks = _screened(how, target)
-    if recorded.get(OP) != impl and not torch.compiler.is_compiling():
-        record(OP, impl, how.arch)
-    if impl == CORE_CHUNKED:  # its chunked path takes "sum" or "mean" only
+    if logits is None:  # CORE_CHUNKED: its chunked path takes "sum" or "mean" only
         loss = F.linear_cross_entropy(
             hidden, weight, safe, reduction="sum", ignore_index=ignore, options=how.options
         ).float()
     else:
-        logits = torch.mm(hidden, weight.t())
-        if logits.numel() <= _UPCAST_MAX:
-            logits = logits.float()
         if how.none:
             rows = F.cross_entropy(logits, safe, ignore_index=ignore, reduction="none")
             return poison(rows.float(), marks)
@@ -1150,6 +1202,16 @@ def _torch_loss(how: _Delegated, hidden: Any, weight: Any, target: Any) -> Any:
     # "mean": the total is max(1, classes), or the old path's counted marks (see _TINY);
     # either is NaN where a target was refused. "sum": 0 or NaN.
     return loss / total if how.mean else loss + total
+
+
+def _fold(how: _Delegated, total: Any, target: Any) -> None:
+    """The screening's total into its device's deferred report (note_refusals, its checks
+    made): not while a CUDA graph is captured (the report's copy would be captured too)."""
+    if how.device >= 0 and not how.capturing():
+        report = _REPORTS.get(how.device)
+        if report is None:
+            report = _REPORTS[how.device] = _DeviceReport(target.device)
+        report.fold(total, how.vocab, how.ignore_index)
 
 
 # Logits of at most this many elements are upcast to float32 before cross_entropy (the
