@@ -1,0 +1,65 @@
+"""bench/hf_host_ab.py on CPU (no timing asserts): one model, GRETA patched in and reverted
+round by round in alternating order, the ratio the median of the rounds' ratios, and the
+model left as transformers made it (conftest's fixture fails a test that leaves a patch)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from _script_module import load_script
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def ab():
+    return load_script("bench/hf_host_ab.py", "hf_host_ab_bench")
+
+
+def test_rounds_alternate_the_patch_on_one_model(ab, tmp_path: Path, monkeypatch) -> None:
+    import greta_core.transformers as gt
+
+    calls: list[str] = []
+    apply, revert = gt.apply_greta, gt.revert_greta
+
+    def spy_apply(target, **kw):
+        calls.append("apply")
+        return apply(target, **kw)
+
+    def spy_revert(target):
+        calls.append(f"revert {target}" if isinstance(target, str) else "revert model")
+        return revert(target)
+
+    monkeypatch.setattr(gt, "apply_greta", spy_apply)
+    monkeypatch.setattr(gt, "revert_greta", spy_revert)
+    assert ab.main(["--tiny", "--families", "llama", "--rounds", "3", "--steps", "1",
+                    "--warmup", "0", "--out", str(tmp_path)]) == 0  # fmt: skip
+    # Round 0 vanilla first, round 1 GRETA first, round 2 vanilla first: one patch per round,
+    # each undone for the model and the family's RoPE.
+    assert calls == ["apply", "revert model", "revert llama"] * 3
+    doc = json.loads((tmp_path / "hf_host_ab.json").read_text())
+    (row,) = doc["rows"]
+    assert doc["metadata"]["preset"] == "hf_host_ab" and row["rounds"] == 3
+    assert len(row["per_round"]) == 3
+    ratios = [r["vanilla_ms"] / r["greta_ms"] for r in row["per_round"]]
+    assert row["greta_vs_vanilla"] == pytest.approx(statistics.median(ratios))
+    assert row["ratio_min"] == min(ratios) and row["ratio_max"] == max(ratios)
+    # float32 on the CPU: GRETA's reference paths compute vanilla's loss to rounding.
+    assert row["loss_rel_err"] < 1e-5
+    with (tmp_path / "hf_host_ab.csv").open() as fh:
+        (line,) = list(csv.DictReader(fh))
+    assert line["family"] == "llama" and float(line["greta_vs_vanilla"]) > 0
+
+
+def test_bad_arguments_are_refused_before_any_model_is_built(ab, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        ab.main(["--tiny", "--families", "llama,falcon", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        ab.main(["--tiny", "--rounds", "0", "--out", str(tmp_path)])
+    assert not (tmp_path / "hf_host_ab.json").exists()
