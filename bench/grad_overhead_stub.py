@@ -233,10 +233,22 @@ def lce_delegated() -> Any:
     """linear_cross_entropy on the delegated path, as on the GPU (see the docstring)."""
 
     from greta_core import configs
+    from greta_core.ops import _validate
     from greta_core.ops import linear_cross_entropy as lce
     from greta_core.torch import _declared
 
     _declared.run_triton_on_cpu = lambda *tensors: True  # type: ignore[assignment]
+    # The route validates as the kernels do: CPU tensors pass as the interpreter's would.
+    _validate.interpreter_active = lambda: True  # type: ignore[attr-defined]
+    poison = getattr(lce, "_launch_poison", None)
+    if poison is not None:  # float32 logits: the screening after the product
+
+        def poison_writes(how: Any, target: Any, logits: Any) -> Any:
+            outs = poison(how, target, logits)
+            outs[0].copy_(target)
+            return outs
+
+        lce._launch_poison = poison_writes
     launch = getattr(lce, "_launch_screen", None)
     if launch is None:  # a tree before the screening kernel
         lce._values_on_host = lambda target: False  # type: ignore[assignment]

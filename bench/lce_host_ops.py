@@ -78,21 +78,27 @@ def count_ops(step: Any) -> tuple[dict[str, int], int]:
             seen[str(func.overloadpacket.__name__)] += 1
             return func(*args, **(kwargs or {}))
 
-    launch = getattr(lce, "_launch_screen", None)
+    # The screening's launch (before the product) or, with float32 logits, after it.
+    real = {name: getattr(lce, name, None) for name in ("_launch_screen", "_launch_poison")}
 
-    def counted(how: Any, target: Any) -> Any:
-        launches[0] += 1
-        with _disable_current_modes():
-            return launch(how, target)  # type: ignore[misc]
+    def counting(launch: Any) -> Any:
+        def counted(*args: Any) -> Any:
+            launches[0] += 1
+            with _disable_current_modes():
+                return launch(*args)
 
-    if launch is not None:
-        lce._launch_screen = counted
+        return counted
+
+    for name, launch in real.items():
+        if launch is not None:
+            setattr(lce, name, counting(launch))
     try:
         with Count():
             step()
     finally:
-        if launch is not None:
-            lce._launch_screen = launch
+        for name, launch in real.items():
+            if launch is not None:
+                setattr(lce, name, launch)
     return dict(sorted(seen.items())), launches[0]
 
 
