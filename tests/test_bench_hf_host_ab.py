@@ -37,13 +37,20 @@ def test_rounds_alternate_the_patch_on_one_model(ab, tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(gt, "apply_greta", spy_apply)
     monkeypatch.setattr(gt, "revert_greta", spy_revert)
-    assert ab.main(["--tiny", "--families", "llama", "--rounds", "3", "--steps", "1",
-                    "--warmup", "0", "--out", str(tmp_path)]) == 0  # fmt: skip
-    # Round 0 vanilla first, round 1 GRETA first, round 2 vanilla first: one patch per round,
-    # each undone for the model and the family's RoPE.
-    assert calls == ["apply", "revert model", "revert llama"] * 3
+    assert ab.main(["--tiny", "--families", "llama", "--regimes", "train-b1s256,decode-b1",
+                    "--rounds", "3", "--steps", "1", "--warmup", "0",
+                    "--out", str(tmp_path)]) == 0  # fmt: skip
+    # Round 0 vanilla first, round 1 GRETA first, round 2 vanilla first: one patch per round
+    # and regime, each undone for the model and the family's RoPE.
+    assert calls == ["apply", "revert model", "revert llama"] * 6
     doc = json.loads((tmp_path / "hf_host_ab.json").read_text())
-    (row,) = doc["rows"]
+    row, decode = doc["rows"]
+    assert (row["regime"], decode["regime"]) == ("train-b1s256", "decode-b1")
+    # Greedy decode of the tiny float32 model: GRETA's reference paths give vanilla's tokens.
+    assert decode["tokens_equal"] == decode["batch"] * decode["new_tokens"]
+    assert decode["greta_tok_s"] == pytest.approx(
+        decode["batch"] * decode["new_tokens"] / (decode["greta_ms"] / 1e3)
+    )
     assert doc["metadata"]["preset"] == "hf_host_ab" and row["rounds"] == 3
     assert len(row["per_round"]) == 3
     ratios = [r["vanilla_ms"] / r["greta_ms"] for r in row["per_round"]]
@@ -52,8 +59,10 @@ def test_rounds_alternate_the_patch_on_one_model(ab, tmp_path: Path, monkeypatch
     # float32 on the CPU: GRETA's reference paths compute vanilla's loss to rounding.
     assert row["loss_rel_err"] < 1e-5
     with (tmp_path / "hf_host_ab.csv").open() as fh:
-        (line,) = list(csv.DictReader(fh))
-    assert line["family"] == "llama" and float(line["greta_vs_vanilla"]) > 0
+        lines = list(csv.DictReader(fh))
+    assert [(x["family"], x["regime"]) for x in lines] == [
+        ("llama", "train-b1s256"), ("llama", "decode-b1"),
+    ]  # fmt: skip
 
 
 def test_bad_arguments_are_refused_before_any_model_is_built(ab, tmp_path: Path) -> None:
@@ -62,4 +71,6 @@ def test_bad_arguments_are_refused_before_any_model_is_built(ab, tmp_path: Path)
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         ab.main(["--tiny", "--rounds", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # a GPU-bound regime is hf_grid.py's
+        ab.main(["--tiny", "--regimes", "train-b4s2048", "--out", str(tmp_path)])
     assert not (tmp_path / "hf_host_ab.json").exists()
