@@ -17,7 +17,9 @@ vanilla's: above 1, GRETA is faster) is the median of the per-round ratios, with
     python bench/hf_host_ab.py --tiny --out DIR               # CPU format check (seconds)
 
 Writes ``<out>/hf_host_ab.json`` (metadata with the stack versions, per-round times) and
-``hf_host_ab.csv`` (a row per family and regime).
+``hf_host_ab.csv`` (a row per family and regime). Where ``<out>`` holds a grid
+(``bench/hf_grid.py --out`` the same folder), its summary is recomputed: a host-bound
+cell's verdict against vanilla then reads this ratio (``greta_vs_vanilla_interleaved``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling hf_grid.py
-from hf_grid import FAMILIES, REGIMES, TINY_REGIMES, Regime, build, tokens
+from hf_grid import FAMILIES, INTERLEAVED, REGIMES, TINY_REGIMES, Regime, build, resummarize, tokens
 
 # The grid's host-bound regimes this bench takes.
 HOST_REGIMES = ("train-b1s256", "decode-b1", "decode-b8")
@@ -170,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = command_line("bench/hf_host_ab.py", sys.argv[1:] if argv is None else argv,
                            args.out / "x")  # fmt: skip
-    write_json(args.out / "hf_host_ab.json", {"metadata": meta, "command": command, "rows": rows})
+    write_json(args.out / INTERLEAVED, {"metadata": meta, "command": command, "rows": rows})
     write_csv(args.out / "hf_host_ab.csv", rows, FIELDS)
+    if resummarize(args.out):  # a grid in the same folder: its verdicts now read these cells
+        print(f"hf_grid summary in {args.out} updated with these cells")
     return 0
 
 

@@ -112,6 +112,41 @@ def test_driver_runs_every_cell_vanilla_first_and_writes_the_results(grid, stub,
     assert not (tmp_path / "hf_grid.png").exists()  # plot failed: the numbers stand alone
 
 
+def test_interleaved_host_cells_decide_the_verdict_against_vanilla(grid, stub, tmp_path):
+    # bench/hf_host_ab.py's result in the same folder: its ratio (one process, alternating
+    # rounds) stands beside the two processes' and decides a host-bound cell; a GPU-bound
+    # cell keeps its own. Rows of the training-only version carry no regime.
+    (tmp_path / grid.INTERLEAVED).write_text(json.dumps({"rows": [
+        {"family": "llama", "greta_vs_vanilla": 0.9},
+        {"family": "llama", "regime": "decode-b1", "greta_vs_vanilla": 1.3},
+        {"family": "llama", "regime": "train-b4s2048", "greta_vs_vanilla": 0.5},
+    ]}))  # fmt: skip
+    args = ["--tiny", "--out", str(tmp_path), "--families", "llama", "--regimes",
+            "train-b1s256,train-b4s2048,decode-b1", "--variants", "vanilla,greta"]  # fmt: skip
+    assert grid.main(args) == 0
+    doc = json.loads((tmp_path / "hf_grid.json").read_text())
+    summary = {s["regime"]: s for s in doc["summary"]}
+    host = summary["train-b1s256"]
+    assert host["greta_vs_vanilla"] == pytest.approx(10.0 / 8.0)  # the stub's processes
+    assert host["greta_vs_vanilla_interleaved"] == 0.9
+    assert host["verdict"] == "behind-vanilla"
+    assert summary["decode-b1"]["greta_vs_vanilla_interleaved"] == 1.3
+    assert summary["decode-b1"]["verdict"] == "ahead"
+    assert "greta_vs_vanilla_interleaved" not in summary["train-b4s2048"]
+    assert grid.interleaved(tmp_path / "none.json") == {}
+    # A later interleaved run in the folder recomputes the grid's summary, rows untouched.
+    (tmp_path / grid.INTERLEAVED).write_text(json.dumps({"rows": [
+        {"family": "llama", "regime": "train-b1s256", "greta_vs_vanilla": 1.1},
+    ]}))  # fmt: skip
+    assert grid.resummarize(tmp_path) and not grid.resummarize(tmp_path / "empty")
+    again = json.loads((tmp_path / "hf_grid.json").read_text())
+    assert again["rows"] == doc["rows"]
+    host = next(s for s in again["summary"] if s["regime"] == "train-b1s256")
+    assert (host["greta_vs_vanilla_interleaved"], host["verdict"]) == (1.1, "ahead")
+    with (tmp_path / "hf_grid_summary.csv").open() as fh:
+        assert {r["regime"]: r["verdict"] for r in csv.DictReader(fh)}["decode-b1"] == "ahead"
+
+
 def test_append_replaces_only_the_cells_measured_again(grid, stub, tmp_path):
     base = ["--tiny", "--out", str(tmp_path), "--families", "llama"]
     assert grid.main([*base, "--regimes", "train-b1s256,decode-b1",
