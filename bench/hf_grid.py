@@ -58,6 +58,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling grad_overhead.py
+from grad_overhead import config_override, overridden  # noqa: E402
 
 VARIANTS = ("vanilla", "compile", "liger", "greta", "greta-attn", "greta-sdpa")
 DEFAULT_VARIANTS = ("vanilla", "compile", "liger", "greta")
@@ -363,7 +365,12 @@ def skip_reason(variant: str, regime: Regime) -> str:
 
 
 def run_job(job: Job) -> list[dict[str, Any]]:
-    """Every regime of one (family, variant); one row each."""
+    """Every regime of one (family, variant); one row each, under the run's ``--config``."""
+    with overridden(job.extra.get("config")):
+        return _run_job(job)
+
+
+def _run_job(job: Job) -> list[dict[str, Any]]:
     import torch
 
     from greta_core import observe
@@ -670,6 +677,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--subprocess", action="store_true", help="a process per variant with --tiny too"
     )
+    parser.add_argument(
+        "--config", help="JSON {op: {KEY: value}} (or a file holding one) over the config "
+        "tables for every process of the run, e.g. a table change to A/B; the JSON records it",
+    )  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -679,6 +690,10 @@ def main(argv: list[str] | None = None) -> int:
     variants = _names(args.variants, VARIANTS, "variant", parser)
     if args.out is None:
         parser.error("--out is required")
+    try:
+        override = config_override(args.config)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
 
     import torch
 
@@ -703,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     table = TINY_REGIMES if args.tiny else REGIMES
     meta["regimes"] = {r: asdict(table[r]) for r in regimes}
     meta["time_tol"], meta["mem_tol"] = TIME_TOL, MEM_TOL
+    meta["config"] = override
     command = command_line("bench/hf_grid.py", sys.argv[1:] if argv is None else argv, out / "x")
     rows: list[dict[str, Any]] = []
     previous = out / "hf_grid.json"
@@ -728,7 +744,8 @@ def main(argv: list[str] | None = None) -> int:
             if time.time() - t_start > args.budget_s:
                 not_run.append(f"{fam}/{variant}")
                 continue
-            job = Job(fam, variant, regimes, device, args.tiny, probe_dir, compile_backend)
+            job = Job(fam, variant, regimes, device, args.tiny, probe_dir, compile_backend,
+                      {"config": override} if override else {})  # fmt: skip
             t0 = time.time()
             got = _in_process(job) if in_process else _in_subprocess(job, args.timeout)
             rows.extend(got)

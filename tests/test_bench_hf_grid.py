@@ -147,6 +147,33 @@ def test_interleaved_host_cells_decide_the_verdict_against_vanilla(grid, stub, t
         assert {r["regime"]: r["verdict"] for r in csv.DictReader(fh)}["decode-b1"] == "ahead"
 
 
+def test_config_reaches_every_job_and_the_metadata(grid, stub, tmp_path, capsys):
+    table = {"linear_cross_entropy": {"CHUNK_SCALE": 8}}
+    args = ["--tiny", "--out", str(tmp_path), "--families", "llama", "--regimes", "decode-b1",
+            "--variants", "vanilla,greta", "--config", json.dumps(table)]  # fmt: skip
+    assert grid.main(args) == 0
+    assert [j.extra for j in stub] == [{"config": table}] * 2
+    assert json.loads((tmp_path / "hf_grid.json").read_text())["metadata"]["config"] == table
+    with pytest.raises(SystemExit):
+        grid.main([*args[:-1], '{"linear_cross_entropy": 8}'])
+    assert "--config must map op names" in capsys.readouterr().err
+
+
+def test_a_job_runs_under_its_config(grid, monkeypatch):
+    from greta_core import configs
+
+    seen = []
+    monkeypatch.setattr(grid, "_run_job", lambda job: seen.append(
+        configs.lookup("linear_cross_entropy", "default", {}).get("CHUNK_SCALE")) or [])  # fmt: skip
+    job = grid.Job("llama", "greta", ["decode-b1"], "cpu", True, Path("."), "eager",
+                   {"config": {"linear_cross_entropy": {"CHUNK_SCALE": 8}}})  # fmt: skip
+    assert grid.run_job(job) == []
+    assert seen == [8]
+    job.extra = {}
+    grid.run_job(job)
+    assert seen[-1] != 8  # the shipped table again
+
+
 def test_append_replaces_only_the_cells_measured_again(grid, stub, tmp_path):
     base = ["--tiny", "--out", str(tmp_path), "--families", "llama"]
     assert grid.main([*base, "--regimes", "train-b1s256,decode-b1",
