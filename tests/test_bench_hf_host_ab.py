@@ -35,6 +35,9 @@ def test_rounds_alternate_the_patch_on_one_model(ab, tmp_path: Path, monkeypatch
         calls.append(f"revert {target}" if isinstance(target, str) else "revert model")
         return revert(target)
 
+    # The bench's driver is under test, not the kernels: GRETA's CPU ops take their torch
+    # reference (the interpreter would run each Triton kernel for seconds).
+    monkeypatch.setenv("GRETA_TRITON_ON_CPU", "0")
     monkeypatch.setattr(gt, "apply_greta", spy_apply)
     monkeypatch.setattr(gt, "revert_greta", spy_revert)
     assert ab.main(["--tiny", "--families", "llama", "--regimes", "train-b1s256,decode-b1",
