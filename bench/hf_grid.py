@@ -286,18 +286,50 @@ def agreement(probe: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _train(model: Any, trainer: Any, regime: Regime, vocab: int, device: str) -> dict[str, Any]:
-    import torch
-
+def train_step(model: Any, trainer: Any, regime: Regime, device: str) -> Any:
+    """One training step of `regime`'s batch through `trainer` (the model, or its compiled
+    form): forward with labels, backward, gradients dropped; it returns the loss, which
+    synchronises, so each step is timed whole. The model is put in training mode."""
     model.train()
-    batch = tokens(vocab, regime.batch, regime.seq, 2, device)
+    batch = tokens(model.config.vocab_size, regime.batch, regime.seq, 2, device)
 
     def step() -> float:
         out = trainer(batch, labels=batch)
         out.loss.backward()
         model.zero_grad(set_to_none=True)
-        return out.loss.item()  # synchronises: each step is timed whole
+        return out.loss.item()
 
+    return step
+
+
+def generate_kwargs(regime: Regime, variant: str) -> dict[str, Any]:
+    """``generate``'s arguments for a decode regime: greedy, exactly its new tokens; with a
+    static cache, compiled by transformers for the ``compile`` variant only."""
+    n = regime.new_tokens
+    kw: dict[str, Any] = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    if regime.kind == "generate-static":
+        kw.update(cache_implementation="static", disable_compile=variant != "compile")
+    return kw
+
+
+def grid_metadata(preset: str, device: str) -> dict[str, Any]:
+    """The metadata of these benches' results: ``collect``'s, plus transformers' and
+    Liger-Kernel's versions where installed."""
+    from importlib.metadata import version
+
+    from greta_core.bench.metadata import collect
+
+    meta = collect(preset, device)
+    for dist in ("transformers", "liger-kernel"):
+        with contextlib.suppress(Exception):
+            meta["versions"][dist.replace("-", "_")] = version(dist)
+    return meta
+
+
+def _train(model: Any, trainer: Any, regime: Regime, vocab: int, device: str) -> dict[str, Any]:
+    import torch
+
+    step = train_step(model, trainer, regime, device)
     t0 = time.perf_counter()
     for _ in range(regime.warmup):
         step()
@@ -322,10 +354,7 @@ def _decode(model: Any, regime: Regime, vocab: int, device: str, variant: str) -
 
     model.eval()
     prompt = tokens(vocab, regime.batch, regime.seq, 3, device)
-    n = regime.new_tokens
-    kw: dict[str, Any] = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    if regime.kind == "generate-static":
-        kw.update(cache_implementation="static", disable_compile=variant != "compile")
+    kw = generate_kwargs(regime, variant)
     rates = []
     with torch.no_grad():
         # The warm-up generates as many tokens: every cache length (and, for a compiled
@@ -498,11 +527,17 @@ def _in_process(job: Job) -> list[dict[str, Any]]:
     try:
         return run_job(job)
     finally:
-        from greta_core.transformers import apply as greta_apply
-        from greta_core.transformers import revert_greta
+        revert_all()
 
-        for key in greta_apply.patched_targets():
-            revert_greta(key)
+
+def revert_all() -> None:
+    """Undo every apply_greta of this process (models and families), so the next variant
+    run in it starts from transformers' own code."""
+    from greta_core.transformers import apply as greta_apply
+    from greta_core.transformers import revert_greta
+
+    for key in greta_apply.patched_targets():
+        revert_greta(key)
 
 
 def _metric(regime: str) -> tuple[str, bool]:
@@ -649,7 +684,10 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     plt.close(fig)
 
 
-def _names(text: str, known: dict[str, Any] | tuple[str, ...], what: str, parser: Any) -> list[str]:
+def parse_names(
+    text: str, known: dict[str, Any] | tuple[str, ...], what: str, parser: Any
+) -> list[str]:
+    """A comma list of `what` names from `known`; an unknown one is the parser's error."""
     names = [x for x in text.split(",") if x]
     unknown = [x for x in names if x not in known]
     if unknown:
@@ -685,9 +723,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    families = _names(args.families, FAMILIES, "family", parser)
-    regimes = _names(args.regimes, REGIMES, "regime", parser)
-    variants = _names(args.variants, VARIANTS, "variant", parser)
+    families = parse_names(args.families, FAMILIES, "family", parser)
+    regimes = parse_names(args.regimes, REGIMES, "regime", parser)
+    variants = parse_names(args.variants, VARIANTS, "variant", parser)
     if args.out is None:
         parser.error("--out is required")
     try:
@@ -700,19 +738,14 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if "vanilla" in variants:  # the agreement reference runs first
         variants = ["vanilla", *(v for v in variants if v != "vanilla")]
-    from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.metadata import command_line
     from greta_core.bench.report import write_csv, write_json
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     probe_dir = out / ".probes"  # scratch: vanilla's probe for later calls; not a result
     probe_dir.mkdir(exist_ok=True)
-    meta = collect("tiny" if args.tiny else "grid", device)
-    for dist in ("transformers", "liger-kernel"):
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            meta["versions"][dist.replace("-", "_")] = version(dist)
+    meta = grid_metadata("tiny" if args.tiny else "grid", device)
     meta["families"] = {f: {**asdict(FAMILIES[f]), "config": family_config(FAMILIES[f], args.tiny).to_dict()}
                         for f in families}  # fmt: skip
     table = TINY_REGIMES if args.tiny else REGIMES

@@ -25,7 +25,6 @@ cell's verdict against vanilla then reads this ratio (``greta_vs_vanilla_interle
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -33,7 +32,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling hf_grid.py
-from hf_grid import FAMILIES, INTERLEAVED, REGIMES, TINY_REGIMES, Regime, build, resummarize, tokens
+from hf_grid import (
+    FAMILIES,
+    INTERLEAVED,
+    REGIMES,
+    TINY_REGIMES,
+    Regime,
+    build,
+    generate_kwargs,
+    grid_metadata,
+    parse_names,
+    resummarize,
+    tokens,
+    train_step,
+)
 
 # The grid's host-bound regimes this bench takes.
 HOST_REGIMES = ("train-b1s256", "decode-b1", "decode-b8")
@@ -45,31 +57,23 @@ FIELDS = (
 )  # fmt: skip
 
 
-def _call(model: Any, regime: Regime, device: str) -> tuple[Any, Any]:
-    """(one timed call, returning what the agreement compares; its mode's setter)."""
+def _call(model: Any, regime: Regime, device: str) -> Any:
+    """One timed call of `regime` (the grid's own step or generate), returning what the
+    agreement compares; the model put in that call's mode."""
     import torch
 
-    vocab = model.config.vocab_size
     if regime.kind == "train":
-        ids = tokens(vocab, regime.batch, regime.seq, 2, device)
-
-        def step() -> float:
-            out = model(ids, labels=ids)
-            out.loss.backward()
-            model.zero_grad(set_to_none=True)
-            return out.loss.item()  # synchronises: each step is timed whole
-
-        return step, model.train
-    prompt = tokens(vocab, regime.batch, regime.seq, 3, device)
-    n = regime.new_tokens
-    kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return train_step(model, model, regime, device)
+    model.eval()
+    prompt = tokens(model.config.vocab_size, regime.batch, regime.seq, 3, device)
+    kw = generate_kwargs(regime, "greta")  # eager in both forms (no compiled variant here)
 
     def generate() -> Any:
         with torch.no_grad():
             out = model.generate(prompt, **kw)
         return out[:, prompt.shape[1] :].cpu()  # synchronises
 
-    return generate, model.eval
+    return generate
 
 
 def run_regime(
@@ -78,8 +82,7 @@ def run_regime(
     """Family `name`'s interleaved rounds in one regime: its row, with the per-round times."""
     from greta_core.transformers import apply_greta, revert_greta
 
-    call, mode = _call(model, regime, device)
-    mode()
+    call = _call(model, regime, device)
 
     def timed(greta: bool) -> tuple[list[float], Any]:
         patched = apply_greta(model) if greta else None
@@ -135,28 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls after each switch")
     parser.add_argument("--tiny", action="store_true", help="CPU format check (tiny configs)")
     args = parser.parse_args(argv)
-    families = [f for f in args.families.split(",") if f]
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown:
-        parser.error(f"unknown family {', '.join(unknown)}; expected some of {', '.join(FAMILIES)}")
-    regimes = [r for r in args.regimes.split(",") if r]
-    if not regimes or any(r not in HOST_REGIMES for r in regimes):
-        parser.error(f"--regimes {args.regimes!r}; expected some of {', '.join(HOST_REGIMES)}")
+    families = parse_names(args.families, FAMILIES, "family", parser)
+    regimes = parse_names(args.regimes, HOST_REGIMES, "regime", parser)
+    if not regimes:
+        parser.error(f"--regimes: expected some of {', '.join(HOST_REGIMES)}")
     if min(args.rounds, args.steps) < 1 or args.warmup < 0:
         parser.error("--rounds and --steps must be >= 1, --warmup >= 0")
 
     import torch
 
-    from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.metadata import command_line
     from greta_core.bench.report import write_csv, write_json
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     table = TINY_REGIMES if args.tiny else REGIMES
-    meta = collect("hf_host_ab", device)
-    with contextlib.suppress(Exception):
-        from importlib.metadata import version
-
-        meta["versions"]["transformers"] = version("transformers")
+    meta = grid_metadata("hf_host_ab", device)
     rows = []
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     for name in families:

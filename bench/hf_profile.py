@@ -18,7 +18,6 @@ top kernels) and ``hf_profile.csv`` (a row per variant and kernel).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -26,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling hf_grid.py
-from hf_grid import FAMILIES, REGIMES, TINY_REGIMES, build, tokens
+from hf_grid import (
+    FAMILIES,
+    REGIMES,
+    TINY_REGIMES,
+    build,
+    grid_metadata,
+    parse_names,
+    revert_all,
+    train_step,
+)
 
 FIELDS = ("variant", "kernel", "ms_per_step", "launches_per_step", "share")
 VARIANTS = ("vanilla", "compile", "liger", "greta")
@@ -39,15 +47,11 @@ def profile_variant(
     """One variant's step: wall and device ms per step, its `top` kernels. GRETA's patches
     (the family's RoPE is patched for the whole family) are undone after it, so the next
     variant in this process runs without them."""
-    from greta_core.transformers import apply as greta_apply
-    from greta_core.transformers import revert_greta
-
     try:
         return _profile(family, variant, regime_name, device, tiny, warmup, steps, top,
                         compile_backend)  # fmt: skip
     finally:
-        for key in greta_apply.patched_targets():
-            revert_greta(key)
+        revert_all()
 
 
 def _profile(
@@ -65,14 +69,7 @@ def _profile(
         torch.compile(model, backend=compile_backend, dynamic=False)
         if variant == "compile" else model
     )  # fmt: skip
-    model.train()
-    ids = tokens(model.config.vocab_size, regime.batch, regime.seq, 2, device)
-
-    def step() -> float:
-        out = trainer(ids, labels=ids)
-        out.loss.backward()
-        model.zero_grad(set_to_none=True)
-        return out.loss.item()  # synchronises
+    step = train_step(model, trainer, regime, device)
 
     for _ in range(warmup):
         step()
@@ -117,23 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="kernels kept per variant")
     parser.add_argument("--tiny", action="store_true", help="CPU format check (tiny config)")
     args = parser.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
-    if not variants or any(v not in VARIANTS for v in variants):
-        parser.error(f"--variants {args.variants!r}; expected some of {', '.join(VARIANTS)}")
+    variants = parse_names(args.variants, VARIANTS, "variant", parser)
+    if not variants:
+        parser.error(f"--variants: expected some of {', '.join(VARIANTS)}")
     if min(args.steps, args.top) < 1 or args.warmup < 0:
         parser.error("--steps and --top must be >= 1, --warmup >= 0")
 
     import torch
 
-    from greta_core.bench.metadata import collect, command_line
+    from greta_core.bench.metadata import command_line
     from greta_core.bench.report import write_csv, write_json
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
-    meta = collect("hf_profile", device)
-    with contextlib.suppress(Exception):
-        from importlib.metadata import version
-
-        meta["versions"]["transformers"] = version("transformers")
+    meta = grid_metadata("hf_profile", device)
     backend = "eager" if args.tiny else "inductor"
     results = []
     for variant in variants:
