@@ -19,6 +19,9 @@ torch on float32 copies of the same bf16 inputs). Variants:
 - ``greta-kernel``: GRETA's chunked kernel forced (the table's chunk schedule);
 - ``greta-kernel-nofloor``: the kernel with CHUNK_FLOOR 0 (the schedule before issue 26).
 
+``--config '{"linear_cross_entropy": {"CHUNK_FLOOR": 0.5}}'`` runs every GRETA variant
+under that change to the config tables (an A/B of a table value before it is committed).
+
 Each cell's ``verdict`` applies issue 26's criterion to ``greta``: at or below the fastest
 torch-core time (within TIME_TOL) at or below Liger's memory (within MEM_TOL), or delegating
 ("delegates": the table sent the call to torch, "delegates-over-memory" where that took more than MEM_TOL over Liger's memory). At the end the script prints the N/H
@@ -49,6 +52,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling grad_overhead.py
+
+from grad_overhead import config_override, overridden  # noqa: E402
 
 VARIANTS = (
     "core", "core-lean", "core-lean-compact", "liger", "naive",
@@ -352,10 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out")
     parser.add_argument(
+        "--config", help="JSON {op: {KEY: value}} (or a file holding one) over the config "
+        "tables for every GRETA variant, e.g. a chunk schedule to A/B; in the metadata",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"),
         help="cpu: the format check on tiny shapes (no memory columns, plain timings)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        override = config_override(args.config)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -381,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["versions"]["liger_kernel"] = version("liger-kernel")
     meta["torch_core_api"] = core_api()
     meta["time_tol"], meta["mem_tol"] = TIME_TOL, MEM_TOL
+    meta["config"] = override
     command = command_line("bench/lce_grid.py", sys.argv[1:] if argv is None else argv, out / "x")
     rows: list[dict[str, Any]] = []
     previous = out / "lce_grid.json"
@@ -406,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
             skipped_cells.append(f"{n}x{h}x{v}")
             continue
         t0 = time.time()
-        rows += run_cell(n, h, v, variants, args.device)
+        with overridden(override):
+            rows += run_cell(n, h, v, variants, args.device)
         summary = summarize(rows)
         doc = {"metadata": meta, "command": command, "rows": rows, "summary": summary,
                "not_run_budget": skipped_cells, "suggested_N_per_H_max": suggested_threshold(rows)}  # fmt: skip

@@ -132,3 +132,21 @@ def test_main_on_cpu_writes_rows_summary_and_the_table(grid, tmp_path, capsys) -
     assert (out / "lce_grid_summary.csv").is_file()
     printed = capsys.readouterr().out
     assert "suggested N_per_H_max" in printed.splitlines()[-1]
+
+
+@cpu_cells
+def test_config_runs_every_greta_variant_under_the_change(grid, tmp_path) -> None:
+    out = tmp_path / "lce"
+    change = {"linear_cross_entropy_dispatch": {"backend": "torch"}}
+    args = ["--device", "cpu", "--out", str(out), "--tokens", "16", "--vocabs", "40",
+            "--hiddens", "16", "--variants", "greta", "--config", json.dumps(change)]  # fmt: skip
+    assert grid.main(args) == 0
+    doc = json.loads((out / "lce_grid.json").read_text())
+    assert doc["metadata"]["config"] == change
+    assert [r["impl"] for r in doc["rows"]] == ["torch-linear-ce"]
+
+
+def test_config_that_is_not_an_op_mapping_is_refused_in_one_line(grid, capsys) -> None:
+    with pytest.raises(SystemExit):
+        grid.main(["--out", "unused", "--config", '{"linear_cross_entropy": 0.5}'])
+    assert "--config must map op names to objects" in capsys.readouterr().err

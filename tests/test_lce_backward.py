@@ -98,3 +98,25 @@ def test_gpu_retained_graph_second_backward_is_refused() -> None:
     torch.testing.assert_close(weight.grad.double().cpu(), want_w, rtol=2e-2, atol=2e-3)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (loss * 0.5).backward()
+
+
+@pytest.mark.parametrize("n", [40, 0])
+def test_first_chunk_writes_dweight_over_uninitialised_memory(n: int, monkeypatch) -> None:
+    # dweight starts as torch.empty_like: the first chunk must overwrite it (torch.mm out=)
+    # and zero rows must still give zeros. NaN-filled "fresh" memory makes a read show.
+    from greta_core import configs
+    from greta_core.ops import linear_cross_entropy as lce
+
+    real = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real(t, **kw).fill_(float("nan")))
+    hidden, weight, target = _inputs(max(n, 2), 16, 64, torch.float32, DEVICE)
+    hidden, target = hidden.detach()[:n], target[:n]
+    with configs.Override({lce.OP: {"CHUNK_SCALE": 1, "CHUNK_FLOOR": 0.0}}):
+        assert len(lce.chunks(n, 64, 16, 1)) == (3 if n else 0)
+        _, _, dw = lce.linear_cross_entropy_fwd(hidden, weight.detach(), target, -100, "sum", True)
+    if n:
+        want = _reference_grads(hidden, weight, target, 1.0)[1]
+        want *= (target != -100).sum()  # "sum": the reference's mean times the count
+        torch.testing.assert_close(dw.double().cpu(), want, rtol=1e-4, atol=1e-5)
+    else:
+        assert torch.equal(dw, torch.zeros_like(dw))

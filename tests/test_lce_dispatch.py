@@ -100,8 +100,14 @@ def test_chunk_floor_bounds_the_chunk_count_at_few_tokens() -> None:
 
 
 def test_chunk_floor_comes_from_the_config_table() -> None:
-    assert lce.chunk_floor("sm_90", 128256) == 0.125
+    assert lce.chunk_floor("sm_90", 128256) == 0.25
     assert lce.chunk_floor("default", 128256) == 0.0
+    # sm_90 at Qwen3's and Gemma's B4 S2048 (8192 tokens, hidden 2048): 16 chunks of 512
+    # rows where CHUNK_SCALE alone makes 32 of 256.
+    for vocab in (151936, 256000):
+        floor = lce.chunk_floor("sm_90", vocab)
+        assert lce.chunk_rows(8192, vocab, 2048, lce.chunk_scale("sm_90", vocab)) == 256
+        assert len(lce.chunks(8192, vocab, 2048, lce.chunk_scale("sm_90", vocab), floor)) == 16
 
 
 # --- what torch offers -------------------------------------------------------------------

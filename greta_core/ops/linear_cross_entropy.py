@@ -434,9 +434,14 @@ def _chunked(
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
     dh = (hidden if dh_into_hidden else torch.empty_like(hidden)) if write_grad else None
-    dw = torch.zeros_like(weight) if write_grad else None
+    # The first chunk writes dweight (torch.mm out=), the others add into it: no zero-fill
+    # and no read of a zero gradient, each a full pass over [vocab, hidden].
+    dw = torch.empty_like(weight) if write_grad else None
     schedule = chunk_scale(arch, vocab), chunk_floor(arch, vocab)
-    for start, end in chunks(n_rows, vocab, hidden.shape[1], *schedule):
+    spans = chunks(n_rows, vocab, hidden.shape[1], *schedule)
+    if dw is not None and not spans:
+        dw.zero_()
+    for start, end in spans:
         h = hidden[start:end]
         logits = torch.mm(h, weight.t())
         plan = plan_rows(
@@ -450,7 +455,10 @@ def _chunked(
             # written: with dh_into_hidden they are the same memory. torch.mm(out=) (not a
             # raw kernel write) moves hidden's version counter, so a backward that saved
             # hidden raises instead of reading dhidden.
-            dw.addmm_(logits.t(), h)
+            if start:
+                dw.addmm_(logits.t(), h)
+            else:
+                torch.mm(logits.t(), h, out=dw)
             torch.mm(logits, weight, out=dh[start:end])
         # Freed before the next chunk's logits exist: one chunk alive at a time, not two.
         del logits
