@@ -595,16 +595,11 @@ def summarize(
 def resummarize(out: Path) -> bool:
     """Recompute the summary of the grid in `out` (its JSON and summary CSV) with the
     interleaved cells now beside it; False where `out` holds no grid."""
-    from greta_core.bench.report import write_csv, write_json
-
     path = out / "hf_grid.json"
     if not path.is_file():
         return False
     doc = json.loads(path.read_text())
-    table = TINY_REGIMES if doc["metadata"].get("preset") == "tiny" else REGIMES
-    doc["summary"] = summarize(doc["rows"], table, interleaved(out / INTERLEAVED))
-    write_json(path, doc)
-    write_csv(out / "hf_grid_summary.csv", doc["summary"], SUMMARY_FIELDS)
+    write(out, doc, TINY_REGIMES if doc["metadata"].get("preset") == "tiny" else REGIMES)
     return True
 
 
@@ -719,10 +714,22 @@ def main(argv: list[str] | None = None) -> int:
         "--config", help="JSON {op: {KEY: value}} (or a file holding one) over the config "
         "tables for every process of the run, e.g. a table change to A/B; the JSON records it",
     )  # fmt: skip
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", metavar="JSON",
+        help="fold these runs' hf_grid.json rows into --out's grid (later wins per family, "
+        "regime and variant) and recompute its summary; runs nothing",
+    )  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args)
+    if args.merge:
+        from greta_core.errors import BenchError
+
+        try:
+            return merge(args.out, args.merge)
+        except (BenchError, KeyError) as exc:
+            parser.error(f"--merge: {exc}")
     families = parse_names(args.families, FAMILIES, "family", parser)
     regimes = parse_names(args.regimes, REGIMES, "regime", parser)
     variants = parse_names(args.variants, VARIANTS, "variant", parser)
@@ -739,7 +746,6 @@ def main(argv: list[str] | None = None) -> int:
     if "vanilla" in variants:  # the agreement reference runs first
         variants = ["vanilla", *(v for v in variants if v != "vanilla")]
     from greta_core.bench.metadata import command_line
-    from greta_core.bench.report import write_csv, write_json
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -763,14 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     in_process = args.in_process or (args.tiny and not args.subprocess)
     t_start, not_run = time.time(), []
 
-    def write() -> list[dict[str, Any]]:
-        summary = summarize(rows, table, interleaved(out / INTERLEAVED))
-        doc = {"metadata": meta, "command": command, "rows": rows, "summary": summary,
-               "not_run_budget": not_run}  # fmt: skip
-        write_json(out / "hf_grid.json", doc)
-        write_csv(out / "hf_grid.csv", rows, FIELDS)
-        write_csv(out / "hf_grid_summary.csv", summary, SUMMARY_FIELDS)
-        return summary
+    def doc() -> dict[str, Any]:
+        return {"metadata": meta, "command": command, "rows": rows, "not_run_budget": not_run}
 
     for fam in families:
         for variant in variants:
@@ -782,19 +782,39 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             got = _in_process(job) if in_process else _in_subprocess(job, args.timeout)
             rows.extend(got)
-            write()
+            write(out, doc(), table)
             print(f"{fam:8s} {variant:10s} {time.time() - t0:6.1f} s: "
                   + ", ".join(f"{r['regime']} {r['status']}" for r in got), flush=True)  # fmt: skip
-    summary = write()
+    if not_run:
+        print(f"not run (--budget-s {args.budget_s:.0f}): {', '.join(not_run)}")
+    return finish(out, doc(), table)
+
+
+def write(out: Path, doc: dict[str, Any], table: dict[str, Regime]) -> list[dict[str, Any]]:
+    """The grid's JSON and CSVs in `out`, its summary (returned) computed afresh with the
+    interleaved cells beside it."""
+    from greta_core.bench.report import write_csv, write_json
+
+    summary = summarize(doc["rows"], table, interleaved(out / INTERLEAVED))
+    write_json(out / "hf_grid.json", {**doc, "summary": summary})
+    write_csv(out / "hf_grid.csv", doc["rows"], FIELDS)
+    write_csv(out / "hf_grid_summary.csv", summary, SUMMARY_FIELDS)
+    return summary
+
+
+def finish(out: Path, doc: dict[str, Any], table: dict[str, Regime]) -> int:
+    """Summarize `doc`'s rows (with the interleaved cells beside them in `out`), write the
+    grid's JSON, CSVs and PNG there and print its tables."""
+    rows, meta = doc["rows"], doc["metadata"]
+    summary = write(out, doc, table)
     written = ["hf_grid.json", "hf_grid.csv", "hf_grid_summary.csv"]
     try:
         gpu = meta.get("gpu_name") or "CPU"
-        plot(out / "hf_grid.png", rows, f"HF grid, random init, {gpu}, torch {torch.__version__}")
+        torch_version = (meta.get("versions") or {}).get("torch")
+        plot(out / "hf_grid.png", rows, f"HF grid, random init, {gpu}, torch {torch_version}")
         written.append("hf_grid.png")
     except Exception as exc:  # matplotlib missing: the numbers are written already
         print(f"no PNG: {exc.__class__.__name__}: {exc}")
-    if not_run:
-        print(f"not run (--budget-s {args.budget_s:.0f}): {', '.join(not_run)}")
     print(f"wrote {', '.join(written)} in {out}")
     print(f"\n{'family':8s} {'regime':16s} {'variant':10s} {'status':8s} {'ms':>8} {'tok/s':>8} "
           f"{'peak GiB':>8} {'loss err':>8} {'grad err':>8}")  # fmt: skip
@@ -813,6 +833,28 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['verdict']}"
         )
     return 0
+
+
+def merge(out: Path | None, sources: list[Path]) -> int:
+    """--merge: `out`'s grid (where there is one), then each source's rows, a later row
+    replacing an earlier one of the same (family, regime, variant); summary and files anew."""
+    from greta_core.bench.report import load_runs, merge_command, merge_runs
+    from greta_core.errors import BenchError
+
+    if out is None:
+        raise BenchError("--out is required")
+    docs = load_runs(out / "hf_grid.json", sources)
+    rows, meta = merge_runs(docs, lambda r: (r["family"], r["regime"], r["variant"]))
+    meta["merge_command"] = merge_command(
+        "bench/hf_grid.py", len(sources), len(docs) > len(sources)
+    )
+    meta["families"] = {k: v for d in docs for k, v in d["metadata"].get("families", {}).items()}
+    meta["regimes"] = {k: v for d in docs for k, v in d["metadata"].get("regimes", {}).items()}
+    table = TINY_REGIMES if meta.get("preset") == "tiny" else REGIMES
+    not_run = sorted({x for d in docs for x in d.get("not_run_budget", [])})
+    doc = {"metadata": meta, "command": docs[0]["command"], "rows": rows, "not_run_budget": not_run}
+    out.mkdir(parents=True, exist_ok=True)
+    return finish(out, doc, table)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,14 @@ under that change to the config tables (an A/B of a table value before it is com
 
 Each cell's ``verdict`` applies issue 26's criterion to ``greta``: at or below the fastest
 torch-core time (within TIME_TOL) at or below Liger's memory (within MEM_TOL), or delegating
-("delegates": the table sent the call to torch, "delegates-over-memory" where that took more than MEM_TOL over Liger's memory). At the end the script prints the N/H
-threshold below which torch's unchunked path won at a memory within MEM_TOL of Liger's: the
-``N_per_H_max`` of the table rule these numbers support.
+("delegates": the table sent the call to torch, "delegates-over-memory" where that took
+more than MEM_TOL over Liger's memory). At the end the script prints the largest N/H (at most
+DELEGATE_MAX_N_PER_H) up to which torch's unchunked path beat GRETA's kernel in every cell:
+the ``N_per_H_max`` of the table rule these numbers support.
+
+``--merge A.json B.json ...`` folds the rows of other runs into ``--out``'s grid (a later
+file's row replaces an earlier one of the same cell and variant) and recomputes the summary
+without a GPU: for a grid split over device calls, or a variant rerun alone.
 
 Cells run largest-last and stop being started after ``--budget-s`` seconds (the rows so far
 are written after every cell): split the grid with --tokens/--vocabs/--hiddens to fit a
@@ -78,6 +83,12 @@ TIME_TOL = 0.03
 # Memory "at Liger's": within 12%. Issue 26 calls GRETA's 0.64 / 0.58 GiB (1.10x) and
 # 1.57 / 1.43 GiB (1.10x) at Liger's memory; 2% more for the caching allocator's rounding.
 MEM_TOL = 0.12
+# Where torch's unchunked path may take a call (issue 26: "torch core's or plain CE below
+# the token count where chunking does not pay"), bounded by memory: at N/H <= 1 the whole
+# logits are no larger than the [vocab, hidden] weight gradient every implementation holds.
+# Above it the unchunked path's memory grows past the model-level peaks the HF grid holds
+# GRETA to (8192 tokens at hidden 2048: 5.9 GiB against the kernel's 0.67).
+DELEGATE_MAX_N_PER_H = 1.0
 IGNORE = -100
 
 
@@ -286,24 +297,19 @@ def verdict(s: dict[str, Any]) -> str:
 
 
 def suggested_threshold(rows: list[dict[str, Any]]) -> float | None:
-    """The largest N/H at which torch core's unchunked path beat GRETA's kernel with a memory
-    within MEM_TOL of Liger's, provided it did so at every smaller N/H measured; None when it
-    never did."""
+    """The largest N/H, at most DELEGATE_MAX_N_PER_H, at which torch core's unchunked path
+    was faster than GRETA's kernel in every cell measured there and at every smaller N/H;
+    None when it never was."""
     cells: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     for r in rows:
         if r.get("status") == "ok":
             cells.setdefault((r["tokens"], r["vocab"], r["hidden"]), {})[r["variant"]] = r
     wins: dict[float, bool] = {}
     for (n, _v, h), by in cells.items():
-        core, kernel, liger = by.get("core"), by.get("greta-kernel"), by.get("liger")
-        if not (core and kernel and liger) or None in (
-            core.get("extra_gib"),
-            liger.get("extra_gib"),
-        ):
+        core, kernel = by.get("core"), by.get("greta-kernel")
+        if not (core and kernel) or n / h > DELEGATE_MAX_N_PER_H:
             continue
-        win = core["ms"] < kernel["ms"] and core["extra_gib"] <= liger["extra_gib"] * (1 + MEM_TOL)
-        ratio = n / h
-        wins[ratio] = wins.get(ratio, True) and win
+        wins[n / h] = wins.get(n / h, True) and core["ms"] < kernel["ms"]
     best = None
     for ratio in sorted(wins):
         if not wins[ratio]:
@@ -362,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         "tables for every GRETA variant, e.g. a chunk schedule to A/B; in the metadata",
     )  # fmt: skip
     parser.add_argument(
+        "--merge", type=Path, nargs="+", metavar="JSON",
+        help="fold these runs' lce_grid.json rows into --out's grid (later wins) and "
+        "recompute its summary; runs nothing",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"),
         help="cpu: the format check on tiny shapes (no memory columns, plain timings)",
     )  # fmt: skip
@@ -370,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
         override = config_override(args.config)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
+    if args.merge:
+        from greta_core.errors import BenchError
+
+        try:
+            return merge(args.out, args.merge)
+        except (BenchError, KeyError) as exc:
+            parser.error(f"--merge: {exc}")
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -383,7 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         print("lce_grid: needs a CUDA/ROCm GPU (--device cpu: the format check)", file=sys.stderr)
         return 2
     from greta_core.bench.metadata import collect, command_line
-    from greta_core.bench.report import write_csv, write_json
     from greta_core.ops.linear_cross_entropy import core_api
 
     out = args.out
@@ -423,18 +440,35 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         with overridden(override):
             rows += run_cell(n, h, v, variants, args.device)
-        summary = summarize(rows)
-        doc = {"metadata": meta, "command": command, "rows": rows, "summary": summary,
-               "not_run_budget": skipped_cells, "suggested_N_per_H_max": suggested_threshold(rows)}  # fmt: skip
-        write_json(out / "lce_grid.json", doc)
-        write_csv(out / "lce_grid.csv", rows, FIELDS)
-        write_csv(out / "lce_grid_summary.csv", summary, SUMMARY_FIELDS)
+        _write(out, _document(meta, command, rows, skipped_cells))
         print(f"cell {n}x{h}x{v}: {time.time() - t0:.1f} s", flush=True)
     if skipped_cells:
-        doc["not_run_budget"] = skipped_cells
-        write_json(out / "lce_grid.json", doc)
         print(f"not run (--budget-s {args.budget_s:.0f}): {', '.join(skipped_cells)}")
-    summary = summarize(rows)
+    return finish(out, meta, command, rows, skipped_cells)
+
+
+def _write(out: Path, doc: dict[str, Any]) -> None:
+    from greta_core.bench.report import write_csv, write_json
+
+    write_json(out / "lce_grid.json", doc)
+    write_csv(out / "lce_grid.csv", doc["rows"], FIELDS)
+    write_csv(out / "lce_grid_summary.csv", doc["summary"], SUMMARY_FIELDS)
+
+
+def _document(
+    meta: dict[str, Any], command: str, rows: list[dict[str, Any]], not_run: list[str]
+) -> dict[str, Any]:
+    return {"metadata": meta, "command": command, "rows": rows, "summary": summarize(rows),
+            "not_run_budget": not_run, "suggested_N_per_H_max": suggested_threshold(rows)}  # fmt: skip
+
+
+def finish(
+    out: Path, meta: dict[str, Any], command: str, rows: list[dict[str, Any]], not_run: list[str]
+) -> int:
+    """Write the grid's files and PNG and print its tables."""
+    doc = _document(meta, command, rows, not_run)
+    _write(out, doc)
+    summary = doc["summary"]
     try:
         plot(
             out / "lce_grid.png", summary, f"linear cross-entropy fwd+bwd ({meta.get('gpu_name')})"
@@ -459,8 +493,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{s.get('greta_vs_core', math.nan):7.2f} {s.get('greta_vs_liger_mem', math.nan):9.2f} "
             f"{s['verdict']}"
         )
-    print(f"suggested N_per_H_max for torch's unchunked path: {suggested_threshold(rows)}")
+    print(f"suggested N_per_H_max for torch's unchunked path: {doc['suggested_N_per_H_max']}")
     return 0
+
+
+def merge(out: Path, sources: list[Path]) -> int:
+    """--merge: `out`'s grid (where there is one) and then each source's rows, a later row
+    replacing an earlier one of the same cell and variant; summary, files and PNG anew."""
+    from greta_core.bench.report import load_runs, merge_command, merge_runs
+
+    docs = load_runs(out / "lce_grid.json", sources)
+    rows, meta = merge_runs(docs, lambda r: (r["tokens"], r["vocab"], r["hidden"], r["variant"]))
+    meta["merge_command"] = merge_command(
+        "bench/lce_grid.py", len(sources), len(docs) > len(sources)
+    )
+    not_run = sorted({c for d in docs for c in d.get("not_run_budget", [])})
+    out.mkdir(parents=True, exist_ok=True)
+    return finish(out, meta, docs[0]["command"], rows, not_run)
 
 
 if __name__ == "__main__":

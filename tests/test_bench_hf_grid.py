@@ -374,3 +374,33 @@ def test_main_signature_has_tiny_regimes_for_every_regime(grid):
     assert set(grid.TINY_REGIMES) == set(grid.REGIMES)
     for name, r in grid.REGIMES.items():
         assert grid.TINY_REGIMES[name].kind == r.kind
+
+
+def test_merge_takes_a_rerun_variant_into_the_grid_and_resummarizes(grid, tmp_path) -> None:
+    def row(variant, ms, peak, status="ok"):
+        return {"family": "qwen3", "regime": "train-b4s2048", "variant": variant,
+                "status": status, "ms": ms, "peak_gib": peak}  # fmt: skip
+
+    meta = {"gpu_name": "NVIDIA H200", "versions": {"torch": "2.15.0", "triton": "3.9.0"}}
+    first = {"metadata": meta, "command": "python bench/hf_grid.py --out <out>", "rows": [
+        row("vanilla", 103.7, 24.6), row("liger", None, None, "skipped"),
+        row("greta", 74.4, 6.54), row("compile", 74.6, 13.5)]}  # fmt: skip
+    rerun = {"metadata": meta, "command": "python bench/hf_grid.py --variants liger", "rows": [
+        row("liger", 102.4, 6.48)]}  # fmt: skip
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, doc in zip(paths, (first, rerun), strict=True):
+        path.write_text(json.dumps(doc))
+    out = tmp_path / "grid"
+    assert grid.main(["--out", str(out), "--merge", *map(str, paths)]) == 0
+    doc = json.loads((out / "hf_grid.json").read_text())
+    assert [(r["variant"], r["status"]) for r in doc["rows"]] == [
+        ("vanilla", "ok"), ("liger", "ok"), ("greta", "ok"), ("compile", "ok")]  # fmt: skip
+    (s,) = doc["summary"]
+    # GRETA 74.4 ms against compile's 74.6 (the best peer) at 6.54 GiB: within 2% of Liger's.
+    assert s["best_peer"] == "compile" and s["liger_peak_gib"] == 6.48
+    assert s["verdict"] == "ahead"
+    assert doc["metadata"]["merged"][1]["command"] == rerun["command"]
+    # Without the rerun the cell has no Liger peak to hold GRETA to.
+    assert grid.main(["--out", str(tmp_path / "g1"), "--merge", str(paths[0])]) == 0
+    (s1,) = json.loads((tmp_path / "g1" / "hf_grid.json").read_text())["summary"]
+    assert "liger_peak_gib" not in s1

@@ -88,16 +88,23 @@ def test_verdicts_follow_issue_26s_criterion(grid) -> None:
     assert best[2048] == "core"
 
 
-def test_suggested_threshold_is_the_last_n_per_h_where_core_won_within_memory(grid) -> None:
-    def cell(n, core_ms, core_gib, kernel_ms):
-        return [_row(n, "core", core_ms, core_gib), _row(n, "greta-kernel", kernel_ms, 1.0),
-                _row(n, "liger", 1.0, 1.0)]  # fmt: skip
+def test_suggested_threshold_is_the_last_n_per_h_where_core_won_everywhere_up_to_1(grid) -> None:
+    def cell(n, core_ms, kernel_ms, h=4096, v=128256):
+        return [
+            _row(n, "core", core_ms, 9.0, h=h, v=v),
+            _row(n, "greta-kernel", kernel_ms, 1.0, h=h, v=v),
+        ]
 
-    # N/H 0.125 won (memory 1.05 <= 1.12), 0.25 lost on memory although faster, 0.5 won
-    # again: not below every smaller ratio, so 0.125 is the threshold.
-    rows = cell(512, 2.0, 1.05, 3.0) + cell(1024, 4.0, 1.2, 6.0) + cell(2048, 5.0, 1.05, 9.0)
-    assert grid.suggested_threshold(rows) == 0.125
-    assert grid.suggested_threshold(cell(512, 4.0, 1.0, 3.0)) is None
+    # Core faster at N/H 0.125 and 0.25 whatever its memory; at 0.5 one vocabulary of two
+    # went to the kernel: 0.25 is the threshold, though core won again at 1.
+    rows = (cell(512, 2.0, 3.0) + cell(1024, 4.0, 6.0) + cell(2048, 5.0, 9.0)
+            + cell(2048, 9.0, 8.0, v=262144) + cell(4096, 9.0, 12.0))  # fmt: skip
+    assert grid.suggested_threshold(rows) == 0.25
+    # Capped at DELEGATE_MAX_N_PER_H: core's wins at N/H 2 and 4 do not count.
+    rows = cell(4096, 1.0, 2.0) + cell(8192, 1.0, 2.0) + cell(16384, 1.0, 2.0)
+    assert grid.DELEGATE_MAX_N_PER_H == 1.0
+    assert grid.suggested_threshold(rows) == 1.0
+    assert grid.suggested_threshold(cell(512, 4.0, 3.0)) is None
 
 
 def test_unknown_variant_is_refused_in_one_line(grid, capsys) -> None:
@@ -150,3 +157,50 @@ def test_config_that_is_not_an_op_mapping_is_refused_in_one_line(grid, capsys) -
     with pytest.raises(SystemExit):
         grid.main(["--out", "unused", "--config", '{"linear_cross_entropy": 0.5}'])
     assert "--config must map op names to objects" in capsys.readouterr().err
+
+
+def _run_doc(rows, torch_version="2.15.0", config=None):
+    meta = {"gpu_name": "NVIDIA H200", "versions": {"torch": torch_version, "triton": "3.9.0"},
+            "config": config, "commit": {"commit": "abc"}}  # fmt: skip
+    return {"metadata": meta, "command": "python bench/lce_grid.py --out <out>", "rows": rows}
+
+
+def test_merge_folds_later_runs_over_earlier_ones_and_resummarizes(grid, tmp_path) -> None:
+    first = _run_doc([_row(512, "core", 3.0, 1.1), _row(512, "greta", 6.0, 1.0, "triton"),
+                      _row(512, "liger", 0.0, 0.0) | {"status": "skipped"}])  # fmt: skip
+    liger = _run_doc([_row(512, "liger", 9.0, 1.0)])
+    deleg = _run_doc(
+        [_row(512, "core", 2.9, 1.1), _row(512, "greta", 3.0, 1.1, "torch-linear-ce")],
+        config={"linear_cross_entropy_dispatch": {"backend": "torch"}},
+    )
+    paths = []
+    for name, doc in (("a", first), ("b", liger), ("c", deleg)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    out = tmp_path / "merged"
+    assert grid.main(["--out", str(out), "--merge", *map(str, paths)]) == 0
+    doc = json.loads((out / "lce_grid.json").read_text())
+    by = {r["variant"]: r for r in doc["rows"]}
+    assert [r["variant"] for r in doc["rows"]] == ["core", "greta", "liger"]  # first-seen order
+    assert by["core"]["ms"] == 2.9 and by["greta"]["impl"] == "torch-linear-ce"
+    assert by["liger"]["status"] == "ok"
+    (s,) = doc["summary"]
+    assert s["greta_vs_core"] == pytest.approx(3.0 / 2.9) and s["verdict"] == "delegates"
+    assert [m["config"] for m in doc["metadata"]["merged"]] == [
+        None,
+        None,
+        deleg["metadata"]["config"],
+    ]
+    with (out / "lce_grid_summary.csv").open() as fh:
+        assert [r["verdict"] for r in csv.DictReader(fh)] == ["delegates"]
+
+
+def test_merge_refuses_runs_on_different_stacks_in_one_line(grid, tmp_path, capsys) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_run_doc([_row(512, "core", 3.0, 1.1)])))
+    b.write_text(json.dumps(_run_doc([_row(512, "liger", 9.0, 1.0)], torch_version="2.11.0")))
+    with pytest.raises(SystemExit):
+        grid.main(["--out", str(tmp_path / "m"), "--merge", str(a), str(b)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "refusing to merge runs on different stacks: torch 2.15.0 vs 2.11.0" in err
+    assert not (tmp_path / "m" / "lce_grid.json").exists()

@@ -32,14 +32,19 @@ UNCHUNKED = lce.LINEAR_CE
 @pytest.mark.parametrize(
     ("n", "h", "v", "want"),
     [
-        (512, 4096, 128256, UNCHUNKED),  # N/H 0.125: at the threshold
+        (512, 4096, 128256, UNCHUNKED),  # N/H 0.125
         (256, 2048, 32000, UNCHUNKED),
-        (1024, 4096, 128256, "greta"),  # N/H 0.25
+        (1024, 4096, 128256, UNCHUNKED),  # N/H 0.25
+        (2048, 2048, 262144, UNCHUNKED),  # N/H 1: at the threshold
+        (2049, 2048, 262144, "greta"),
+        (8192, 4096, 128256, "greta"),  # N/H 2
         (8192, 2048, 128256, "greta"),  # the 5.87 GiB core cell
         (16384, 4096, 151936, "greta"),
     ],
 )
-def test_h100_table_delegates_only_where_the_logits_cost_little_memory(n, h, v, want) -> None:
+def test_sm90_table_delegates_where_the_logits_are_at_most_the_weight_gradient(
+    n, h, v, want
+) -> None:
     assert lce.choose("sm_90", n, v, h, "mean", "options") == want
 
 

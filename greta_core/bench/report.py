@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from greta_core.errors import BenchError
 
 Row = dict[str, Any]
 
@@ -212,3 +214,69 @@ def summary_table(rows: list[Row], timings: bool = True) -> str:
             f"{fmt(r.get('speedup_vs_vendor'), '9.2f')}"
         )
     return "\n".join(lines)
+
+
+# What must agree between runs whose rows are merged into one grid.
+SAME_STACK = ("gpu_name", "torch", "triton")
+
+
+def _stack(metadata: dict[str, Any]) -> dict[str, Any]:
+    versions = metadata.get("versions") or {}
+    return {"gpu_name": metadata.get("gpu_name"), "torch": versions.get("torch"),
+            "triton": versions.get("triton")}  # fmt: skip
+
+
+def merge_runs(
+    documents: list[dict[str, Any]], key: Callable[[Row], tuple[Any, ...]]
+) -> tuple[list[Row], dict[str, Any]]:
+    """(rows, metadata) of one grid measured over several runs of its script: a later run's
+    row replaces an earlier one with the same `key` (in the earlier one's place); the
+    metadata is the first run's, with ``merged`` listing every run's command, config and
+    commit. Raises BenchError where the runs differ in GPU, torch or Triton: their numbers
+    would not compare."""
+    if not documents:
+        raise BenchError("nothing to merge")
+    first = _stack(documents[0]["metadata"])
+    for doc in documents[1:]:
+        other = _stack(doc["metadata"])
+        if other != first:
+            diff = ", ".join(
+                f"{k} {first[k]} vs {other[k]}" for k in SAME_STACK if first[k] != other[k]
+            )
+            raise BenchError(f"refusing to merge runs on different stacks: {diff}")
+    rows: dict[tuple[Any, ...], Row] = {}
+    for doc in documents:
+        for row in doc["rows"]:
+            rows[key(row)] = row
+    metadata = dict(documents[0]["metadata"])
+    metadata["merged"] = [
+        {"command": doc.get("command"), "config": doc["metadata"].get("config"),
+         "commit": doc["metadata"].get("commit"), "rows": len(doc["rows"])}
+        for doc in documents
+    ]  # fmt: skip
+    return list(rows.values()), metadata
+
+
+def load_runs(own: Path, sources: list[Path]) -> list[dict[str, Any]]:
+    """The grid JSON at `own` (where it exists) and then each of `sources`: the runs to
+    merge into `own`'s grid, in order. Raises BenchError naming a source that is missing or
+    not a grid."""
+    docs = [json.loads(own.read_text())] if own.is_file() else []
+    for path in sources:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BenchError(f"{path}: {exc.__class__.__name__}: {exc}") from None
+        if not isinstance(doc, dict) or not {"metadata", "rows"} <= doc.keys():
+            raise BenchError(f"{path}: not a grid's JSON (no metadata and rows)")
+        docs.append(doc)
+    return docs
+
+
+def merge_command(script: str, sources: int, own: bool) -> str:
+    """The command a merged grid came from, its runs shown as ``<runK>`` (the K-th entry of
+    the metadata's ``merged``, counting `out`'s own grid first where there was one): the
+    files merged were on the machine that merged them, not in the result."""
+    first = 2 if own else 1
+    runs = " ".join(f"<run{k}>" for k in range(first, first + sources))
+    return f"python {script} --out <out> --merge {runs}"
