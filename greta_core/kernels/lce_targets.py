@@ -29,6 +29,28 @@ import triton.language as tl
 _INTS = ("n", "vocab", "ignore_index")
 
 
+@triton.jit
+def _classify(target_ptr, start, n, vocab, ignore_index, BLOCK: tl.constexpr):
+    """One block of the target from `start`: (offsets, mask, t, is_class, refused). Lanes
+    past the end read as ignore_index: neither a class nor refused."""
+    offsets = start + tl.arange(0, BLOCK)
+    mask = offsets < n
+    t = tl.load(target_ptr + offsets, mask=mask, other=ignore_index)
+    ignored = t == ignore_index
+    is_class = (t >= 0) & (t < vocab) & ~ignored
+    return offsets, mask, t, is_class, ~is_class & ~ignored
+
+
+@triton.jit
+def _total(classes, refused, COUNT: tl.constexpr):
+    """(count, any refused, total) from the per-lane int32 sums: total is NaN if anything
+    was refused, else max(1, count) with COUNT, else 0."""
+    count = tl.sum(classes, axis=0)
+    any_refused = tl.max(refused, axis=0) > 0
+    total = tl.maximum(count.to(tl.float32), 1.0) if COUNT else count.to(tl.float32) * 0.0
+    return count, any_refused, tl.where(any_refused, float("nan"), total)
+
+
 @triton.jit(do_not_specialize_on_alignment=_INTS)
 def screen_targets_kernel(
     target_ptr,
@@ -45,22 +67,15 @@ def screen_targets_kernel(
     classes = tl.zeros((BLOCK,), dtype=tl.int32)
     refused = tl.zeros((BLOCK,), dtype=tl.int32)
     for start in range(0, n, BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
-        mask = offsets < n
-        # Lanes past the end read as ignore_index: neither a class nor refused.
-        t = tl.load(target_ptr + offsets, mask=mask, other=ignore_index)
-        ignored = t == ignore_index
-        is_class = (t >= 0) & (t < vocab) & ~ignored
-        bad = ~is_class & ~ignored
+        offsets, mask, t, is_class, bad = _classify(
+            target_ptr, start, n, vocab, ignore_index, BLOCK
+        )
         tl.store(safe_ptr + offsets, tl.where(is_class, t, ignore_index), mask=mask)
         classes += is_class.to(tl.int32)
         refused += bad.to(tl.int32)
         if MARKS:
             tl.store(marks_ptr + offsets, tl.where(bad, float("nan"), 0.0), mask=mask)
-    total = tl.sum(classes, axis=0).to(tl.float32)
-    total = tl.maximum(total, 1.0) if COUNT else total * 0.0
-    total = tl.where(tl.max(refused, axis=0) > 0, float("nan"), total)
-    tl.store(total_ptr, total)
+    tl.store(total_ptr, _total(classes, refused, COUNT)[2])
 
 
 # (COUNT, MARKS) per reduction: "mean" counts, "sum" adds 0, "none" adds per-row marks.
@@ -97,21 +112,16 @@ def poison_logits_kernel(
     classes = tl.zeros((BLOCK,), dtype=tl.int32)
     refused = tl.zeros((BLOCK,), dtype=tl.int32)
     for start in range(0, n, BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
-        mask = offsets < n
-        t = tl.load(target_ptr + offsets, mask=mask, other=ignore_index)
-        ignored = t == ignore_index
-        is_class = (t >= 0) & (t < vocab) & ~ignored
-        bad = ~is_class & ~ignored
+        offsets, mask, t, is_class, bad = _classify(
+            target_ptr, start, n, vocab, ignore_index, BLOCK
+        )
         tl.store(safe_ptr + offsets, tl.where(is_class, t, tl.where(bad, c, ignore_index)),
                  mask=mask)  # fmt: skip
         tl.store(logits_ptr + offsets.to(tl.int64) * vocab, float("nan"), mask=bad)
         classes += is_class.to(tl.int32)
         refused += bad.to(tl.int32)
-    count = tl.sum(classes, axis=0)
-    any_refused = tl.max(refused, axis=0) > 0
-    total = tl.maximum(count.to(tl.float32), 1.0) if MEAN else count.to(tl.float32) * 0.0
-    tl.store(total_ptr, tl.where(any_refused, float("nan"), total))
+    count, any_refused, total = _total(classes, refused, MEAN)
+    tl.store(total_ptr, total)
     if MEAN:  # noqa: SIM102  (a compile-time branch, then a run-time one)
         if (count == 0) & (n > 0) & ~any_refused:
             # Every thread's store of safe[0] above comes first.
