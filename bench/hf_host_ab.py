@@ -20,6 +20,8 @@ Writes ``<out>/hf_host_ab.json`` (metadata with the stack versions, per-round ti
 ``hf_host_ab.csv`` (a row per family and regime). Where ``<out>`` holds a grid
 (``bench/hf_grid.py --out`` the same folder), its summary is recomputed: a host-bound
 cell's verdict against vanilla then reads this ratio (``greta_vs_vanilla_interleaved``).
+``--append`` keeps the cells of an earlier run in ``<out>`` that this one does not measure
+(refused, before anything runs, where that run was on another GPU or torch/Triton).
 """
 
 from __future__ import annotations
@@ -128,6 +130,11 @@ def run_regime(
     return row
 
 
+def _cell(row: dict[str, Any]) -> tuple[str, str]:
+    """A row's cell; rows written before the script took decode are training rows."""
+    return row["family"], row.get("regime", "train-b1s256")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="result folder")
@@ -137,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="timed calls per variant and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls after each switch")
     parser.add_argument("--tiny", action="store_true", help="CPU format check (tiny configs)")
+    parser.add_argument(
+        "--append", action="store_true",
+        help="keep --out's earlier cells that this run does not measure (same GPU and stack)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     families = parse_names(args.families, FAMILIES, "family", parser)
     regimes = parse_names(args.regimes, HOST_REGIMES, "regime", parser)
@@ -148,11 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from greta_core.bench.metadata import command_line
-    from greta_core.bench.report import write_csv, write_json
+    from greta_core.bench.report import load_runs, merge_runs, write_csv, write_json
+    from greta_core.errors import BenchError
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     table = TINY_REGIMES if args.tiny else REGIMES
     meta = grid_metadata("hf_host_ab", device)
+    earlier = []
+    if args.append and (args.out / INTERLEAVED).is_file():
+        earlier = load_runs(args.out / INTERLEAVED, [])
+        try:  # refused before anything runs: a different GPU or stack does not compare
+            merge_runs([*earlier, {"metadata": meta, "rows": []}], _cell)
+        except BenchError as exc:
+            parser.error(f"--append: {exc}")
     rows = []
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     for name in families:
@@ -168,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = command_line("bench/hf_host_ab.py", sys.argv[1:] if argv is None else argv,
                            args.out / "x")  # fmt: skip
-    write_json(args.out / INTERLEAVED, {"metadata": meta, "command": command, "rows": rows})
+    doc = {"metadata": meta, "command": command, "rows": rows}
+    if earlier:
+        rows, doc["metadata"] = merge_runs([*earlier, doc], _cell)
+        doc["rows"] = rows
+    write_json(args.out / INTERLEAVED, doc)
     write_csv(args.out / "hf_host_ab.csv", rows, FIELDS)
     if resummarize(args.out):  # a grid in the same folder: its verdicts now read these cells
         print(f"hf_grid summary in {args.out} updated with these cells")

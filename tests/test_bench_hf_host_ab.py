@@ -77,3 +77,31 @@ def test_bad_arguments_are_refused_before_any_model_is_built(ab, tmp_path: Path)
     with pytest.raises(SystemExit):  # a GPU-bound regime is hf_grid.py's
         ab.main(["--tiny", "--regimes", "train-b4s2048", "--out", str(tmp_path)])
     assert not (tmp_path / "hf_host_ab.json").exists()
+
+
+def test_append_keeps_the_earlier_cells_of_the_same_stack(ab, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GRETA_TRITON_ON_CPU", "0")
+    base = ["--tiny", "--rounds", "1", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)]
+    assert ab.main([*base, "--families", "llama", "--regimes", "train-b1s256"]) == 0
+    assert ab.main([*base, "--families", "qwen3", "--regimes", "train-b1s256", "--append"]) == 0
+    doc = json.loads((tmp_path / "hf_host_ab.json").read_text())
+    assert [r["family"] for r in doc["rows"]] == ["llama", "qwen3"]
+    assert len(doc["metadata"]["merged"]) == 2
+    # Without --append a run's file holds its own cells only.
+    assert ab.main([*base, "--families", "qwen3", "--regimes", "train-b1s256"]) == 0
+    assert [
+        r["family"] for r in json.loads((tmp_path / "hf_host_ab.json").read_text())["rows"]
+    ] == ["qwen3"]
+
+
+def test_append_refuses_another_stack_before_running(ab, tmp_path: Path, capsys) -> None:
+    old = {"metadata": {"gpu_name": "NVIDIA H200", "versions": {"torch": "2.15.0", "triton": "3.9.0"}},
+           "command": "python bench/hf_host_ab.py --out <out>", "rows": []}  # fmt: skip
+    (tmp_path / "hf_host_ab.json").write_text(json.dumps(old))
+    with pytest.raises(SystemExit):
+        ab.main(["--tiny", "--families", "llama", "--out", str(tmp_path), "--append"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        "--append: refusing to merge runs on different stacks: gpu_name NVIDIA H200 vs None" in err
+    )
+    assert json.loads((tmp_path / "hf_host_ab.json").read_text()) == old
