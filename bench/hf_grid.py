@@ -851,7 +851,8 @@ def merge(out: Path | None, sources: list[Path]) -> int:
     meta["families"] = {k: v for d in docs for k, v in d["metadata"].get("families", {}).items()}
     meta["regimes"] = {k: v for d in docs for k, v in d["metadata"].get("regimes", {}).items()}
     table = TINY_REGIMES if meta.get("preset") == "tiny" else REGIMES
-    not_run = sorted({x for d in docs for x in d.get("not_run_budget", [])})
+    ran = {f"{r['family']}/{r['variant']}" for r in rows}  # what a later run measured
+    not_run = sorted({x for d in docs for x in d.get("not_run_budget", [])} - ran)
     doc = {"metadata": meta, "command": docs[0]["command"], "rows": rows, "not_run_budget": not_run}
     out.mkdir(parents=True, exist_ok=True)
     return finish(out, doc, table)

@@ -507,7 +507,8 @@ def merge(out: Path, sources: list[Path]) -> int:
     meta["merge_command"] = merge_command(
         "bench/lce_grid.py", len(sources), len(docs) > len(sources)
     )
-    not_run = sorted({c for d in docs for c in d.get("not_run_budget", [])})
+    ran = {f"{r['tokens']}x{r['hidden']}x{r['vocab']}" for r in rows}  # a later run's cells
+    not_run = sorted({c for d in docs for c in d.get("not_run_budget", [])} - ran)
     out.mkdir(parents=True, exist_ok=True)
     return finish(out, meta, docs[0]["command"], rows, not_run)
 

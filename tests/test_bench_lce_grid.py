@@ -168,6 +168,7 @@ def _run_doc(rows, torch_version="2.15.0", config=None):
 def test_merge_folds_later_runs_over_earlier_ones_and_resummarizes(grid, tmp_path) -> None:
     first = _run_doc([_row(512, "core", 3.0, 1.1), _row(512, "greta", 6.0, 1.0, "triton"),
                       _row(512, "liger", 0.0, 0.0) | {"status": "skipped"}])  # fmt: skip
+    first["not_run_budget"] = ["512x4096x128256", "8192x4096x128256"]
     liger = _run_doc([_row(512, "liger", 9.0, 1.0)])
     deleg = _run_doc(
         [_row(512, "core", 2.9, 1.1), _row(512, "greta", 3.0, 1.1, "torch-linear-ce")],
@@ -193,6 +194,8 @@ def test_merge_folds_later_runs_over_earlier_ones_and_resummarizes(grid, tmp_pat
     ]
     with (out / "lce_grid_summary.csv").open() as fh:
         assert [r["verdict"] for r in csv.DictReader(fh)] == ["delegates"]
+    # The first run's budget left 8192 tokens out, and no later run measured them.
+    assert doc["not_run_budget"] == ["8192x4096x128256"]
 
 
 def test_merge_refuses_runs_on_different_stacks_in_one_line(grid, tmp_path, capsys) -> None:
