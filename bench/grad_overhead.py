@@ -175,6 +175,20 @@ def config_override(value: str | None) -> dict[str, dict[str, Any]] | None:
     return mapping
 
 
+def add_grid_options(parser: argparse.ArgumentParser, result: str, scope: str, key: str) -> None:
+    """The grid scripts' --config (over the config tables for `scope`) and --merge (other
+    runs' `result` files folded in, a later row replacing an earlier one of the same `key`)."""
+    parser.add_argument(
+        "--config", help="JSON {op: {KEY: value}} (or a file holding one) over the config "
+        f"tables for {scope}, e.g. a table change to A/B; the JSON records it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", metavar="JSON",
+        help=f"fold these runs' {result} rows into --out's grid (later wins per {key}) and "
+        "recompute its summary; runs nothing",
+    )  # fmt: skip
+
+
 def overridden(mapping: dict[str, dict[str, Any]] | None) -> Any:
     """The context the run takes place in: ``configs.Override(mapping)``, or nothing."""
     from greta_core import configs

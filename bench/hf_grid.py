@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling grad_overhead.py
-from grad_overhead import config_override, overridden  # noqa: E402
+from grad_overhead import add_grid_options, config_override, overridden  # noqa: E402
 
 VARIANTS = ("vanilla", "compile", "liger", "greta", "greta-attn", "greta-sdpa")
 DEFAULT_VARIANTS = ("vanilla", "compile", "liger", "greta")
@@ -710,15 +710,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--subprocess", action="store_true", help="a process per variant with --tiny too"
     )
-    parser.add_argument(
-        "--config", help="JSON {op: {KEY: value}} (or a file holding one) over the config "
-        "tables for every process of the run, e.g. a table change to A/B; the JSON records it",
-    )  # fmt: skip
-    parser.add_argument(
-        "--merge", type=Path, nargs="+", metavar="JSON",
-        help="fold these runs' hf_grid.json rows into --out's grid (later wins per family, "
-        "regime and variant) and recompute its summary; runs nothing",
-    )  # fmt: skip
+    add_grid_options(
+        parser, "hf_grid.json", "every process of the run", "family, regime and variant"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

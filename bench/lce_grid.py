@@ -59,7 +59,7 @@ if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling grad_overhead.py
 
-from grad_overhead import config_override, overridden  # noqa: E402
+from grad_overhead import add_grid_options, config_override, overridden  # noqa: E402
 
 VARIANTS = (
     "core", "core-lean", "core-lean-compact", "liger", "naive",
@@ -363,15 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         help="start no new cell after this many seconds (default 360)",
     )  # fmt: skip
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out")
-    parser.add_argument(
-        "--config", help="JSON {op: {KEY: value}} (or a file holding one) over the config "
-        "tables for every GRETA variant, e.g. a chunk schedule to A/B; in the metadata",
-    )  # fmt: skip
-    parser.add_argument(
-        "--merge", type=Path, nargs="+", metavar="JSON",
-        help="fold these runs' lce_grid.json rows into --out's grid (later wins) and "
-        "recompute its summary; runs nothing",
-    )  # fmt: skip
+    add_grid_options(parser, "lce_grid.json", "every GRETA variant", "cell and variant")
     parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"),
         help="cpu: the format check on tiny shapes (no memory columns, plain timings)",
