@@ -592,6 +592,17 @@ def summarize(
     return out
 
 
+def regime_table(metadata: dict[str, Any]) -> dict[str, Regime]:
+    """The regimes a grid's rows were measured with: the tiny ones for a --tiny grid."""
+    return TINY_REGIMES if metadata.get("preset") == "tiny" else REGIMES
+
+
+def host_cell(row: dict[str, Any]) -> tuple[str, str]:
+    """An hf_host_ab row's (family, regime); rows written before it took decode are
+    training rows."""
+    return row["family"], row.get("regime", "train-b1s256")
+
+
 def resummarize(out: Path) -> bool:
     """Recompute the summary of the grid in `out` (its JSON and summary CSV) with the
     interleaved cells now beside it; False where `out` holds no grid."""
@@ -599,17 +610,17 @@ def resummarize(out: Path) -> bool:
     if not path.is_file():
         return False
     doc = json.loads(path.read_text())
-    write(out, doc, TINY_REGIMES if doc["metadata"].get("preset") == "tiny" else REGIMES)
+    write(out, doc, regime_table(doc["metadata"]))
     return True
 
 
 def interleaved(path: Path) -> dict[tuple[str, str], float]:
     """(family, regime) -> GRETA's speed over vanilla's from ``bench/hf_host_ab.py``'s JSON
-    at `path` ({} where there is none; its rows before it took decode are training rows)."""
+    at `path` ({} where there is none)."""
     if not path.is_file():
         return {}
     rows = json.loads(path.read_text()).get("rows", [])
-    return {(r["family"], r.get("regime", "train-b1s256")): r["greta_vs_vanilla"] for r in rows}
+    return {host_cell(r): r["greta_vs_vanilla"] for r in rows}
 
 
 def _speedup(greta: float, other: float, higher_is_better: bool) -> float:
@@ -680,14 +691,25 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
 
 
 def parse_names(
-    text: str, known: dict[str, Any] | tuple[str, ...], what: str, parser: Any
-) -> list[str]:
-    """A comma list of `what` names from `known`; an unknown one is the parser's error."""
+    text: str, known: dict[str, Any] | tuple[str, ...], what: str, parser: Any,
+    flag: str | None = None,
+) -> list[str]:  # fmt: skip
+    """A comma list of `what` names from `known`; an unknown one is the parser's error, and
+    with `flag` (the option's name) so is none at all."""
     names = [x for x in text.split(",") if x]
     unknown = [x for x in names if x not in known]
     if unknown:
         parser.error(f"unknown {what}: {', '.join(unknown)}; expected some of {', '.join(known)}")
+    if flag and not names:
+        parser.error(f"{flag}: expected some of {', '.join(known)}")
     return names
+
+
+def grid_device(tiny: bool, asked: str | None = None) -> str:
+    """Where these benches run: `asked`, else the CPU for --tiny or without a GPU, else cuda."""
+    import torch
+
+    return asked or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -734,9 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
 
-    import torch
-
-    device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    device = grid_device(args.tiny, args.device)
     if "vanilla" in variants:  # the agreement reference runs first
         variants = ["vanilla", *(v for v in variants if v != "vanilla")]
     from greta_core.bench.metadata import command_line
@@ -832,24 +852,16 @@ def finish(out: Path, doc: dict[str, Any], table: dict[str, Regime]) -> int:
 def merge(out: Path | None, sources: list[Path]) -> int:
     """--merge: `out`'s grid (where there is one), then each source's rows, a later row
     replacing an earlier one of the same (family, regime, variant); summary and files anew."""
-    from greta_core.bench.report import load_runs, merge_command, merge_runs
+    from greta_core.bench.report import merge_grid
     from greta_core.errors import BenchError
 
     if out is None:
         raise BenchError("--out is required")
-    docs = load_runs(out / "hf_grid.json", sources)
-    rows, meta = merge_runs(docs, lambda r: (r["family"], r["regime"], r["variant"]))
-    meta["merge_command"] = merge_command(
-        "bench/hf_grid.py", len(sources), len(docs) > len(sources)
-    )
-    meta["families"] = {k: v for d in docs for k, v in d["metadata"].get("families", {}).items()}
-    meta["regimes"] = {k: v for d in docs for k, v in d["metadata"].get("regimes", {}).items()}
-    table = TINY_REGIMES if meta.get("preset") == "tiny" else REGIMES
-    ran = {f"{r['family']}/{r['variant']}" for r in rows}  # what a later run measured
-    not_run = sorted({x for d in docs for x in d.get("not_run_budget", [])} - ran)
-    doc = {"metadata": meta, "command": docs[0]["command"], "rows": rows, "not_run_budget": not_run}
+    doc = merge_grid(out / "hf_grid.json", sources, "bench/hf_grid.py",
+                     lambda r: (r["family"], r["regime"], r["variant"]),
+                     lambda r: f"{r['family']}/{r['variant']}", ("families", "regimes"))  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    return finish(out, doc, table)
+    return finish(out, doc, regime_table(doc["metadata"]))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ from hf_grid import (
     Regime,
     build,
     generate_kwargs,
+    grid_device,
     grid_metadata,
+    host_cell,
     parse_names,
     resummarize,
     tokens,
@@ -130,11 +132,6 @@ def run_regime(
     return row
 
 
-def _cell(row: dict[str, Any]) -> tuple[str, str]:
-    """A row's cell; rows written before the script took decode are training rows."""
-    return row["family"], row.get("regime", "train-b1s256")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="result folder")
@@ -150,26 +147,30 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     families = parse_names(args.families, FAMILIES, "family", parser)
-    regimes = parse_names(args.regimes, HOST_REGIMES, "regime", parser)
-    if not regimes:
-        parser.error(f"--regimes: expected some of {', '.join(HOST_REGIMES)}")
+    regimes = parse_names(args.regimes, HOST_REGIMES, "regime", parser, flag="--regimes")
     if min(args.rounds, args.steps) < 1 or args.warmup < 0:
         parser.error("--rounds and --steps must be >= 1, --warmup >= 0")
 
     import torch
 
     from greta_core.bench.metadata import command_line
-    from greta_core.bench.report import load_runs, merge_runs, write_csv, write_json
+    from greta_core.bench.report import (
+        check_same_stack,
+        load_runs,
+        merge_runs,
+        write_csv,
+        write_json,
+    )
     from greta_core.errors import BenchError
 
-    device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+    device = grid_device(args.tiny)
     table = TINY_REGIMES if args.tiny else REGIMES
     meta = grid_metadata("hf_host_ab", device)
     earlier = []
     if args.append and (args.out / INTERLEAVED).is_file():
         earlier = load_runs(args.out / INTERLEAVED, [])
         try:  # refused before anything runs: a different GPU or stack does not compare
-            merge_runs([*earlier, {"metadata": meta, "rows": []}], _cell)
+            check_same_stack([earlier[0]["metadata"], meta])
         except BenchError as exc:
             parser.error(f"--append: {exc}")
     rows = []
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                            args.out / "x")  # fmt: skip
     doc = {"metadata": meta, "command": command, "rows": rows}
     if earlier:
-        rows, doc["metadata"] = merge_runs([*earlier, doc], _cell)
+        rows, doc["metadata"] = merge_runs([*earlier, doc], host_cell)
         doc["rows"] = rows
     write_json(args.out / INTERLEAVED, doc)
     write_csv(args.out / "hf_host_ab.csv", rows, FIELDS)

@@ -30,6 +30,7 @@ from hf_grid import (
     REGIMES,
     TINY_REGIMES,
     build,
+    grid_device,
     grid_metadata,
     parse_names,
     revert_all,
@@ -114,18 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="kernels kept per variant")
     parser.add_argument("--tiny", action="store_true", help="CPU format check (tiny config)")
     args = parser.parse_args(argv)
-    variants = parse_names(args.variants, VARIANTS, "variant", parser)
-    if not variants:
-        parser.error(f"--variants: expected some of {', '.join(VARIANTS)}")
+    variants = parse_names(args.variants, VARIANTS, "variant", parser, flag="--variants")
     if min(args.steps, args.top) < 1 or args.warmup < 0:
         parser.error("--steps and --top must be >= 1, --warmup >= 0")
-
-    import torch
 
     from greta_core.bench.metadata import command_line
     from greta_core.bench.report import write_csv, write_json
 
-    device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+    device = grid_device(args.tiny)
     meta = grid_metadata("hf_profile", device)
     backend = "eager" if args.tiny else "inductor"
     results = []

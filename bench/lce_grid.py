@@ -492,17 +492,15 @@ def finish(
 def merge(out: Path, sources: list[Path]) -> int:
     """--merge: `out`'s grid (where there is one) and then each source's rows, a later row
     replacing an earlier one of the same cell and variant; summary, files and PNG anew."""
-    from greta_core.bench.report import load_runs, merge_command, merge_runs
+    from greta_core.bench.report import merge_grid
 
-    docs = load_runs(out / "lce_grid.json", sources)
-    rows, meta = merge_runs(docs, lambda r: (r["tokens"], r["vocab"], r["hidden"], r["variant"]))
-    meta["merge_command"] = merge_command(
-        "bench/lce_grid.py", len(sources), len(docs) > len(sources)
-    )
-    ran = {f"{r['tokens']}x{r['hidden']}x{r['vocab']}" for r in rows}  # a later run's cells
-    not_run = sorted({c for d in docs for c in d.get("not_run_budget", [])} - ran)
+    def cell(r: dict[str, Any]) -> str:
+        return f"{r['tokens']}x{r['hidden']}x{r['vocab']}"
+
+    doc = merge_grid(out / "lce_grid.json", sources, "bench/lce_grid.py",
+                     lambda r: (cell(r), r["variant"]), cell)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    return finish(out, meta, docs[0]["command"], rows, not_run)
+    return finish(out, doc["metadata"], doc["command"], doc["rows"], doc["not_run_budget"])
 
 
 if __name__ == "__main__":

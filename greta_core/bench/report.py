@@ -226,25 +226,30 @@ def _stack(metadata: dict[str, Any]) -> dict[str, Any]:
             "triton": versions.get("triton")}  # fmt: skip
 
 
-def merge_runs(
-    documents: list[dict[str, Any]], key: Callable[[Row], tuple[Any, ...]]
-) -> tuple[list[Row], dict[str, Any]]:
-    """(rows, metadata) of one grid measured over several runs of its script: a later run's
-    row replaces an earlier one with the same `key` (in the earlier one's place); the
-    metadata is the first run's, with ``merged`` listing every run's command, config and
-    commit. Raises BenchError where the runs differ in GPU, torch or Triton: their numbers
+def check_same_stack(metadatas: list[dict[str, Any]]) -> None:
+    """BenchError where these runs' metadata differ in GPU, torch or Triton: their numbers
     would not compare."""
-    if not documents:
-        raise BenchError("nothing to merge")
-    first = _stack(documents[0]["metadata"])
-    for doc in documents[1:]:
-        other = _stack(doc["metadata"])
+    first = _stack(metadatas[0])
+    for metadata in metadatas[1:]:
+        other = _stack(metadata)
         if other != first:
             diff = ", ".join(
                 f"{k} {first[k]} vs {other[k]}" for k in SAME_STACK if first[k] != other[k]
             )
             raise BenchError(f"refusing to merge runs on different stacks: {diff}")
-    rows: dict[tuple[Any, ...], Row] = {}
+
+
+def merge_runs(
+    documents: list[dict[str, Any]], key: Callable[[Row], Any]
+) -> tuple[list[Row], dict[str, Any]]:
+    """(rows, metadata) of one grid measured over several runs of its script: a later run's
+    row replaces an earlier one with the same `key` (in the earlier one's place); the
+    metadata is the first run's, with ``merged`` listing every run's command, config and
+    commit. Raises BenchError where the runs differ in GPU, torch or Triton."""
+    if not documents:
+        raise BenchError("nothing to merge")
+    check_same_stack([doc["metadata"] for doc in documents])
+    rows: dict[Any, Row] = {}
     for doc in documents:
         for row in doc["rows"]:
             rows[key(row)] = row
@@ -273,10 +278,25 @@ def load_runs(own: Path, sources: list[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def merge_command(script: str, sources: int, own: bool) -> str:
-    """The command a merged grid came from, its runs shown as ``<runK>`` (the K-th entry of
-    the metadata's ``merged``, counting `out`'s own grid first where there was one): the
-    files merged were on the machine that merged them, not in the result."""
-    first = 2 if own else 1
-    runs = " ".join(f"<run{k}>" for k in range(first, first + sources))
-    return f"python {script} --out <out> --merge {runs}"
+def merge_grid(
+    own: Path, sources: list[Path], script: str, key: Callable[[Row], Any],
+    unit: Callable[[Row], str], union: tuple[str, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """A grid script's ``--merge``: the document (metadata, command, rows, not_run_budget)
+    of `own`'s grid (where it exists) with each of `sources` folded in, a later row replacing
+    an earlier one of the same `key`. The command is the first run's; ``merge_command``
+    shows the runs as ``<runK>``, the K-th entry of ``metadata.merged`` (the files merged
+    were on the machine that merged them). A budget's "not run" `unit` that a later run
+    measured is dropped. The metadata's mappings named in `union` (a run's families, say)
+    hold every run's entries."""
+    docs = load_runs(own, sources)
+    rows, metadata = merge_runs(docs, key)
+    for name in union:
+        metadata[name] = {k: v for doc in docs for k, v in doc["metadata"].get(name, {}).items()}
+    first = 1 + len(docs) - len(sources)
+    runs = " ".join(f"<run{k}>" for k in range(first, first + len(sources)))
+    metadata["merge_command"] = f"python {script} --out <out> --merge {runs}"
+    ran = {unit(row) for row in rows}
+    not_run = sorted({u for doc in docs for u in doc.get("not_run_budget", [])} - ran)
+    return {"metadata": metadata, "command": docs[0]["command"], "rows": rows,
+            "not_run_budget": not_run}  # fmt: skip

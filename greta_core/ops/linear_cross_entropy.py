@@ -434,13 +434,11 @@ def _chunked(
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
     dh = (hidden if dh_into_hidden else torch.empty_like(hidden)) if write_grad else None
-    # The first chunk writes dweight (torch.mm out=), the others add into it: no zero-fill
-    # and no read of a zero gradient, each a full pass over [vocab, hidden].
-    dw = torch.empty_like(weight) if write_grad else None
     schedule = chunk_scale(arch, vocab), chunk_floor(arch, vocab)
     spans = chunks(n_rows, vocab, hidden.shape[1], *schedule)
-    if dw is not None and not spans:
-        dw.zero_()
+    # The first chunk writes dweight (beta=0 reads none of it), the others add into it: no
+    # zero-fill and no read of a zero gradient, each a full pass over [vocab, hidden].
+    dw = (torch.empty_like if spans else torch.zeros_like)(weight) if write_grad else None
     for start, end in spans:
         h = hidden[start:end]
         logits = torch.mm(h, weight.t())
@@ -455,10 +453,7 @@ def _chunked(
             # written: with dh_into_hidden they are the same memory. torch.mm(out=) (not a
             # raw kernel write) moves hidden's version counter, so a backward that saved
             # hidden raises instead of reading dhidden.
-            if start:
-                dw.addmm_(logits.t(), h)
-            else:
-                torch.mm(logits.t(), h, out=dw)
+            dw.addmm_(logits.t(), h, beta=1 if start else 0)
             torch.mm(logits, weight, out=dh[start:end])
         # Freed before the next chunk's logits exist: one chunk alive at a time, not two.
         del logits
