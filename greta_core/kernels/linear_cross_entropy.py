@@ -73,8 +73,28 @@ def cross_entropy_rows_kernel(
                 tl.store(base + cols, g.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def scale_in_place_kernel(x_ptr, scale_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    """``x *= scale`` (a device scalar), fp32 math; nothing at all where scale is 1.
+
+    The backward of a training step scales the gradients the forward computed by the loss's
+    incoming gradient, which ``loss.backward()`` makes exactly 1: each program then reads one
+    float and returns, instead of a pass over the [vocab, hidden] weight gradient. Any other
+    value (NaN included) scales every element, as a multiply would."""
+    scale = tl.load(scale_ptr).to(tl.float32)
+    if scale != 1.0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+        tl.store(out_ptr + offs, (x * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def grid(n_rows: int) -> tuple[int]:
     return (n_rows,)
+
+
+def scale_grid(n: int, block: int) -> tuple[int]:
+    return (max(1, -(-n // block)),)
 
 
 def aot_specs(arch: str) -> list:
@@ -111,4 +131,18 @@ def aot_specs(arch: str) -> list:
                     options=options,
                 )
             )
+        specs.append(
+            AotSpec(
+                name=f"scale_in_place[{dtype},BLOCK={config['BLOCK_V']}]",
+                kernel=scale_in_place_kernel,
+                signature={
+                    "x_ptr": f"*{dtype}",
+                    "scale_ptr": "*fp32",
+                    "n": "i32",
+                    "out_ptr": f"*{dtype}",
+                },
+                constexprs={"BLOCK": config["BLOCK_V"]},
+                options=options,
+            )
+        )
     return specs

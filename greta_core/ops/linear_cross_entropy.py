@@ -21,7 +21,12 @@ from typing import Any
 
 from greta_core import configs
 from greta_core.errors import ConfigError, GretaInputError
-from greta_core.kernels.linear_cross_entropy import cross_entropy_rows_kernel, grid
+from greta_core.kernels.linear_cross_entropy import (
+    cross_entropy_rows_kernel,
+    grid,
+    scale_grid,
+    scale_in_place_kernel,
+)
 from greta_core.observe import record, recorded
 from greta_core.ops import _interp_compat
 from greta_core.ops._calls import ForwardCall, capture_probe, tensors_as_given
@@ -420,6 +425,38 @@ def plan_rows(
     return Plan(OP, arch, buffers, (launch,) if n_rows else (), (0, 1))
 
 
+@memo
+def plan_scale(n: int, dtype: str, arch: str) -> Plan:
+    """Inputs x [n] (contiguous, scaled in place) and scale fp32 [1]; buffer: x itself."""
+    config = configs.lookup(OP, arch, {})
+    block = config["BLOCK_V"]  # the rows kernel's block: a flat run of elements either way
+    launch = Launch(
+        scale_in_place_kernel, scale_grid(n, block), (In(0), In(1), n, Out(0)),
+        {"BLOCK": block}, configs.launch_options(config, arch),
+    )  # fmt: skip
+    return Plan(OP, arch, (Buffer((n,), dtype, alias=0),), (launch,) if n else (), (0,))
+
+
+def scale_in_place(x: Any, scale: Any) -> Any:
+    """``x *= scale`` for a GPU gradient and a device scalar, without a pass over x where
+    scale is exactly 1 (``kernels/linear_cross_entropy.scale_in_place_kernel``) and without
+    a host sync on its value. H200, bf16 [128256, 2048]: 0.02 ms at 1 and 0.26 ms
+    otherwise, against mul_'s 0.66 ms by a 0-dim CUDA tensor (a broadcast operand: no
+    vectorised loads)."""
+    import torch
+
+    if not x.is_contiguous():
+        return x.mul_(scale.to(x.dtype))
+    flat = x.view(-1)
+    s = scale.reshape(1).to(torch.float32)
+    plan = plan_scale(flat.numel(), dtype_name(x.dtype), arch_for(OP, x, False))
+    run(plan, (flat, s), out=(flat,))
+    # As mul_ would, whatever the value: a second backward through a retained graph that
+    # saved x then fails autograd's version check instead of reading a scaled gradient.
+    torch.autograd.graph.increment_version(x)
+    return x
+
+
 # --- the raw API (torch tensors; the torch ops call these with wrap=wrap_triton) ----------
 
 
@@ -795,7 +832,7 @@ def _fwd_grads(call: Any, grad_outputs: tuple[Any, ...], saved: Any) -> tuple[An
         dh = (saved.hidden if saved.dh_into_hidden else saved.out1).detach()
         dw = saved.out2.detach()
         if _scales_in_place(dloss, dh):
-            return dh.mul_(dloss.to(dh.dtype)), dw.mul_(dloss.to(dw.dtype)), *rest
+            return scale_in_place(dh, dloss), scale_in_place(dw, dloss), *rest
         return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), *rest
     hidden = saved.hidden
     if type(hidden).__module__.partition(".")[0] == "torch":
