@@ -301,6 +301,20 @@ def test_device_screened_delegated_path_matches_float64(
         assert (got.double().cpu() - want).norm() <= 8 * BF16_EPS * want.norm()
 
 
+@pytest.mark.parametrize("backend", ["greta", "torch"])
+def test_opcheck_under_each_backend(backend: str) -> None:
+    # opcheck traces the op with symbolic sizes too (aot_dispatch_dynamic), as torch.compile's
+    # dynamic shapes do: the route must take them (it traces the kernel op) without hashing a
+    # SymInt into its per-size tables (it once raised "unhashable type: non-nested SymInt").
+    hidden, weight, target = _case()
+    args = (
+        hidden.to(DEVICE, torch.float32).requires_grad_(),
+        weight.to(DEVICE, torch.float32).requires_grad_(), target.to(DEVICE), -100, "mean",
+    )  # fmt: skip
+    with configs.Override({DISPATCH: {"backend": backend}}):
+        torch.library.opcheck(torch.ops.greta.linear_cross_entropy.default, args)
+
+
 def test_delegated_mean_is_the_vendor_expression(screened_on_device) -> None:
     # The loss grad_overhead.py times GRETA against: F.cross_entropy((h @ W.T).float(), y).
     # Same bf16 logits, float32 log-softmax: only the order of the float32 mean differs

@@ -43,11 +43,20 @@ TINY = dict(
 HEAD_DIM = 64 if DEVICE == "cuda" else 16
 
 
-def expected(op: str, dtype: torch.dtype = torch.float32) -> str:
+def expected(op: str, dtype: torch.dtype = torch.float32, rows: int = 0) -> str:
     """What observe reports: CPU runs the ops' references; on a GPU the Triton kernels, but
-    attention falls back to SDPA for float32 (the Triton kernel takes fp16/bf16)."""
+    attention falls back to SDPA for float32 (the Triton kernel takes fp16/bf16) and
+    linear_cross_entropy runs what the arch's dispatch table picks for `rows` tokens."""
     if DEVICE == "cpu":
         return "reference-torch"
+    if op == "linear_cross_entropy":
+        from greta_core.arch import arch_of
+        from greta_core.ops import linear_cross_entropy as lce
+
+        arch = arch_of(torch.empty(0, device=DEVICE))
+        vocab, hidden = TINY["vocab_size"], TINY["hidden_size"]
+        picked = lce.choose(arch, rows, vocab, hidden, "mean", lce.core_api())
+        return "triton" if picked == "greta" else picked
     return "torch-sdpa" if op == "attention" and dtype == torch.float32 else "triton"
 
 
@@ -118,7 +127,8 @@ def test_patched_model_matches_unpatched_fp32(family) -> None:
 
     out, grads = _train_step(patched, ids)
     assert out.logits is None  # the fused loss: no logits in training
-    assert observe.last_implementation("linear_cross_entropy") == expected("linear_cross_entropy")
+    want = expected("linear_cross_entropy", rows=ids.numel())
+    assert observe.last_implementation("linear_cross_entropy") == want
     assert abs(out.loss.item() - ref_out.loss.item()) < 1e-5
     for name, g in grads.items():
         assert _rel(g, ref_grads[name]) < 1e-4, name

@@ -1124,6 +1124,11 @@ def _how(
 
     if hidden.dim() != 2 or weight.dim() != 2:
         return None
+    if not all(type(n) is int for n in (*hidden.shape, weight.shape[0])):
+        # Traced with symbolic sizes (torch.compile's dynamic shapes, opcheck's
+        # aot_dispatch_dynamic): the kernel op, a triton_op, traces as itself; the delegated
+        # path's tables are per concrete vocabulary.
+        return None
     if not context.kernel_runs(hidden, weight):
         return _ASK if hidden.get_device() < 0 else None
     arch = arch_of(hidden)
