@@ -159,9 +159,10 @@ def test_config_that_is_not_an_op_mapping_is_refused_in_one_line(grid, capsys) -
     assert "--config must map op names to objects" in capsys.readouterr().err
 
 
-def _run_doc(rows, torch_version="2.15.0", config=None):
-    meta = {"gpu_name": "NVIDIA H200", "versions": {"torch": torch_version, "triton": "3.9.0"},
-            "config": config, "commit": {"commit": "abc"}}  # fmt: skip
+def _run_doc(rows, torch_version="2.15.0", config=None, tree="t0", jax="0.12.0"):
+    versions = {"torch": torch_version, "triton": "3.9.0", "jax": jax}
+    meta = {"gpu_name": "NVIDIA H200", "versions": versions, "config": config,
+            "commit": {"commit": "abc"}, "tree": tree, "date": "2026-11-28"}  # fmt: skip
     return {"metadata": meta, "command": "python bench/lce_grid.py --out <out>", "rows": rows}
 
 
@@ -169,7 +170,7 @@ def test_merge_folds_later_runs_over_earlier_ones_and_resummarizes(grid, tmp_pat
     first = _run_doc([_row(512, "core", 3.0, 1.1), _row(512, "greta", 6.0, 1.0, "triton"),
                       _row(512, "liger", 0.0, 0.0) | {"status": "skipped"}])  # fmt: skip
     first["not_run_budget"] = ["512x4096x128256", "8192x4096x128256"]
-    liger = _run_doc([_row(512, "liger", 9.0, 1.0)])
+    liger = _run_doc([_row(512, "liger", 9.0, 1.0)], tree="t1", jax="0.11.2")
     deleg = _run_doc(
         [_row(512, "core", 2.9, 1.1), _row(512, "greta", 3.0, 1.1, "torch-linear-ce")],
         config={"linear_cross_entropy_dispatch": {"backend": "torch"}},
@@ -192,6 +193,9 @@ def test_merge_folds_later_runs_over_earlier_ones_and_resummarizes(grid, tmp_pat
         None,
         deleg["metadata"]["config"],
     ]
+    # Each run's own tree and versions: a stack check passes on torch/Triton/GPU alone.
+    assert [m["tree"] for m in doc["metadata"]["merged"]] == ["t0", "t1", "t0"]
+    assert doc["metadata"]["merged"][1]["versions"]["jax"] == "0.11.2"
     with (out / "lce_grid_summary.csv").open() as fh:
         assert [r["verdict"] for r in csv.DictReader(fh)] == ["delegates"]
     # The first run's budget left 8192 tokens out, and no later run measured them.

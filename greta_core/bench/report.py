@@ -244,8 +244,10 @@ def merge_runs(
 ) -> tuple[list[Row], dict[str, Any]]:
     """(rows, metadata) of one grid measured over several runs of its script: a later run's
     row replaces an earlier one with the same `key` (in the earlier one's place); the
-    metadata is the first run's, with ``merged`` listing every run's command, config and
-    commit. Raises BenchError where the runs differ in GPU, torch or Triton."""
+    metadata is the first run's, with ``merged`` listing every run's command, config,
+    commit, tree, date and versions (a later run's files and its other packages can differ
+    from the first's: its tree is what it ran). Raises BenchError where the runs differ in
+    GPU, torch or Triton."""
     if not documents:
         raise BenchError("nothing to merge")
     check_same_stack([doc["metadata"] for doc in documents])
@@ -256,7 +258,9 @@ def merge_runs(
     metadata = dict(documents[0]["metadata"])
     metadata["merged"] = [
         {"command": doc.get("command"), "config": doc["metadata"].get("config"),
-         "commit": doc["metadata"].get("commit"), "rows": len(doc["rows"])}
+         "commit": doc["metadata"].get("commit"), "tree": doc["metadata"].get("tree"),
+         "date": doc["metadata"].get("date"), "versions": doc["metadata"].get("versions"),
+         "rows": len(doc["rows"])}
         for doc in documents
     ]  # fmt: skip
     return list(rows.values()), metadata
