@@ -35,7 +35,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PART_BYTES = 50 * 1000 * 1000  # < 64 MiB per call, with the repository beside it
 # What one call may carry besides the repository (~6 MB): small parts share a call.
@@ -382,6 +384,43 @@ def install(args: argparse.Namespace) -> None:
         print(f"differs from the lock: {name} {have} (locked {want})")
 
 
+def not_held(report: dict[str, Any] | None, version_of: Callable[[str], str | None]) -> list[str]:
+    """Why this interpreter does not hold the set an install report (``installed.json``)
+    describes: no report, or a package of it missing or at another version. Empty: it holds
+    it. `version_of(name)` is the importable version (None: not installed)."""
+    from packaging.version import Version
+
+    if report is None:
+        return ["no install report: `python3 scripts/gpu_stack.py install` did not complete here"]
+    wanted = {**report.get("already_at_lock_version", {}), **report["installed"]}
+    problems = []
+    for name, want in wanted.items():
+        have = version_of(name)
+        if have is None:
+            problems.append(f"{name} is not installed (the stack's {want})")
+        elif Version(have).public != Version(want).public:
+            problems.append(f"{name} {have} is importable, not the stack's {want}")
+    return problems
+
+
+def check(args: argparse.Namespace) -> None:
+    import importlib.metadata as md
+
+    def version_of(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    path = Path(args.stack) / "installed.json"
+    report = json.loads(path.read_text()) if path.is_file() else None
+    problems = not_held(report, version_of)
+    if problems:
+        sys.exit(f"gpu_stack: this interpreter does not hold {path.parent}'s stack: "
+                 + "; ".join(problems))  # fmt: skip
+    print(f"gpu_stack: {len(report['installed'])} packages at the stack's versions")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -403,6 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     i.add_argument("--stack", default="/tmp/stack")
     i.add_argument("--target", help="install into this folder (then put it on PYTHONPATH)")
     i.set_defaults(fn=install)
+    k = sub.add_parser("check", help="(on the device) is the installed stack what runs?")
+    k.add_argument("--stack", default="/tmp/stack")
+    k.set_defaults(fn=check)
     args = parser.parse_args(argv)
     args.fn(args)
 

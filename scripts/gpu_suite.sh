@@ -91,6 +91,13 @@ COMMIT=${GRETA_SUITE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/d
 # machines'), and `git rev-parse C^{tree}` of the commit C that ran equals this.
 TREE=$(python3 -c 'from greta_core.bench.metadata import git_commit; print(git_commit()["tree"])' 2>/dev/null || echo unknown)
 STACK=${GRETA_STACK:-image}
+STACK_DIR=${GRETA_STACK_DIR:-/tmp/stack}
+# A result must name the stack it ran on: "locked ..." with the image's torch still importable
+# (an install that refused, or never ran) stops here, before any step.
+if [[ $STACK == locked* ]] && ! why=$(python3 scripts/gpu_stack.py check --stack "$STACK_DIR" 2>&1); then
+    echo "GRETA_STACK=$STACK, but: $why" | tee "$OUT/summary.txt"
+    exit 2
+fi
 # On the locked stack, do what `greta doctor`'s cuda.ptxas tells a user: the environment's
 # NVIDIA wheel ptxas first on PATH. XLA assembles jax-triton's kernels with the first ptxas
 # it finds, and the image's CUDA 13.0 one refuses Triton 3.9's PTX ("Unsupported .version").
@@ -102,7 +109,7 @@ if [[ $STACK == locked* ]]; then
         note "$(printf '%-13s %-14s %s' ptxas system "no NVIDIA wheel ptxas here: $(command -v ptxas || echo none) stays first")"
     fi
 fi
-python3 - "$STACK" "$COMMIT" "$TREE" >"$WORK/versions.txt" 2>&1 <<'PY'
+python3 - "$STACK" "$COMMIT" "$TREE" "$STACK_DIR" >"$WORK/versions.txt" 2>&1 <<'PY'
 import importlib.metadata as md, json, pathlib, sys
 names = ("torch", "triton", "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-triton",
          "transformers", "torchvision", "nvidia-nccl-cu13", "numpy")
@@ -120,7 +127,7 @@ try:
     print(f"gpu: {gpu}   torch.version.cuda: {torch.version.cuda}   nccl (loaded): {nccl}")
 except Exception as exc:  # the header must still be written
     print(f"torch import failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-stack = pathlib.Path("/tmp/stack/installed.json")
+stack = pathlib.Path(sys.argv[4]) / "installed.json"
 if stack.is_file():
     doc = json.loads(stack.read_text())
     print(f"installed from: {doc['lock']} (input {doc['lock_input']}); not in the lock: "

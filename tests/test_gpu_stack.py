@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from _script_module import load_script
 
 gpu_stack = load_script("scripts/gpu_stack.py", "greta_test_gpu_stack")
@@ -38,3 +39,29 @@ def test_a_companion_the_lock_pins_stays() -> None:
 def test_companions_the_lock_does_not_pin_go_whatever_they_declare() -> None:
     gone = gpu_stack.built_for_another_torch(IMAGE, "2.11.0", LOCK)
     assert set(gone) == {"torchaudio", "torchvision"}
+
+
+REPORT = {
+    "installed": {"torch": "2.15.0", "triton": "3.9.0"},
+    "already_at_lock_version": {"jax": "0.12.0"},
+}
+
+
+def test_the_installed_stack_is_held_at_its_versions() -> None:
+    have = {"torch": "2.15.0+cu132", "triton": "3.9.0", "jax": "0.12.0"}  # a local tag is fine
+    assert gpu_stack.not_held(REPORT, have.get) == []
+
+
+def test_the_image_torch_or_a_missing_package_is_not_the_stack() -> None:
+    have = {"torch": "2.11.0+cu130", "jax": "0.12.0"}
+    problems = gpu_stack.not_held(REPORT, have.get)
+    assert problems == [
+        "torch 2.11.0+cu130 is importable, not the stack's 2.15.0",
+        "triton is not installed (the stack's 3.9.0)",
+    ]
+
+
+def test_no_install_report_is_not_the_stack(tmp_path) -> None:
+    with pytest.raises(SystemExit) as stop:
+        gpu_stack.main(["check", "--stack", str(tmp_path)])
+    assert "no install report" in str(stop.value.code)
