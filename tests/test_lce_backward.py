@@ -73,6 +73,25 @@ def test_backward_allocates_no_second_dweight() -> None:
     assert extra < weight.numel() * weight.element_size() // 4, f"backward allocated {extra} B"
 
 
+def test_create_graph_keeps_the_gradients_functions_of_the_upstream_gradient() -> None:
+    # d/ds of sum(dloss/dhidden) for loss*s is sum(dloss/dhidden) itself: the scaled
+    # gradients must stay in the graph (an in-place kernel scale would cut them out of it).
+    from greta_core import configs
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    hidden, weight, target = _inputs(6, 8, 11, dtype, DEVICE)
+    s = torch.tensor(0.75, device=DEVICE, requires_grad=True)
+    with configs.Override({"linear_cross_entropy_dispatch": {"backend": "greta"}}):
+        loss = torch.ops.greta.linear_cross_entropy(hidden, weight, target)
+    (dh,) = torch.autograd.grad(loss * s, (hidden,), create_graph=True)
+    (ds,) = torch.autograd.grad(dh.float().sum(), (s,))
+    ref = _reference_grads(hidden, weight, target, 1.0)[0]
+    # Each entry within a few roundings of the kernels' dtype (bf16 logits on the GPU): the
+    # sum's error is bounded by that share of the entries' absolute sum.
+    tol = 4 * torch.finfo(dtype).eps * ref.abs().sum().item()
+    assert abs(ds.item() - ref.sum().item()) <= tol
+
+
 @pytest.mark.parametrize(
     ("scale", "rows"), [(1, 256), (2, 512), (4, 1024), (0, 256), (10_000, 8192)]
 )

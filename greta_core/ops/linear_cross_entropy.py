@@ -783,15 +783,17 @@ def _scales_in_place(dloss: Any, dh: Any) -> bool:
     """The gradients are scaled in place: a plain concrete GPU tensor in a kernel dtype
     (the Triton path). No second dweight ([vocab, hidden]) at the train step's peak and no
     host sync on dloss's value; a second backward through a retained graph then fails
-    autograd's version check instead of scaling twice. Elsewhere (CPU, float64 references,
-    tracing) a plain product."""
+    autograd's version check instead of scaling twice. Elsewhere (CPU, meta, float64
+    references, tracing, and a dloss that requires grad: a backward with create_graph, whose
+    gradients must stay functions of dloss) a plain product."""
     import torch
 
     return (
         type(dloss) is torch.Tensor
+        and not dloss.requires_grad
         and not torch.compiler.is_compiling()
         and not torch._C._len_torch_dispatch_stack()
-        and dh.device.type != "cpu"
+        and dh.device.type == "cuda"
         and dh.dtype in (torch.float32, torch.float16, torch.bfloat16)
     )
 
