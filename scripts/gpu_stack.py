@@ -386,13 +386,16 @@ def install(args: argparse.Namespace) -> None:
 
 def not_held(report: dict[str, Any] | None, version_of: Callable[[str], str | None]) -> list[str]:
     """Why this interpreter does not hold the set an install report (``installed.json``)
-    describes: no report, or a package of it missing or at another version. Empty: it holds
-    it. `version_of(name)` is the importable version (None: not installed)."""
+    describes: no report, or a package of it missing or at another version (those the
+    install itself removed as built for another torch aside). Empty: it holds it.
+    `version_of(name)` is the importable version (None: not installed)."""
     from packaging.version import Version
 
     if report is None:
         return ["no install report: `python3 scripts/gpu_stack.py install` did not complete here"]
     wanted = {**report.get("already_at_lock_version", {}), **report["installed"]}
+    for name in report.get("removed_for_another_torch", {}):
+        wanted.pop(name, None)
     problems = []
     for name, want in wanted.items():
         have = version_of(name)
