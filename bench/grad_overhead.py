@@ -189,6 +189,20 @@ def add_grid_options(parser: argparse.ArgumentParser, result: str, scope: str, k
     )  # fmt: skip
 
 
+def run_merge(
+    parser: argparse.ArgumentParser, merge: Callable[[Any, list[Path]], int], out: Any,
+    sources: list[Path],
+) -> int:  # fmt: skip
+    """A grid script's --merge: `merge(out, sources)`, a refusal (runs on another stack, a
+    file that holds no grid) the parser's one-line error."""
+    from greta_core.errors import BenchError
+
+    try:
+        return merge(out, sources)
+    except (BenchError, KeyError) as exc:
+        parser.error(f"--merge: {exc}")
+
+
 def overridden(mapping: dict[str, dict[str, Any]] | None) -> Any:
     """The context the run takes place in: ``configs.Override(mapping)``, or nothing."""
     from greta_core import configs

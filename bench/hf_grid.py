@@ -59,7 +59,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in sys.path):
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling grad_overhead.py
-from grad_overhead import add_grid_options, config_override, overridden  # noqa: E402
+from grad_overhead import (  # noqa: E402
+    add_grid_options,
+    config_override,
+    overridden,
+    run_merge,
+)
 
 VARIANTS = ("vanilla", "compile", "liger", "greta", "greta-attn", "greta-sdpa")
 DEFAULT_VARIANTS = ("vanilla", "compile", "liger", "greta")
@@ -740,12 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     if args.merge:
-        from greta_core.errors import BenchError
-
-        try:
-            return merge(args.out, args.merge)
-        except (BenchError, KeyError) as exc:
-            parser.error(f"--merge: {exc}")
+        return run_merge(parser, merge, args.out, args.merge)
     families = parse_names(args.families, FAMILIES, "family", parser)
     regimes = parse_names(args.regimes, REGIMES, "regime", parser)
     variants = parse_names(args.variants, VARIANTS, "variant", parser)

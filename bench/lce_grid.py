@@ -59,7 +59,12 @@ if __package__ in (None, "") and not any(Path(p, "greta_core").is_dir() for p in
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling grad_overhead.py
 
-from grad_overhead import add_grid_options, config_override, overridden  # noqa: E402
+from grad_overhead import (  # noqa: E402
+    add_grid_options,
+    config_override,
+    overridden,
+    run_merge,
+)
 
 VARIANTS = (
     "core", "core-lean", "core-lean-compact", "liger", "naive",
@@ -374,12 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     if args.merge:
-        from greta_core.errors import BenchError
-
-        try:
-            return merge(args.out, args.merge)
-        except (BenchError, KeyError) as exc:
-            parser.error(f"--merge: {exc}")
+        return run_merge(parser, merge, args.out, args.merge)
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

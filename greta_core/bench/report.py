@@ -221,9 +221,9 @@ SAME_STACK = ("gpu_name", "torch", "triton")
 
 
 def _stack(metadata: dict[str, Any]) -> dict[str, Any]:
-    versions = metadata.get("versions") or {}
-    return {"gpu_name": metadata.get("gpu_name"), "torch": versions.get("torch"),
-            "triton": versions.get("triton")}  # fmt: skip
+    """The SAME_STACK values of a run: the GPU's name from the metadata, the rest versions."""
+    versions = {**(metadata.get("versions") or {}), "gpu_name": metadata.get("gpu_name")}
+    return {k: versions.get(k) for k in SAME_STACK}
 
 
 def check_same_stack(metadatas: list[dict[str, Any]]) -> None:

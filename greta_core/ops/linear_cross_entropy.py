@@ -1104,8 +1104,11 @@ def _route(
         how = _how(context, hidden, weight, target, ignore_index, reduction)
         if how is not _ASK and len(_ROUTES) < _MAX_ROUTES:
             _ROUTES[key] = how
-    except TypeError:  # an unhashable (symbolic) size: no cache
-        how = _how(context, hidden, weight, target, ignore_index, reduction)
+    except TypeError:
+        # An unhashable (symbolic) size: traced with dynamic shapes (torch.compile, opcheck's
+        # aot_dispatch_dynamic). The kernel op, a triton_op, traces as itself; the delegated
+        # path's tables are per concrete size.
+        return None
     if how is None or how is _ASK:
         return None
     if how.device < 0 and not context.kernel_runs(hidden, weight):
@@ -1125,11 +1128,6 @@ def _how(
     from greta_core.arch import arch_of
 
     if hidden.dim() != 2 or weight.dim() != 2:
-        return None
-    if not all(type(n) is int for n in (*hidden.shape, weight.shape[0])):
-        # Traced with symbolic sizes (torch.compile's dynamic shapes, opcheck's
-        # aot_dispatch_dynamic): the kernel op, a triton_op, traces as itself; the delegated
-        # path's tables are per concrete vocabulary.
         return None
     if not context.kernel_runs(hidden, weight):
         return _ASK if hidden.get_device() < 0 else None
