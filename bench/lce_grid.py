@@ -17,7 +17,16 @@ torch on float32 copies of the same bf16 inputs). Variants:
 - ``greta``: ``torch.ops.greta.linear_cross_entropy`` as dispatched by the config table
   (the ``impl`` column says what ran);
 - ``greta-kernel``: GRETA's chunked kernel forced (the table's chunk schedule);
-- ``greta-kernel-nofloor``: the kernel with CHUNK_FLOOR 0 (the schedule before issue 26).
+- ``greta-kernel-nofloor``: the kernel with CHUNK_FLOOR 0 (the schedule before issue 26);
+- ``greta-kernel-scale1``: the kernel with CHUNK_SCALE 1 (the table's floor kept);
+- ``greta-kernel-liger-chunk``: the kernel at Liger's own chunk rows (CHUNK_SCALE 1,
+  CHUNK_FLOOR 0: ``next_pow2(tokens / ceil(vocab / hidden))``), so at Liger's memory: the
+  kernel's time where the memory half of the criterion holds by construction.
+
+``--rounds K`` times every variant of a cell K times, interleaved (a different variant first
+in each round), and reports the median: a GPU's clock drifts over a cell's seconds, and one
+pass per variant in a fixed order put that drift into the ratios (run to run, a cell's GRETA
+time moved about 4%).
 
 ``--config '{"linear_cross_entropy": {"CHUNK_FLOOR": 0.5}}'`` runs every GRETA variant
 under that change to the config tables (an A/B of a table value before it is committed).
@@ -47,6 +56,7 @@ import argparse
 import contextlib
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -66,10 +76,15 @@ from grad_overhead import (  # noqa: E402
     run_merge,
 )
 
-VARIANTS = (
-    "core", "core-lean", "core-lean-compact", "liger", "naive",
-    "greta", "greta-kernel", "greta-kernel-nofloor",
-)  # fmt: skip
+# The GRETA kernel forced (the dispatch table bypassed), each under its change to the
+# linear_cross_entropy table entry.
+FORCED = {
+    "greta-kernel": {},
+    "greta-kernel-nofloor": {"CHUNK_FLOOR": 0.0},
+    "greta-kernel-scale1": {"CHUNK_SCALE": 1},
+    "greta-kernel-liger-chunk": {"CHUNK_SCALE": 1, "CHUNK_FLOOR": 0.0},
+}
+VARIANTS = ("core", "core-lean", "core-lean-compact", "liger", "naive", "greta", *FORCED)
 CORE_VARIANTS = ("core", "core-lean", "core-lean-compact")
 TOKENS = (512, 2048, 8192, 32768)
 VOCABS = (32000, 128256, 262144)
@@ -81,6 +96,7 @@ FIELDS = (
 SUMMARY_FIELDS = (
     "tokens", "vocab", "hidden", "n_per_h", "greta_impl", "greta_ms", "best_core", "best_core_ms",
     "greta_vs_core", "greta_gib", "liger_gib", "greta_vs_liger_mem", "verdict",
+    "liger_chunk_vs_core", "liger_chunk_vs_liger_mem",
 )  # fmt: skip
 # Timing noise of a median of do_bench on one GPU: a GRETA time within 3% of core's counts
 # as "at core's time".
@@ -183,8 +199,8 @@ def variant_fn(variant: str) -> tuple[Callable[..., Any] | None, str]:
     if variant == "greta":
         return (lambda h, w, t: op(h, w, t, IGNORE, "mean")), ""
     override: dict[str, dict[str, Any]] = {"linear_cross_entropy_dispatch": {"backend": "greta"}}
-    if variant == "greta-kernel-nofloor":
-        override["linear_cross_entropy"] = {"CHUNK_FLOOR": 0.0}
+    if FORCED[variant]:
+        override["linear_cross_entropy"] = FORCED[variant]
 
     def forced(h: Any, w: Any, t: Any) -> Any:
         with configs.Override(override):
@@ -208,8 +224,10 @@ def _median_ms(fn: Callable[[], Any], runs: int = 3) -> float:
 
 
 def run_cell(
-    n: int, h: int, v: int, variants: list[str], device: str = "cuda"
+    n: int, h: int, v: int, variants: list[str], device: str = "cuda", rounds: int = 1
 ) -> list[dict[str, Any]]:
+    """One row per variant: its errors and memory from one call each, then its time, the
+    median over `rounds` interleaved rounds (round k starts at the k-th variant)."""
     import torch
 
     from greta_core import observe
@@ -220,12 +238,14 @@ def run_cell(
         from triton.testing import do_bench
     hidden, weight, target = _inputs(n, h, v, device)
     ref_loss, ref_dh, ref_dw = reference(hidden, weight, target)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    steps: dict[int, Callable[[], Any]] = {}
     for variant in variants:
         row: dict[str, Any] = {"tokens": n, "vocab": v, "hidden": h, "variant": variant}
+        rows.append(row)
         fn, reason = variant_fn(variant)
         if fn is None:
-            rows.append({**row, "status": "skipped", "reason": reason})
+            row.update(status="skipped", reason=reason)
             continue
         hg, wg = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
 
@@ -242,19 +262,33 @@ def run_cell(
             del loss, dh, dw
             if on_gpu:
                 row["extra_gib"] = extra_peak_bytes(step) / 2**30
-                row["ms"] = do_bench(step, warmup=5, rep=40, return_mode="median")
-            else:
-                row["ms"] = _median_ms(step)
-            row["status"] = "ok"
+            steps[len(rows) - 1] = step
         except torch.cuda.OutOfMemoryError as exc:
             row.update(status="oom", reason=str(exc).splitlines()[0][:200])
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             row.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}"[:300])
         del hg, wg
-        if on_gpu:
-            torch.cuda.empty_cache()
-        rows.append(row)
+    del ref_dh, ref_dw
+    times: dict[int, list[float]] = {i: [] for i in steps}
+    order = list(steps)
+    for k in range(rounds if order else 0):
+        for i in order[k % len(order) :] + order[: k % len(order)]:
+            if i not in steps:
+                continue
+            try:
+                if on_gpu:
+                    times[i].append(do_bench(steps[i], warmup=5, rep=40, return_mode="median"))
+                else:
+                    times[i].append(_median_ms(steps[i]))
+            except torch.cuda.OutOfMemoryError as exc:
+                rows[i].update(status="oom", reason=str(exc).splitlines()[0][:200])
+                del steps[i], times[i]
+    for i, ts in times.items():
+        rows[i].update(status="ok", ms=statistics.median(ts), ms_rounds=ts)
+    steps.clear()
+    if on_gpu:
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -283,6 +317,12 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if s.get("greta_gib") is not None and s.get("liger_gib"):
             s["greta_vs_liger_mem"] = s["greta_gib"] / s["liger_gib"]
         s["verdict"] = verdict(s)
+        # The kernel at Liger's chunk rows: its time where the memory half holds.
+        frontier = ok.get("greta-kernel-liger-chunk")
+        if frontier and best:
+            s["liger_chunk_vs_core"] = frontier["ms"] / best["ms"]
+        if frontier and frontier.get("extra_gib") is not None and s.get("liger_gib"):
+            s["liger_chunk_vs_liger_mem"] = frontier["extra_gib"] / s["liger_gib"]
         out.append(s)
     return out
 
@@ -368,12 +408,18 @@ def main(argv: list[str] | None = None) -> int:
         help="start no new cell after this many seconds (default 360)",
     )  # fmt: skip
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="time each cell's variants this many times, interleaved; the median counts",
+    )  # fmt: skip
     add_grid_options(parser, "lce_grid.json", "every GRETA variant", "cell and variant")
     parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"),
         help="cpu: the format check on tiny shapes (no memory columns, plain timings)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: expected at least 1")
     try:
         override = config_override(args.config)
     except (OSError, ValueError) as exc:
@@ -431,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.time()
         with overridden(override):
-            rows += run_cell(n, h, v, variants, args.device)
+            rows += run_cell(n, h, v, variants, args.device, args.rounds)
         _write(out, _document(meta, command, rows, skipped_cells))
         print(f"cell {n}x{h}x{v}: {time.time() - t0:.1f} s", flush=True)
     if skipped_cells:

@@ -57,6 +57,61 @@ def test_one_cell_on_cpu_gives_a_row_per_variant(grid) -> None:
     assert by["core"]["impl"] == "core"
 
 
+@cpu_cells
+def test_rounds_interleave_the_variants_and_report_the_median(grid, monkeypatch) -> None:
+    calls = []
+
+    def fake_ms(fn):  # the k-th timing call reports k: the order is in the rows
+        fn()
+        calls.append(fn)
+        return float(len(calls))
+
+    monkeypatch.setattr(grid, "_median_ms", fake_ms)
+    variants = ["naive", "greta", "greta-kernel-liger-chunk"]
+    rows = grid.run_cell(24, 16, 40, variants, device="cpu", rounds=3)
+    # Round 0 starts at the first variant, round 1 at the second, round 2 at the third.
+    assert [r["ms_rounds"] for r in rows] == [[1.0, 6.0, 8.0], [2.0, 4.0, 9.0], [3.0, 5.0, 7.0]]
+    assert [r["ms"] for r in rows] == [6.0, 4.0, 5.0]
+    assert all(r["status"] == "ok" for r in rows)
+
+
+def test_rounds_below_one_are_refused_in_one_line(grid, capsys) -> None:
+    with pytest.raises(SystemExit):
+        grid.main(["--out", "unused", "--rounds", "0"])
+    assert "--rounds 0: expected at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("n", "h", "v"), [(8192, 2048, 128256), (8192, 2048, 262144),
+                                           (32768, 4096, 32000), (100, 64, 50)])  # fmt: skip
+def test_liger_chunk_variant_chunks_as_liger_does(grid, n, h, v) -> None:
+    from greta_core import configs
+    from greta_core.ops import linear_cross_entropy as lce
+
+    change = {"linear_cross_entropy": grid.FORCED["greta-kernel-liger-chunk"]}
+    with configs.Override(change):
+        rows = lce.chunk_rows(n, v, h, lce.chunk_scale("sm_90", v), lce.chunk_floor("sm_90", v))
+    # Liger-Kernel 0.8.5's fused_linear_cross_entropy_forward: next_power_of_2(cdiv(BT,
+    # cdiv(V, H))) tokens per chunk.
+    liger = 1 << (-(-n // -(-v // h)) - 1).bit_length()
+    assert rows == liger
+    # The table itself chunks more rows than Liger at these 8192-token shapes (its floor).
+    if n == 8192:
+        table = lce.chunk_rows(n, v, h, lce.chunk_scale("sm_90", v), lce.chunk_floor("sm_90", v))
+        assert table > liger
+
+
+def test_summary_reports_the_kernel_at_liger_s_chunk(grid) -> None:
+    rows = [_row(8192, "core", 20.0, 5.9), _row(8192, "liger", 30.0, 0.6),
+            _row(8192, "greta", 22.0, 0.7, "triton"),
+            _row(8192, "greta-kernel-liger-chunk", 25.0, 0.6, "triton")]  # fmt: skip
+    (s,) = grid.summarize(rows)
+    assert s["liger_chunk_vs_core"] == pytest.approx(25.0 / 20.0)
+    assert s["liger_chunk_vs_liger_mem"] == pytest.approx(1.0)
+    assert s["verdict"] == "slower+over-memory"  # the verdict reads "greta" alone
+    (s,) = grid.summarize(rows[:3])
+    assert "liger_chunk_vs_core" not in s
+
+
 def _row(n, variant, ms, gib, impl=None, h=4096, v=128256):
     return {"tokens": n, "hidden": h, "vocab": v, "variant": variant, "status": "ok",
             "ms": ms, "extra_gib": gib, "impl": impl or variant}  # fmt: skip
