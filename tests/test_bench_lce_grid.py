@@ -89,14 +89,14 @@ def test_liger_chunk_variant_chunks_as_liger_does(grid, n, h, v) -> None:
 
     change = {"linear_cross_entropy": grid.FORCED["greta-kernel-liger-chunk"]}
     with configs.Override(change):
-        rows = lce.chunk_rows(n, v, h, lce.chunk_scale("sm_90", v), lce.chunk_floor("sm_90", v))
+        rows = lce.chunk_rows(n, v, h, *lce.chunk_schedule("sm_90", n, v, h))
     # Liger-Kernel 0.8.5's fused_linear_cross_entropy_forward: next_power_of_2(cdiv(BT,
     # cdiv(V, H))) tokens per chunk.
     liger = 1 << (-(-n // -(-v // h)) - 1).bit_length()
     assert rows == liger
     # The table itself chunks more rows than Liger at these 8192-token shapes (its floor).
     if n == 8192:
-        table = lce.chunk_rows(n, v, h, lce.chunk_scale("sm_90", v), lce.chunk_floor("sm_90", v))
+        table = lce.chunk_rows(n, v, h, *lce.chunk_schedule("sm_90", n, v, h))
         assert table > liger
 
 

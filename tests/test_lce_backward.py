@@ -108,8 +108,9 @@ def test_chunk_scale_comes_from_the_config_table() -> None:
     from greta_core.ops import linear_cross_entropy as lce
 
     for arch in ("sm_90", "gfx942", "gfx1100", "cpu"):
-        want = configs.lookup(lce.OP, arch, {"V": 128256}).get("CHUNK_SCALE", 1)
-        assert lce.chunk_scale(arch, 128256) == want
+        features = lce.dispatch_features(8192, 128256, 2048)
+        want = configs.lookup(lce.OP, arch, features).get("CHUNK_SCALE", 1)
+        assert lce.chunk_schedule(arch, 8192, 128256, 2048)[0] == want
 
 
 @pytest.mark.skipif(not ON_GPU, reason="GPU test: the device path scales the saved gradients")

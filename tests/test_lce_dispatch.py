@@ -105,14 +105,33 @@ def test_chunk_floor_bounds_the_chunk_count_at_few_tokens() -> None:
 
 
 def test_chunk_floor_comes_from_the_config_table() -> None:
-    assert lce.chunk_floor("sm_90", 128256) == 0.25
-    assert lce.chunk_floor("default", 128256) == 0.0
+    assert lce.chunk_schedule("sm_90", 8192, 128256, 2048)[1] == 0.25
+    assert lce.chunk_schedule("default", 8192, 128256, 2048)[1] == 0.0
     # sm_90 at Qwen3's and Gemma's B4 S2048 (8192 tokens, hidden 2048): 16 chunks of 512
     # rows where CHUNK_SCALE alone makes 32 of 256.
     for vocab in (151936, 256000):
-        floor = lce.chunk_floor("sm_90", vocab)
-        assert lce.chunk_rows(8192, vocab, 2048, lce.chunk_scale("sm_90", vocab)) == 256
-        assert len(lce.chunks(8192, vocab, 2048, lce.chunk_scale("sm_90", vocab), floor)) == 16
+        scale, floor = lce.chunk_schedule("sm_90", 8192, vocab, 2048)
+        assert lce.chunk_rows(8192, vocab, 2048, scale) == 256
+        assert len(lce.chunks(8192, vocab, 2048, scale, floor)) == 16
+
+
+@pytest.mark.parametrize(
+    ("n", "h", "v", "rows"),
+    [
+        # From 16 tokens per hidden unit sm_90 chunks as Liger-Kernel does (CHUNK_SCALE 1),
+        # or by the floor where that is larger.
+        (32768, 2048, 32000, 2048),
+        (32768, 2048, 128256, 1024),
+        (32768, 2048, 262144, 512),
+        # Below it the logits chunk is twice Liger's (CHUNK_SCALE 2), or the floor.
+        (16384, 2048, 128256, 1024),  # the HF grid's Llama B1 S16384: N/H 8
+        (32768, 4096, 32000, 8192),
+        (8192, 4096, 32000, 2048),
+        (8192, 2048, 128256, 512),
+    ],
+)
+def test_sm90_chunk_schedule_takes_liger_s_chunk_from_n_per_h_16(n, h, v, rows) -> None:
+    assert lce.chunk_rows(n, v, h, *lce.chunk_schedule("sm_90", n, v, h)) == rows
 
 
 # --- what torch offers -------------------------------------------------------------------

@@ -343,16 +343,14 @@ def chunks(
     return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
 
 
-def chunk_scale(arch: str, vocab: int) -> int:
-    """The config table's CHUNK_SCALE for this arch (memory of a logits chunk, in units of
-    the hidden states' memory): a speed/memory trade measured by bench/fused_ops.py."""
-    return int(configs.lookup(OP, arch, {"V": vocab}).get("CHUNK_SCALE", 1))
-
-
-def chunk_floor(arch: str, vocab: int) -> float:
-    """The config table's CHUNK_FLOOR for this arch (a chunk's least rows, in units of the
-    hidden size; 0: no floor): see :func:`chunk_rows`."""
-    return float(configs.lookup(OP, arch, {"V": vocab}).get("CHUNK_FLOOR", 0.0))
+def chunk_schedule(arch: str, n_rows: int, vocab: int, hidden: int) -> tuple[int, float]:
+    """(CHUNK_SCALE, CHUNK_FLOOR) of the config table for this call (its rules match on
+    :func:`dispatch_features`): the speed/memory trade of :func:`chunk_rows`, measured by
+    bench/lce_grid.py. CHUNK_SCALE is the chunk's logits memory in units of the hidden
+    states' (1: Liger-Kernel's chunk); CHUNK_FLOOR a chunk's least rows in units of the
+    hidden size (0: no floor)."""
+    config = configs.lookup(OP, arch, dispatch_features(n_rows, vocab, hidden))
+    return int(config.get("CHUNK_SCALE", 1)), float(config.get("CHUNK_FLOOR", 0.0))
 
 
 # --- which implementation runs (the config table's "linear_cross_entropy_dispatch") ------
@@ -375,7 +373,7 @@ CORE_APIS = ("options", "plain", "none")
 
 
 def dispatch_features(n_rows: int, vocab: int, hidden: int) -> dict[str, Any]:
-    """Features the dispatch rules match on. N_per_H (tokens / hidden size) is the memory of
+    """Features the dispatch rules (and the chunk schedule's) match on. N_per_H (tokens / hidden size) is the memory of
     the full [tokens, vocab] logits over the weight gradient's [vocab, hidden]: what an
     unchunked backend costs beyond a chunked one, relative to the gradient every backend
     holds."""
@@ -471,8 +469,8 @@ def _chunked(
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
     dh = (hidden if dh_into_hidden else torch.empty_like(hidden)) if write_grad else None
-    schedule = chunk_scale(arch, vocab), chunk_floor(arch, vocab)
-    spans = chunks(n_rows, vocab, hidden.shape[1], *schedule)
+    width = hidden.shape[1]
+    spans = chunks(n_rows, vocab, width, *chunk_schedule(arch, n_rows, vocab, width))
     # The first chunk writes dweight (beta=0 reads none of it), the others add into it: no
     # zero-fill and no read of a zero gradient, each a full pass over [vocab, hidden].
     dw = (torch.empty_like if spans else torch.zeros_like)(weight) if write_grad else None
