@@ -388,7 +388,7 @@ def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
             axes[i][j].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 

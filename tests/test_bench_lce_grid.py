@@ -257,6 +257,23 @@ def test_merge_folds_later_runs_over_earlier_ones_and_resummarizes(grid, tmp_pat
     assert doc["not_run_budget"] == ["8192x4096x128256"]
 
 
+def test_merging_into_a_merged_grid_keeps_every_run(grid, tmp_path) -> None:
+    runs = [_run_doc([_row(512, v, ms, 1.0)], tree=t) for v, ms, t in
+            (("core", 3.0, "t0"), ("liger", 9.0, "t1"), ("greta", 2.0, "t2"))]  # fmt: skip
+    paths = []
+    for i, doc in enumerate(runs):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    out = tmp_path / "merged"
+    assert grid.main(["--out", str(out), "--merge", str(paths[0]), str(paths[1])]) == 0
+    assert grid.main(["--out", str(out), "--merge", str(paths[2])]) == 0
+    doc = json.loads((out / "lce_grid.json").read_text())
+    # The grid merged before lists its two runs, not itself as one: three runs in all.
+    assert [m["tree"] for m in doc["metadata"]["merged"]] == ["t0", "t1", "t2"]
+    assert doc["metadata"]["merge_command"].endswith("--merge <run3>")
+    assert [r["variant"] for r in doc["rows"]] == ["core", "liger", "greta"]
+
+
 def test_merge_refuses_runs_on_different_stacks_in_one_line(grid, tmp_path, capsys) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_run_doc([_row(512, "core", 3.0, 1.1)])))

@@ -256,14 +256,19 @@ def merge_runs(
         for row in doc["rows"]:
             rows[key(row)] = row
     metadata = dict(documents[0]["metadata"])
-    metadata["merged"] = [
-        {"command": doc.get("command"), "config": doc["metadata"].get("config"),
-         "commit": doc["metadata"].get("commit"), "tree": doc["metadata"].get("tree"),
-         "date": doc["metadata"].get("date"), "versions": doc["metadata"].get("versions"),
-         "rows": len(doc["rows"])}
-        for doc in documents
-    ]  # fmt: skip
+    metadata["merged"] = [run for doc in documents for run in merged_runs(doc)]
     return list(rows.values()), metadata
+
+
+def merged_runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs a grid document holds: those its own ``merged`` lists (a grid merged
+    before), else the one run it is (command, config, commit, tree, date, versions)."""
+    if doc["metadata"].get("merged"):
+        return list(doc["metadata"]["merged"])
+    meta = doc["metadata"]
+    return [{"command": doc.get("command"), "config": meta.get("config"),
+             "commit": meta.get("commit"), "tree": meta.get("tree"), "date": meta.get("date"),
+             "versions": meta.get("versions"), "rows": len(doc["rows"])}]  # fmt: skip
 
 
 def load_runs(own: Path, sources: list[Path]) -> list[dict[str, Any]]:
@@ -297,8 +302,12 @@ def merge_grid(
     rows, metadata = merge_runs(docs, key)
     for name in union:
         metadata[name] = {k: v for doc in docs for k, v in doc["metadata"].get(name, {}).items()}
-    first = 1 + len(docs) - len(sources)
-    runs = " ".join(f"<run{k}>" for k in range(first, first + len(sources)))
+    # <runK>: the K-th entry of metadata.merged, where that source's runs begin.
+    starts, k = [], 1
+    for doc in docs:
+        starts.append(k)
+        k += len(merged_runs(doc))
+    runs = " ".join(f"<run{k}>" for k in starts[len(docs) - len(sources) :])
     metadata["merge_command"] = f"python {script} --out <out> --merge {runs}"
     ran = {unit(row) for row in rows}
     not_run = sorted({u for doc in docs for u in doc.get("not_run_budget", [])} - ran)
