@@ -236,6 +236,11 @@ def run_cell(
     on_gpu = device != "cpu"
     if on_gpu:
         from triton.testing import do_bench
+
+        def time_ms(fn: Callable[[], Any]) -> float:
+            return do_bench(fn, warmup=5, rep=40, return_mode="median")
+    else:
+        time_ms = _median_ms
     hidden, weight, target = _inputs(n, h, v, device)
     ref_loss, ref_dh, ref_dw = reference(hidden, weight, target)
     rows: list[dict[str, Any]] = []
@@ -263,11 +268,8 @@ def run_cell(
             if on_gpu:
                 row["extra_gib"] = extra_peak_bytes(step) / 2**30
             steps[len(rows) - 1] = step
-        except torch.cuda.OutOfMemoryError as exc:
-            row.update(status="oom", reason=str(exc).splitlines()[0][:200])
         except Exception as exc:
-            traceback.print_exc(file=sys.stderr)
-            row.update(status="failed", reason=f"{exc.__class__.__name__}: {exc}"[:300])
+            row.update(_failure(exc))
         del hg, wg
     del ref_dh, ref_dw
     times: dict[int, list[float]] = {i: [] for i in steps}
@@ -277,19 +279,28 @@ def run_cell(
             if i not in steps:
                 continue
             try:
-                if on_gpu:
-                    times[i].append(do_bench(steps[i], warmup=5, rep=40, return_mode="median"))
-                else:
-                    times[i].append(_median_ms(steps[i]))
-            except torch.cuda.OutOfMemoryError as exc:
-                rows[i].update(status="oom", reason=str(exc).splitlines()[0][:200])
+                times[i].append(time_ms(steps[i]))
+            except Exception as exc:
+                rows[i].update(_failure(exc))
                 del steps[i], times[i]
     for i, ts in times.items():
         rows[i].update(status="ok", ms=statistics.median(ts), ms_rounds=ts)
+    # The steps hold every variant's input copies: dropped before the cache is emptied.
     steps.clear()
     if on_gpu:
         torch.cuda.empty_cache()
     return rows
+
+
+def _failure(exc: Exception) -> dict[str, str]:
+    """A row's status and reason for a variant that raised: "oom", else "failed" (its
+    traceback on stderr)."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return {"status": "oom", "reason": str(exc).splitlines()[0][:200]}
+    traceback.print_exc(file=sys.stderr)
+    return {"status": "failed", "reason": f"{exc.__class__.__name__}: {exc}"[:300]}
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

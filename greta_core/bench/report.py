@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -302,12 +303,10 @@ def merge_grid(
     rows, metadata = merge_runs(docs, key)
     for name in union:
         metadata[name] = {k: v for doc in docs for k, v in doc["metadata"].get(name, {}).items()}
-    # <runK>: the K-th entry of metadata.merged, where that source's runs begin.
-    starts, k = [], 1
-    for doc in docs:
-        starts.append(k)
-        k += len(merged_runs(doc))
-    runs = " ".join(f"<run{k}>" for k in starts[len(docs) - len(sources) :])
+    # <runK>: the K-th entry of metadata.merged, where that source's runs begin (any doc,
+    # `own` or a source, may itself be a merge of several).
+    starts = itertools.accumulate((len(merged_runs(d)) for d in docs), initial=1)
+    runs = " ".join(f"<run{k}>" for k in list(starts)[len(docs) - len(sources) : len(docs)])
     metadata["merge_command"] = f"python {script} --out <out> --merge {runs}"
     ran = {unit(row) for row in rows}
     not_run = sorted({u for doc in docs for u in doc.get("not_run_budget", [])} - ran)
