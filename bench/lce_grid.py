@@ -21,7 +21,10 @@ torch on float32 copies of the same bf16 inputs). Variants:
 - ``greta-kernel-scale1``: the kernel with CHUNK_SCALE 1 (the table's floor kept);
 - ``greta-kernel-liger-chunk``: the kernel at Liger's own chunk rows (CHUNK_SCALE 1,
   CHUNK_FLOOR 0: ``next_pow2(tokens / ceil(vocab / hidden))``), so at Liger's memory: the
-  kernel's time where the memory half of the criterion holds by construction.
+  kernel's time where the memory half of the criterion holds by construction;
+- ``greta-kernel-lean``: CHUNK_SCALE 1 with half the table's floor (at least hidden/8 rows):
+  the fewest chunks whose logits stay within MEM_TOL of Liger's memory at 8192 tokens and
+  hidden 4096 (512 rows where the table's floor makes 1024).
 
 ``--rounds K`` times every variant of a cell K times, interleaved (a different variant first
 in each round), and reports the median: a GPU's clock drifts over a cell's seconds, and one
@@ -83,6 +86,7 @@ FORCED = {
     "greta-kernel-nofloor": {"CHUNK_FLOOR": 0.0},
     "greta-kernel-scale1": {"CHUNK_SCALE": 1},
     "greta-kernel-liger-chunk": {"CHUNK_SCALE": 1, "CHUNK_FLOOR": 0.0},
+    "greta-kernel-lean": {"CHUNK_SCALE": 1, "CHUNK_FLOOR": 0.125},
 }
 VARIANTS = ("core", "core-lean", "core-lean-compact", "liger", "naive", "greta", *FORCED)
 CORE_VARIANTS = ("core", "core-lean", "core-lean-compact")

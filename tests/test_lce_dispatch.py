@@ -118,19 +118,20 @@ def test_chunk_floor_comes_from_the_config_table() -> None:
 @pytest.mark.parametrize(
     ("n", "h", "v", "rows"),
     [
-        # From 16 tokens per hidden unit sm_90 chunks as Liger-Kernel does (CHUNK_SCALE 1),
+        # From 8 tokens per hidden unit sm_90 chunks as Liger-Kernel does (CHUNK_SCALE 1),
         # or by the floor where that is larger.
         (32768, 2048, 32000, 2048),
         (32768, 2048, 128256, 1024),
         (32768, 2048, 262144, 512),
+        (16384, 2048, 128256, 512),  # the HF grid's Llama B1 S16384: N/H 8
+        (32768, 4096, 32000, 4096),
         # Below it the logits chunk is twice Liger's (CHUNK_SCALE 2), or the floor.
-        (16384, 2048, 128256, 1024),  # the HF grid's Llama B1 S16384: N/H 8
-        (32768, 4096, 32000, 8192),
+        (16384, 4096, 32768, 4096),  # the HF grid's Mistral B1 S16384: N/H 4
         (8192, 4096, 32000, 2048),
         (8192, 2048, 128256, 512),
     ],
 )
-def test_sm90_chunk_schedule_takes_liger_s_chunk_from_n_per_h_16(n, h, v, rows) -> None:
+def test_sm90_chunk_schedule_takes_liger_s_chunk_from_n_per_h_8(n, h, v, rows) -> None:
     assert lce.chunk_rows(n, v, h, *lce.chunk_schedule("sm_90", n, v, h)) == rows
 
 
