@@ -84,9 +84,12 @@ def test_unknown_backend_and_core_api_are_refused() -> None:
 
 def test_dispatch_features_measure_the_logits_against_the_weight_gradient() -> None:
     f = lce.dispatch_features(2048, 128256, 4096)
-    assert f == {"N": 2048, "V": 128256, "H": 4096, "N_per_H": 0.5}
+    assert f == {"N": 2048, "V": 128256, "H": 4096, "N_per_H": 0.5, "liger_rows": 64}
     # N/H is exactly (full logits bytes) / (weight gradient bytes), whatever the vocabulary.
     assert f["N_per_H"] == (2048 * 128256) / (128256 * 4096)
+    # Liger-Kernel 0.8.5: next_power_of_2(cdiv(BT, cdiv(V, H))) = next_pow2(2048 / 32).
+    assert lce.dispatch_features(8192, 32768, 4096)["liger_rows"] == 1024
+    assert lce.dispatch_features(16384, 128256, 2048)["liger_rows"] == 512
 
 
 # --- the chunk floor --------------------------------------------------------------------
@@ -118,20 +121,23 @@ def test_chunk_floor_comes_from_the_config_table() -> None:
 @pytest.mark.parametrize(
     ("n", "h", "v", "rows"),
     [
-        # From 8 tokens per hidden unit sm_90 chunks as Liger-Kernel does (CHUNK_SCALE 1),
-        # or by the floor where that is larger.
+        # Where Liger-Kernel's own chunk is 1024+ rows sm_90 chunks as Liger does
+        # (CHUNK_SCALE 1), or by the floor where that is larger.
         (32768, 2048, 32000, 2048),
         (32768, 2048, 128256, 1024),
-        (32768, 2048, 262144, 512),
-        (16384, 2048, 128256, 512),  # the HF grid's Llama B1 S16384: N/H 8
         (32768, 4096, 32000, 4096),
+        (32768, 4096, 128256, 1024),
+        (8192, 4096, 32000, 1024),
+        (8192, 4096, 32768, 1024),  # the HF grid's Mistral B4 S2048
+        (16384, 4096, 32768, 2048),  # the HF grid's Mistral B1 S16384
         # Below it the logits chunk is twice Liger's (CHUNK_SCALE 2), or the floor.
-        (16384, 4096, 32768, 4096),  # the HF grid's Mistral B1 S16384: N/H 4
-        (8192, 4096, 32000, 2048),
+        (32768, 2048, 262144, 512),
+        (16384, 2048, 128256, 1024),  # the HF grid's Llama B1 S16384 (Liger: 512 rows)
+        (8192, 2048, 32000, 1024),
         (8192, 2048, 128256, 512),
     ],
 )
-def test_sm90_chunk_schedule_takes_liger_s_chunk_from_n_per_h_8(n, h, v, rows) -> None:
+def test_sm90_chunk_schedule_takes_liger_s_chunk_from_1024_rows(n, h, v, rows) -> None:
     assert lce.chunk_rows(n, v, h, *lce.chunk_schedule("sm_90", n, v, h)) == rows
 
 

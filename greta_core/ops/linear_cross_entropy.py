@@ -373,11 +373,15 @@ CORE_APIS = ("options", "plain", "none")
 
 
 def dispatch_features(n_rows: int, vocab: int, hidden: int) -> dict[str, Any]:
-    """Features the dispatch rules (and the chunk schedule's) match on. N_per_H (tokens / hidden size) is the memory of
-    the full [tokens, vocab] logits over the weight gradient's [vocab, hidden]: what an
-    unchunked backend costs beyond a chunked one, relative to the gradient every backend
-    holds."""
-    return {"N": n_rows, "V": vocab, "H": hidden, "N_per_H": n_rows / max(hidden, 1)}
+    """Features the dispatch rules (and the chunk schedule's) match on. N_per_H (tokens /
+    hidden size) is the memory of the full [tokens, vocab] logits over the weight
+    gradient's [vocab, hidden]: what an unchunked backend costs beyond a chunked one,
+    relative to the gradient every backend holds. liger_rows is Liger-Kernel's chunk (the
+    rows of CHUNK_SCALE 1 without a floor): how thin each pass over that gradient is."""
+    return {
+        "N": n_rows, "V": vocab, "H": hidden, "N_per_H": n_rows / max(hidden, 1),
+        "liger_rows": chunk_rows(n_rows, vocab, hidden),
+    }  # fmt: skip
 
 
 def dispatch_config(arch: str, n_rows: int, vocab: int, hidden: int) -> dict[str, Any]:
