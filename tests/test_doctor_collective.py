@@ -329,6 +329,69 @@ def test_the_judging_rank_exits_only_after_its_peers_took_the_verdict(
     assert 0.2 <= time.monotonic() - start < 5
 
 
+def test_the_judging_rank_is_not_ended_by_its_own_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The judge's own beat thread reads the verdict its watchdog posted. It used to take it
+    as a peer's and end the rank one beat later, whatever the acks (seen under load: the
+    store went down with the judge before the stalled rank's beat thread read the verdict,
+    and the launcher's timeout ended that rank). Only the watchdog ends the judge, after
+    the acks; the judge acks its own verdict, for a second rank that judged at once."""
+    from greta_install.doctor import collective_worker as cw
+
+    class Exited(BaseException):
+        pass
+
+    def _exit(code: int) -> None:
+        raise Exited(code)
+
+    store = _Store()
+    monkeypatch.setattr(cw.os, "_exit", _exit)
+    monkeypatch.setattr(cw, "SAMPLE_GAP_S", 0.0)
+    monkeypatch.setattr(cw, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(cw, "ACK_WAIT_S", 60.0)  # the peer's ack ends the wait long before
+    judge = cw.Heartbeat(("127.0.0.1", 0), 0, 2, 0.0, str(tmp_path / "r0.json"), {})
+    peer = cw.Heartbeat(("127.0.0.1", 0), 1, 2, 0.0, str(tmp_path / "r1.json"), {})
+    for hb in (judge, peer):
+        monkeypatch.setattr(hb, "_store", lambda: store)
+    judge.enter("all_reduce")
+    ended: list[str] = []
+    peer_exit: list[int] = []
+
+    def judge_beats() -> None:
+        try:
+            judge._beat()
+        except Exited:
+            ended.append("by its beat thread")
+
+    def peer_beats() -> None:
+        # The peer acks only once the judge's beat thread has read the verdict: the beat
+        # under way when it appears may have checked before it was posted, the next not.
+        while cw.ABORT_KEY not in store.data:
+            time.sleep(0.005)
+        posted = judge.beat
+        while judge.beat < posted + 2 and not ended:  # beat posted + 1 has checked
+            time.sleep(0.005)
+        try:
+            peer._beat()
+        except Exited as exc:
+            peer_exit.append(exc.args[0])
+
+    threads = [threading.Thread(target=judge_beats), threading.Thread(target=peer_beats)]
+    for thread in threads:
+        thread.start()
+    try:
+        with pytest.raises(Exited):
+            judge._watch()
+    finally:
+        judge.stop()
+        for thread in threads:
+            thread.join()
+    assert ended == [] and peer_exit == [3]
+    assert store.data[f"{cw.ACK_PREFIX}0"] == store.data[f"{cw.ACK_PREFIX}1"] == "1"
+    assert json.loads((tmp_path / "r1.json").read_text())["judged_by"] == 0
+
+
 def test_a_failed_beat_does_not_silence_the_rank(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -30,7 +30,8 @@ HB_PREFIX = "greta/collective/hb/"
 ABORT_KEY = "greta/collective/verdict"
 # Each rank that took the verdict says so here (after writing its report): the judging rank
 # waits for them before it exits, since its exit can take the job's store down (the store
-# lives beside rank 0) before a loaded peer's beat thread has read the verdict.
+# lives beside rank 0) before a loaded peer's beat thread has read the verdict. A judging
+# rank acks its own verdict: two ranks that judged at once then wait for each other.
 ACK_PREFIX = "greta/collective/ack/"
 # How long the judging rank waits for the other ranks' acks: a frozen or dead rank never
 # sends one.
@@ -199,6 +200,9 @@ class Heartbeat:
         self.result_path, self.partial = result_path, partial
         self.seq, self.phase, self.busy_since = 0, "joined", 0.0
         self.busy = False
+        # Set by the watchdog before it posts a verdict: from then on the watchdog alone ends
+        # this rank, after the acks (see _beat).
+        self.judging = False
         self.beat = 0
         self.me = {
             "host": socket.gethostname(),
@@ -250,7 +254,12 @@ class Heartbeat:
                 store.set(f"{HB_PREFIX}{self.rank}", json.dumps(entry))
                 # A peer's watchdog judged a stall: every rank ends with its verdict, so no
                 # rank waits out the launcher's timeout in a collective that cannot finish.
-                if store.check([ABORT_KEY]):
+                # Not on the judging rank: its exit here, one beat after its own verdict,
+                # would cut the watchdog's wait for the acks short and take the store down
+                # before a loaded peer read the verdict (seen under load: the stalled rank
+                # then waited out the launcher's timeout). `judging` is read after the check
+                # since the watchdog sets it before it posts.
+                if store.check([ABORT_KEY]) and not self.judging:
                     verdict = json.loads(store.get(ABORT_KEY))
                     self._report({**self.partial, **verdict, "rank": self.rank})
                     store.set(f"{ACK_PREFIX}{self.rank}", "1")
@@ -294,9 +303,11 @@ class Heartbeat:
             verdict = judge_stall(self.world, first, second, self.phase, self.stall_s)
             verdict["judged_by"] = self.rank
             self._report({**self.partial, **verdict, "rank": self.rank})
+            self.judging = True
             with contextlib.suppress(Exception):
                 store = store or self._store()
                 store.set(ABORT_KEY, json.dumps(verdict))
+                store.set(f"{ACK_PREFIX}{self.rank}", "1")
                 self._await_acks(store)
             os._exit(3)
 
