@@ -276,6 +276,32 @@ class _Store:
         self.data[key] = value
 
 
+class Exited(BaseException):  # os._exit: no `except Exception` of the worker's sees it
+    pass
+
+
+def _judge_and_peer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """(store, judge, peer): rank 0 inside a collective and rank 1, over one in-memory
+    store, beating every 10 ms; os._exit raises Exited; ACK_WAIT_S far above any wait the
+    acks allow."""
+    from greta_install.doctor import collective_worker as cw
+
+    def _exit(code: int) -> None:
+        raise Exited(code)
+
+    store = _Store()
+    monkeypatch.setattr(cw.os, "_exit", _exit)
+    monkeypatch.setattr(cw, "SAMPLE_GAP_S", 0.0)
+    monkeypatch.setattr(cw, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(cw, "ACK_WAIT_S", 60.0)
+    judge = cw.Heartbeat(("127.0.0.1", 0), 0, 2, 0.0, str(tmp_path / "r0.json"), {})
+    peer = cw.Heartbeat(("127.0.0.1", 0), 1, 2, 0.0, str(tmp_path / "r1.json"), {})
+    for hb in (judge, peer):
+        monkeypatch.setattr(hb, "_store", lambda: store)
+    judge.enter("all_reduce")
+    return store, judge, peer
+
+
 def test_the_judging_rank_exits_only_after_its_peers_took_the_verdict(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -285,22 +311,7 @@ def test_the_judging_rank_exits_only_after_its_peers_took_the_verdict(
     sends after writing its report; without acks it waits ACK_WAIT_S at most."""
     from greta_install.doctor import collective_worker as cw
 
-    class Exited(BaseException):  # os._exit: no `except Exception` of the worker's sees it
-        pass
-
-    def _exit(code: int) -> None:
-        raise Exited(code)
-
-    store = _Store()
-    monkeypatch.setattr(cw.os, "_exit", _exit)
-    monkeypatch.setattr(cw, "SAMPLE_GAP_S", 0.0)
-    monkeypatch.setattr(cw, "HEARTBEAT_S", 0.01)
-    monkeypatch.setattr(cw, "ACK_WAIT_S", 60.0)  # the ack ends the wait long before
-    judge = cw.Heartbeat(("127.0.0.1", 0), 0, 2, 0.0, str(tmp_path / "r0.json"), {})
-    peer = cw.Heartbeat(("127.0.0.1", 0), 1, 2, 0.0, str(tmp_path / "r1.json"), {})
-    for hb in (judge, peer):
-        monkeypatch.setattr(hb, "_store", lambda: store)
-    judge.enter("all_reduce")
+    store, judge, peer = _judge_and_peer(monkeypatch, tmp_path)
     acked: list[float] = []
 
     def peer_beats() -> None:  # the peer's beat thread, late: it reads the verdict, then acks
@@ -339,22 +350,7 @@ def test_the_judging_rank_is_not_ended_by_its_own_verdict(
     the acks; the judge acks its own verdict, for a second rank that judged at once."""
     from greta_install.doctor import collective_worker as cw
 
-    class Exited(BaseException):
-        pass
-
-    def _exit(code: int) -> None:
-        raise Exited(code)
-
-    store = _Store()
-    monkeypatch.setattr(cw.os, "_exit", _exit)
-    monkeypatch.setattr(cw, "SAMPLE_GAP_S", 0.0)
-    monkeypatch.setattr(cw, "HEARTBEAT_S", 0.01)
-    monkeypatch.setattr(cw, "ACK_WAIT_S", 60.0)  # the peer's ack ends the wait long before
-    judge = cw.Heartbeat(("127.0.0.1", 0), 0, 2, 0.0, str(tmp_path / "r0.json"), {})
-    peer = cw.Heartbeat(("127.0.0.1", 0), 1, 2, 0.0, str(tmp_path / "r1.json"), {})
-    for hb in (judge, peer):
-        monkeypatch.setattr(hb, "_store", lambda: store)
-    judge.enter("all_reduce")
+    store, judge, peer = _judge_and_peer(monkeypatch, tmp_path)
     ended: list[str] = []
     peer_exit: list[int] = []
 
