@@ -422,14 +422,23 @@ def test_a_failed_beat_does_not_silence_the_rank(
         peer._beat()
     assert len(connects) == 2 and store.data[f"{cw.ACK_PREFIX}1"] == "1"
     assert json.loads((tmp_path / "r1.json").read_text())["error"] == verdict["error"]
-    # A store that stays gone: the job is ending, and the thread ends after STORE_GONE_S.
+    # A store that stays gone: the job is ending, and the thread ends after STORE_GONE_S,
+    # leaving the step the rank is in for the launcher's report if it has to stop the rank.
     monkeypatch.setattr(cw, "STORE_GONE_S", 0.1)
     store.data.clear()
     store.gone = True
     monkeypatch.setattr(peer, "_store", lambda: store)
+    peer.partial["sizes"] = [{"bytes": 2**20}]
+    peer.enter("all_reduce of 4 MiB (check)")
     start = time.monotonic()
     peer._beat()
     assert 0.1 <= time.monotonic() - start < 5
+    left = json.loads((tmp_path / "r1.json").read_text())
+    assert left == {"sizes": [{"bytes": 2**20}], "rank": 1, "phase": "all_reduce of 4 MiB (check)"}
+    run = collective.judge_job(collective.JobRun(rank=1, world=2, backend="gloo", result=left),
+                               None, 120.0, None)  # fmt: skip
+    assert run.status == "hang"
+    assert run.message.endswith("(last step: all_reduce of 4 MiB (check))")
 
 
 def test_an_error_after_the_verdict_keeps_the_verdict(

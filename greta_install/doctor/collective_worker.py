@@ -272,6 +272,11 @@ class Heartbeat:
                 now = time.monotonic()
                 failed_since = failed_since or now
                 if now - failed_since > STORE_GONE_S:
+                    # If the launcher has to stop this rank, its report then names the step
+                    # the rank was in, where the verdict it missed would have.
+                    if self.result_path:
+                        _write(self.result_path, {**self.partial, "rank": self.rank,
+                                                  "phase": self.phase})  # fmt: skip
                     return
                 store = None  # a fresh connection next beat
             self._stop.wait(HEARTBEAT_S)
