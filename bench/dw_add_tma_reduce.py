@@ -72,18 +72,21 @@ SHAPES = (
 CHUNKS = 32
 
 
-def launch(g: Any, h: Any, c: Any, config: tuple[int, ...], first: bool = False) -> None:
-    block_v, block_h, block_r, warps, stages, per_sm = config
-    rows, vocab = g.shape
-    tiles = triton.cdiv(vocab, block_v) * triton.cdiv(h.shape[1], block_h)
-    if per_sm:
-        import torch
+def programs(vocab: int, hidden: int, config: tuple[int, ...], sms: int) -> int:
+    """The launch's program count: one per tile, or `programs per SM` x `sms` persistent ones."""
+    block_v, block_h, *_, per_sm = config
+    tiles = triton.cdiv(vocab, block_v) * triton.cdiv(hidden, block_h)
+    return min(tiles, sms * per_sm) if per_sm else tiles
 
-        sms = torch.cuda.get_device_properties(g.device).multi_processor_count
-        tiles = min(tiles, sms * per_sm)
-    dw_add_kernel[(tiles,)](
+
+def launch(
+    g: Any, h: Any, c: Any, config: tuple[int, ...], count: int, first: bool = False
+) -> None:
+    block_v, block_h, block_r, warps, stages, _ = config
+    rows, vocab = g.shape
+    dw_add_kernel[(count,)](
         g, h, c, vocab, h.shape[1], rows, BLOCK_V=block_v, BLOCK_H=block_h, BLOCK_R=block_r,
-        PROGRAMS=tiles, FIRST=first, num_warps=warps, num_stages=stages,
+        PROGRAMS=count, FIRST=first, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -114,28 +117,30 @@ def measure_shape(vocab: int, hidden: int, rows: int, rep: int) -> dict[str, Any
     row["cublas_tflops"] = flop / row["cublas_ms"] / 1e9
     copy = torch.empty_like(c0)
     row["copy_ms"] = bench(lambda: copy.copy_(c0))
+    sms = torch.cuda.get_device_properties(g.device).multi_processor_count
     best = None
     for config in CONFIGS:
+        count = programs(vocab, hidden, config, sms)
         try:
             c = c0.clone()
-            launch(g, h, c, config)
+            launch(g, h, c, config, count)
             err = _err(c, want)
-            ms = bench(lambda c=c, config=config: launch(g, h, c, config))
+            ms = bench(lambda c=c, config=config, count=count: launch(g, h, c, config, count))
         except Exception as exc:  # a config this Triton or GPU refuses: recorded, not fatal
             row["failed"][str(config)] = str(exc).splitlines()[0][:160] if str(exc) else repr(exc)
             continue
         row[str(config)] = {"ms": ms, "tflops": flop / ms / 1e9, "rel_err": err}
         if err < 1e-2 and (best is None or ms < best[0]):
-            best = (ms, config)
+            best = (ms, config, count)
     if best is not None:
-        row["best_ms"], row["best_config"] = best
+        row["best_ms"], row["best_config"], count = best
         row["best_vs_cublas"] = row["cublas_ms"] / best[0]
-        row["accumulated_rel_err"] = _accumulated(vocab, hidden, rows, best[1], randn)
+        row["accumulated_rel_err"] = _accumulated(vocab, hidden, rows, best[1], count, randn)
     return row
 
 
 def _accumulated(
-    vocab: int, hidden: int, rows: int, config: tuple[int, ...], randn: Any
+    vocab: int, hidden: int, rows: int, config: tuple[int, ...], count: int, randn: Any
 ) -> dict[str, float]:
     """CHUNKS adds into one bf16 gradient (the first a store), cuBLAS's and the kernel's,
     each against the float32 sum: the reduction rounds the tile to bf16 before adding."""
@@ -149,7 +154,7 @@ def _accumulated(
         g, h = parts[i % len(parts)]
         ref.addmm_(g.float().t(), h.float())
         cublas.addmm_(g.t(), h, beta=1 if i else 0)
-        launch(g, h, kernel, config, first=i == 0)
+        launch(g, h, kernel, config, count, first=i == 0)
     return {"cublas": _err(cublas, ref), "kernel": _err(kernel, ref)}
 
 
